@@ -1,0 +1,55 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   the main job: a regional node on the embedded model streams an answer
+#   make test   lint, format check and the whole test suite
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+LLAMA_CPP_VERSION := 0.3.36
+WHEELS := $(HOME)/.cache/nearshore/wheels
+LLAMA_WHEEL_STAMP := $(WHEELS)/.llama-cpp-python-$(LLAMA_CPP_VERSION)
+
+# llama.cpp is built for a fixed set of CPU features, not -march=native: its AMX kernels crash on
+# this kind of virtual machine. AVX-512 is added where the CPU has it.
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+ifneq ($(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes),)
+LLAMA_CMAKE_ARGS += -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON
+endif
+
+.PHONY: demo test lint bench venv clean
+
+demo: $(VENV)/.installed
+	$(BIN)/nearshore demo
+
+test: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: $(VENV)/.installed
+	$(BIN)/nearshore bench region
+
+venv: $(VENV)/.installed
+
+$(LLAMA_WHEEL_STAMP):
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	mkdir -p $(WHEELS)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --no-cache-dir --no-deps -w $(WHEELS) \
+		llama-cpp-python==$(LLAMA_CPP_VERSION)
+	touch $@
+
+$(VENV)/.installed: pyproject.toml Makefile $(LLAMA_WHEEL_STAMP)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# Only the wheel built above: never pip's cache of a build with other CPU flags.
+	$(BIN)/pip install -q --no-index --find-links $(WHEELS) --force-reinstall --no-deps \
+		llama-cpp-python==$(LLAMA_CPP_VERSION)
+	$(BIN)/pip install -q --find-links $(WHEELS) -e '.[edge,region,bench,dev]'
+	touch $@
+
+clean:
+	rm -rf $(VENV)

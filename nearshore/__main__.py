@@ -1,0 +1,5 @@
+import sys
+
+from nearshore.cli import main
+
+sys.exit(main())

@@ -1,0 +1,101 @@
+"""The ``nearshore`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from nearshore.config import ConfigError, load_config
+
+
+def _region(args: argparse.Namespace) -> int:
+    from regional.config import RegionConfig
+    from regional.node import build_region_app, run_region
+
+    config = load_config(args.config, RegionConfig)
+    try:
+        app = build_region_app(config)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"{args.config or 'defaults'}: {exc}") from exc
+    run_region(app, config, port=args.port)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from netem.demo import main as demo_main
+
+    return demo_main(args)
+
+
+def _bench_region(args: argparse.Namespace) -> int:
+    from regional.bench import main as bench_main
+
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nearshore",
+        description="Edge-aware, geo-distributed LLM serving: edge proxies, regional nodes, "
+        "latency emulation.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    region = commands.add_parser(
+        "region",
+        help="run a regional serving node (OpenAI-compatible API over llama.cpp)",
+        description="Serve the configured model (the embedded Gemma 3 270M by default) over an "
+        "OpenAI-compatible HTTP API with continuous batching.",
+    )
+    region.add_argument("--config", metavar="FILE", help="region TOML file (default: built-in defaults)")
+    region.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
+    region.set_defaults(run=_region)
+
+    demo = commands.add_parser(
+        "demo",
+        help="start a regional node on the embedded model and stream one answer",
+        description="The main job: bring up the demo and stream an answer to the terminal.",
+    )
+    from netem.demo import add_arguments as add_demo_arguments
+
+    add_demo_arguments(demo)
+    demo.set_defaults(run=_demo)
+
+    bench = commands.add_parser(
+        "bench", help="benchmarks", description="Benchmarks that compare side by side."
+    )
+    benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    bench_region = benches.add_parser(
+        "region",
+        help="streaming load on a regional node vs llama-cpp-python's own server",
+        description="Drive N concurrent streaming requests at a regional node and at llama-cpp-python's "
+        "OpenAI server on the same model, threads and prompts; report TTFT, inter-token latency and "
+        "aggregate tokens/s side by side.",
+    )
+    from regional.bench import add_arguments
+
+    add_arguments(bench_region)
+    bench_region.set_defaults(run=_bench_region)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return args.run(args)
+    except ConfigError as exc:
+        print(f"nearshore: config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

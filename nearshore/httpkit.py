@@ -1,0 +1,122 @@
+"""aiohttp pieces every Nearshore service uses: OpenAI-shaped errors, request ids, JSON bodies, startup."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import signal
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
+from aiohttp import web
+
+from nearshore.protocol.errors import (
+    INTERNAL,
+    UNSUPPORTED_MEDIA_TYPE,
+    ApiError,
+    from_validation_error,
+    kind_for_status,
+)
+
+log = logging.getLogger("nearshore.http")
+T = TypeVar("T")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+REQUEST_ID = "x-request-id"
+_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def request_id_of(request: web.Request) -> str:
+    return request["request_id"]
+
+
+def error_response(error: ApiError, request_id: str | None = None) -> web.Response:
+    headers = error.headers()
+    if request_id:
+        headers[REQUEST_ID] = request_id
+    return web.Response(
+        status=error.status, body=error.to_json(), content_type="application/json", headers=headers
+    )
+
+
+@web.middleware
+async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Take the caller's ``x-request-id`` when it is sane, else make one; echo it on the response."""
+    incoming = request.headers.get(REQUEST_ID, "")
+    request["request_id"] = incoming if _VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+    response = await handler(request)
+    if not response.prepared:
+        response.headers[REQUEST_ID] = request["request_id"]
+    return response
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure leaves as ``{"error": {...}}`` with its status; the process keeps serving."""
+    request_id = request.get("request_id")
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc, request_id)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = kind_for_status(exc.status)
+        message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
+        if exc.status == 413:
+            message = f"Request body too large: {message}"
+        return error_response(ApiError(kind, message), request_id)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(
+            ApiError(INTERNAL, "The server had an error processing your request."), request_id
+        )
+
+
+async def read_json(request: web.Request, decoder: msgspec.json.Decoder[T]) -> T:
+    """Decode a JSON body with a msgspec decoder; 415 for other media types, 413 past the size limit."""
+    if request.content_type != "application/json":
+        raise ApiError(
+            UNSUPPORTED_MEDIA_TYPE,
+            f"Content-Type must be application/json, got {request.content_type or 'none'!r}",
+        )
+    raw = await request.read()  # raises 413 past the app's client_max_size
+    try:
+        return decoder.decode(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise from_validation_error(exc) from None
+
+
+def install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - platforms without uvloop
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
+async def serve(
+    app: web.Application, host: str, port: int, *, on_ready: Callable[[int], None] | None = None
+) -> None:
+    """Run ``app`` until cancelled; handlers are cancelled when their client disconnects."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port
+    if on_ready is not None:
+        on_ready(bound)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        # Stops accepting, lets in-flight responses finish (up to the shutdown timeout), then cleans up.
+        await runner.cleanup()

@@ -1,0 +1,1 @@
+"""The wire protocol edge and region share: OpenAI schemas, errors and SSE framing."""

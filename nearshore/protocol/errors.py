@@ -1,0 +1,115 @@
+"""One table of API errors, OpenAI-shaped: ``{"error": {"message", "type", "param", "code"}}``.
+
+Handlers raise :class:`ApiError`; one middleware per service turns it into a JSON response.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+
+class ErrorBody(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorEnvelope(msgspec.Struct):
+    error: ErrorBody
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorKind:
+    status: int
+    type: str
+    code: str | None
+
+
+# Named kinds with their HTTP status; the `type` strings are the ones OpenAI's API uses.
+INVALID_REQUEST = ErrorKind(400, "invalid_request_error", None)
+INVALID_JSON = ErrorKind(400, "invalid_request_error", "invalid_json")
+CONTEXT_LENGTH_EXCEEDED = ErrorKind(400, "invalid_request_error", "context_length_exceeded")
+UNSUPPORTED_PARAMETER = ErrorKind(400, "invalid_request_error", "unsupported_parameter")
+INVALID_API_KEY = ErrorKind(401, "authentication_error", "invalid_api_key")
+PERMISSION_DENIED = ErrorKind(403, "permission_error", "permission_denied")
+MODEL_NOT_FOUND = ErrorKind(404, "invalid_request_error", "model_not_found")
+NOT_FOUND = ErrorKind(404, "invalid_request_error", "not_found")
+METHOD_NOT_ALLOWED = ErrorKind(405, "invalid_request_error", "method_not_allowed")
+REQUEST_TOO_LARGE = ErrorKind(413, "invalid_request_error", "request_too_large")
+UNSUPPORTED_MEDIA_TYPE = ErrorKind(415, "invalid_request_error", "unsupported_media_type")
+RATE_LIMITED = ErrorKind(429, "rate_limit_error", "rate_limit_exceeded")
+INTERNAL = ErrorKind(500, "server_error", "internal_error")
+OVERLOADED = ErrorKind(503, "server_error", "overloaded")
+MODEL_LOADING = ErrorKind(503, "server_error", "model_loading")
+
+_KIND_BY_STATUS = {
+    400: INVALID_REQUEST,
+    401: INVALID_API_KEY,
+    403: PERMISSION_DENIED,
+    404: NOT_FOUND,
+    405: METHOD_NOT_ALLOWED,
+    413: REQUEST_TOO_LARGE,
+    415: UNSUPPORTED_MEDIA_TYPE,
+    429: RATE_LIMITED,
+    503: OVERLOADED,
+}
+
+
+class ApiError(Exception):
+    """An error a client should see, with its status, OpenAI error fields and extra headers."""
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+    @property
+    def status(self) -> int:
+        return self.kind.status
+
+    def envelope(self) -> ErrorEnvelope:
+        return ErrorEnvelope(ErrorBody(self.message, self.kind.type, self.param, self.kind.code))
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after_s)))}
+
+    def to_json(self) -> bytes:
+        return msgspec.json.encode(self.envelope())
+
+
+def kind_for_status(status: int) -> ErrorKind:
+    if status in _KIND_BY_STATUS:
+        return _KIND_BY_STATUS[status]
+    return INTERNAL if status >= 500 else INVALID_REQUEST
+
+
+def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
+    """Map msgspec's message (``... - at `$.messages[0].role```) to an error with ``param``."""
+    text = str(exc)
+    param = None
+    if " - at `$." in text:
+        text, _, path = text.partition(" - at `$.")
+        param = path.rstrip("`")
+    if isinstance(exc, msgspec.ValidationError):
+        if text.startswith("Object contains unknown field"):
+            field = text.split("`")[1] if "`" in text else param
+            unknown = f"{param}.{field}" if param else field
+            return ApiError(
+                INVALID_REQUEST, f"Unrecognized request argument supplied: {unknown}", param=unknown
+            )
+        return ApiError(INVALID_REQUEST, f"Invalid request: {text}", param=param)
+    return ApiError(INVALID_JSON, f"Request body is not valid JSON: {text}", param=param)

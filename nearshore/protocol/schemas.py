@@ -1,0 +1,193 @@
+"""OpenAI-compatible wire types, shared by the edge and the regional node.
+
+Requests forbid unknown fields (OpenAI answers "Unrecognized request argument supplied");
+value limits live in ``Annotated`` aliases so the error names the offending ``param``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+Temperature = Annotated[float, Meta(ge=0, le=2)]
+TopP = Annotated[float, Meta(gt=0, le=1)]
+TopK = Annotated[int, Meta(ge=0)]
+Penalty = Annotated[float, Meta(ge=-2, le=2)]
+MaxTokens = Annotated[int, Meta(ge=1)]
+ChoiceCount = Annotated[int, Meta(ge=1, le=128)]
+StopString = Annotated[str, Meta(min_length=1)]
+Stop = StopString | Annotated[list[StopString], Meta(max_length=16)]
+ModelName = Annotated[str, Meta(min_length=1, max_length=256)]
+Role = Literal["system", "developer", "user", "assistant"]
+FinishReason = Literal["stop", "length", "content_filter"]
+
+
+class TextPart(Struct, forbid_unknown_fields=True):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Struct, forbid_unknown_fields=True):
+    role: Role
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(Struct, forbid_unknown_fields=True):
+    include_usage: bool = False
+
+
+class _SamplingFields(Struct, forbid_unknown_fields=True, kw_only=True):
+    """The fields chat and completion requests share."""
+
+    model: ModelName
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    seed: int | None = None
+    stop: Stop | None = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    n: ChoiceCount = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: Annotated[str, Meta(max_length=256)] | None = None
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def wants_usage_chunk(self) -> bool:
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatCompletionRequest(_SamplingFields, kw_only=True):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: MaxTokens | None = None
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class CompletionRequest(_SamplingFields, kw_only=True):
+    prompt: Annotated[str, Meta(min_length=1)] | Annotated[list[str], Meta(min_length=1, max_length=1)]
+    echo: bool = False
+
+    def token_limit(self) -> int | None:
+        # OpenAI's legacy completions default to 16 tokens.
+        return self.max_tokens if self.max_tokens is not None else 16
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+# --- responses ---------------------------------------------------------------------------------------
+
+
+class PromptTokensDetails(Struct):
+    cached_tokens: int = 0
+
+
+class Usage(Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = msgspec.field(default_factory=PromptTokensDetails)
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+        return cls(
+            prompt_tokens,
+            completion_tokens,
+            prompt_tokens + completion_tokens,
+            PromptTokensDetails(cached_tokens),
+        )
+
+
+class AssistantMessage(Struct):
+    content: str
+    role: Literal["assistant"] = "assistant"
+
+
+class ChatChoice(Struct):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class ChatCompletion(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: Literal["chat.completion"] = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class ChatDelta(Struct, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(Struct):
+    index: int
+    delta: ChatDelta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    usage: Usage | None = None
+
+
+class CompletionChoice(Struct):
+    index: int
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class Completion(Struct):
+    """Both the whole answer and each streamed chunk of ``/v1/completions`` have this shape."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: Literal["text_completion"] = "text_completion"
+    usage: Usage | None = None
+
+
+class ModelCard(Struct):
+    id: str
+    created: int
+    owned_by: str = "nearshore"
+    object: Literal["model"] = "model"
+
+
+class ModelList(Struct):
+    data: list[ModelCard]
+    object: Literal["list"] = "list"
+
+
+chat_request_decoder = msgspec.json.Decoder(ChatCompletionRequest)
+completion_request_decoder = msgspec.json.Decoder(CompletionRequest)
+json_encoder = msgspec.json.Encoder()

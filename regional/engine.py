@@ -1,0 +1,117 @@
+"""The engine interface: what the HTTP layer needs from anything that decodes tokens.
+
+Implementations: :mod:`regional.llama_engine` (llama.cpp on CPUs) and, later, ``gpu/``. The HTTP layer
+knows nothing about which one runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import msgspec
+
+EngineState = Literal["loading", "ready", "unloaded", "failed"]
+# "stop": the model emitted an end-of-generation token; "length": max_tokens reached;
+# "abort": the request was aborted; "error": the engine failed this request.
+EngineFinish = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalised(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    request_id: str
+    prompt_tokens: list[int]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+
+
+class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One decoded token of one request, or the request's end.
+
+    ``text`` is the token's share of the output; it is empty while a multi-byte character is incomplete.
+    The first event of a request also carries its queue and prefill times and the prompt tokens
+    that were reused from the prefix cache.
+    """
+
+    token_id: int = -1
+    text: str = ""
+    finish_reason: EngineFinish | None = None
+    error: str | None = None
+    cached_tokens: int = 0
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+
+
+class EngineStats(msgspec.Struct):
+    state: EngineState
+    running: int
+    waiting: int
+    kv_tokens_used: int
+    kv_tokens_total: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    steps: int
+    model_load_s: float
+
+
+class EngineOverloaded(Exception):
+    """The waiting queue is full; the caller should retry after ``retry_after_s``."""
+
+    def __init__(self, retry_after_s: float) -> None:
+        super().__init__("engine queue is full")
+        self.retry_after_s = retry_after_s
+
+
+class Engine(Protocol):
+    model_name: str
+    context_window: int
+
+    @property
+    def state(self) -> EngineState: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def ready(self) -> None:
+        """Return once the model is in memory, loading it first if it is not."""
+        ...
+
+    async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]: ...
+
+    def detokenize(self, tokens: list[int]) -> str: ...
+
+    def chat_template(self) -> str | None:
+        """The model's own chat template (Jinja), when its file carries one."""
+        ...
+
+    def special_tokens(self) -> dict[str, str]:
+        """``bos_token`` and ``eos_token`` text, for chat templates."""
+        ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        """Stream the request's tokens; raises :class:`EngineOverloaded` before the first event."""
+        ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...

@@ -1,0 +1,342 @@
+"""The llama.cpp engine: continuous batching of many sequences in one ``llama_decode`` per step.
+
+One worker thread owns the model and runs the step loop: take new requests and aborts, admit, decode,
+sample, hand the tokens to the event loop. Requests join and leave between steps; nothing holds a
+global lock across a generation. The event loop never waits on llama.cpp.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+
+from regional.config import EngineConfig
+from regional.engine import (
+    EngineOverloaded,
+    EngineState,
+    EngineStats,
+    GenerationRequest,
+    TokenEvent,
+)
+from regional.llama_model import ContextSettings, LlamaError, LlamaModel
+from regional.sampler import TokenSampler
+from regional.scheduler import Scheduler, Sequence
+
+log = logging.getLogger("nearshore.engine")
+
+
+class LlamaCppEngine:
+    def __init__(self, model_name: str, model_path: str, config: EngineConfig) -> None:
+        self.model_name = model_name
+        self.model_path = model_path
+        self.config = config
+        self.context_window = config.context_window
+        threads = config.n_threads or os.cpu_count() or 1
+        self._settings = ContextSettings(
+            n_ctx=config.kv_cache_tokens,
+            n_batch=config.batch_tokens,
+            n_seq_max=config.max_sequences,
+            n_threads=threads,
+        )
+        self._state: EngineState = "unloaded"
+        self._model: LlamaModel | None = None
+        self._lifecycle = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        # Shared with the worker thread, under _cv.
+        self._cv = threading.Condition()
+        self._inbox: deque[Sequence] = deque()
+        self._aborts: set[str] = set()
+        self._by_id: dict[str, Sequence] = {}
+        self._scheduler = self._new_scheduler()
+        self._steps = 0
+        self._prefix_queries = 0
+        self._prefix_hits = 0
+        self._last_active = time.monotonic()
+        self.model_load_s = 0.0
+        self._load_error: str | None = None
+        self._idle_task: asyncio.Task | None = None
+
+    def _new_scheduler(self) -> Scheduler:
+        c = self.config
+        return Scheduler(c.max_sequences, c.kv_cache_tokens, c.batch_tokens, c.prefill_chunk)
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+
+    @property
+    def state(self) -> EngineState:
+        return self._state
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        if self.config.load == "eager":
+            self._state = "loading"
+            self._eager = asyncio.create_task(self.ready())
+        if self.config.idle_unload_s > 0:
+            self._idle_task = asyncio.create_task(self._unload_when_idle())
+
+    async def close(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+        async with self._lifecycle:
+            await asyncio.to_thread(self._shutdown_worker)
+            self._state = "unloaded"
+
+    async def ready(self) -> None:
+        """Return once the model is in memory, loading it first if it is not."""
+        if self._state == "ready":
+            return
+        async with self._lifecycle:
+            if self._state == "ready":
+                return
+            self._state = "loading"
+            started = time.perf_counter()
+            try:
+                self._model = await asyncio.to_thread(self._load_model)
+            except Exception as exc:
+                self._state = "failed"
+                self._load_error = str(exc)
+                log.exception("model load failed")
+                raise
+            self.model_load_s = time.perf_counter() - started
+            log.info("model %s loaded in %.2fs", self.model_name, self.model_load_s)
+            self._stopping = False
+            self._scheduler = self._new_scheduler()
+            self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
+            self._thread.start()
+            self._last_active = time.monotonic()
+            self._state = "ready"
+
+    def _load_model(self) -> LlamaModel:
+        shown = [-1]
+
+        def progress(fraction: float) -> None:
+            tenth = int(fraction * 10)
+            if tenth > shown[0]:
+                shown[0] = tenth
+                log.info("loading %s: %d%%", os.path.basename(self.model_path), tenth * 10)
+
+        return LlamaModel(self.model_path, self._settings, progress)
+
+    async def _unload_when_idle(self) -> None:
+        while True:
+            await asyncio.sleep(min(1.0, self.config.idle_unload_s / 2))
+            idle_s = time.monotonic() - self._last_active
+            if self._state != "ready" or idle_s < self.config.idle_unload_s:
+                continue
+            async with self._lifecycle:
+                with self._cv:
+                    busy = bool(self._inbox or self._scheduler.has_work)
+                if busy or self._state != "ready":
+                    continue
+                await asyncio.to_thread(self._shutdown_worker)
+                self._state = "unloaded"
+                log.info("model unloaded after %.0fs idle", idle_s)
+
+    def _shutdown_worker(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._model is not None:
+            self._model.close()
+            self._model = None
+
+    # --- requests -------------------------------------------------------------------------------------
+
+    async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        await self.ready()
+        assert self._model is not None
+        return await asyncio.to_thread(self._model.tokenize, text, add_special)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        assert self._model is not None
+        return self._model.detokenize(tokens)
+
+    def chat_template(self) -> str | None:
+        return self._model.chat_template() if self._model is not None else None
+
+    def special_tokens(self) -> dict[str, str]:
+        return self._model.special_tokens() if self._model is not None else {}
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        await self.ready()
+        seq = Sequence(
+            request,
+            arrived_at=time.perf_counter(),
+            sampler=TokenSampler(request.sampling),
+            events=asyncio.Queue(),
+        )
+        with self._cv:
+            if len(self._inbox) + len(self._scheduler.waiting) >= self.config.max_waiting:
+                raise EngineOverloaded(self._retry_after_s())
+            self._by_id[request.request_id] = seq
+            self._inbox.append(seq)
+            self._last_active = time.monotonic()
+            self._cv.notify()
+        assert seq.events is not None
+        finished = False
+        try:
+            while not finished:
+                event = await seq.events.get()
+                finished = event.finish_reason is not None
+                yield event
+        finally:
+            if not finished:
+                self.abort(request.request_id)
+
+    def abort(self, request_id: str) -> None:
+        with self._cv:
+            if request_id in self._by_id:
+                self._aborts.add(request_id)
+                self._cv.notify()
+
+    def _retry_after_s(self) -> float:
+        # Roughly how long until the queue drains by one batch's worth.
+        return max(1.0, len(self._scheduler.waiting) / max(1, self.config.max_sequences))
+
+    def stats(self) -> EngineStats:
+        with self._cv:
+            sched = self._scheduler
+            return EngineStats(
+                state=self._state,
+                running=len(sched.running),
+                waiting=len(sched.waiting) + len(self._inbox),
+                kv_tokens_used=sched.kv_tokens_used(),
+                kv_tokens_total=sched.kv_tokens,
+                prefix_cache_queries=self._prefix_queries,
+                prefix_cache_hits=self._prefix_hits,
+                steps=self._steps,
+                model_load_s=self.model_load_s,
+            )
+
+    # --- the worker thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        sched = self._scheduler
+        while True:
+            with self._cv:
+                while not self._stopping and not self._inbox and not self._aborts and not sched.has_work:
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                events = self._take_inbox_and_aborts()
+            now = time.perf_counter()
+            admitted = sched.admit(now)
+            self._apply_memory_changes(admitted)
+            if sched.running:
+                events += self._step()
+            self._deliver(events)
+        # Wake anyone still waiting: the engine is going away.
+        with self._cv:
+            leftover = list(self._inbox) + list(sched.waiting) + list(sched.running)
+            self._inbox.clear()
+        self._deliver([(seq, TokenEvent(finish_reason="error", error="engine stopped")) for seq in leftover])
+
+    def _take_inbox_and_aborts(self) -> list[tuple[Sequence, TokenEvent]]:
+        sched = self._scheduler
+        while self._inbox:
+            sched.add(self._inbox.popleft())
+        events = []
+        for request_id in self._aborts:
+            seq = self._by_id.pop(request_id, None)
+            if seq is not None:
+                sched.finish(seq, time.perf_counter())
+                events.append((seq, TokenEvent(finish_reason="abort")))
+        self._aborts.clear()
+        return events
+
+    def _apply_memory_changes(self, admitted: list) -> None:
+        model = self._model
+        assert model is not None
+        for slot in self._scheduler.evicted:
+            model.forget(slot, 0)
+        self._scheduler.evicted.clear()
+        for a in admitted:
+            if a.source == a.slot:
+                model.forget(a.slot, a.prefix_len)
+            else:
+                model.forget(a.slot, 0)
+                if a.prefix_len:
+                    model.share_prefix(a.source, a.slot, a.prefix_len)
+            self._prefix_queries += len(a.sequence.prompt)
+            self._prefix_hits += a.prefix_len
+
+    def _step(self) -> list[tuple[Sequence, TokenEvent]]:
+        sched, model = self._scheduler, self._model
+        assert model is not None
+        plan = sched.plan_step()
+        try:
+            model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
+        except LlamaError as exc:
+            log.error("decode step failed, failing %d sequences: %s", len(sched.running), exc)
+            return self._fail_all(str(exc))
+        self._steps += 1
+        now = time.perf_counter()
+        for seq, n in plan.advances:
+            seq.num_computed += n
+        events = []
+        for seq, index in plan.samples:
+            token = seq.sampler.sample(model.logits(index))
+            seq.output.append(token)
+            events.append((seq, self._token_event(seq, token, now)))
+        return events
+
+    def _token_event(self, seq: Sequence, token: int, now: float) -> TokenEvent:
+        model = self._model
+        assert model is not None
+        event = TokenEvent(token_id=token)
+        if len(seq.output) == 1:
+            seq.first_token_at = now
+            event.cached_tokens = seq.num_cached_tokens
+            event.queue_s = seq.admitted_at - seq.arrived_at
+            event.prefill_s = now - seq.admitted_at
+        if model.is_end_of_generation(token):
+            event.text = seq.text_decoder.decode(b"", final=True)
+            event.finish_reason = "stop"
+        else:
+            event.text = seq.text_decoder.decode(model.token_bytes(token))
+            if len(seq.output) >= seq.request.max_tokens:
+                event.text += seq.text_decoder.decode(b"", final=True)
+                event.finish_reason = "length"
+        if event.finish_reason is not None:
+            self._retire(seq, now)
+        return event
+
+    def _retire(self, seq: Sequence, now: float) -> None:
+        self._scheduler.finish(seq, now)
+        with self._cv:
+            self._by_id.pop(seq.request_id, None)
+            self._aborts.discard(seq.request_id)
+            self._last_active = time.monotonic()
+
+    def _fail_all(self, message: str) -> list[tuple[Sequence, TokenEvent]]:
+        sched = self._scheduler
+        failed = list(sched.running)
+        now = time.perf_counter()
+        for seq in failed:
+            self._retire(seq, now)
+        sched.forget_all()
+        assert self._model is not None
+        self._model.clear()
+        return [(seq, TokenEvent(finish_reason="error", error=message)) for seq in failed]
+
+    def _deliver(self, events: list[tuple[Sequence, TokenEvent]]) -> None:
+        if events and self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed under us at shutdown
+                self._loop.call_soon_threadsafe(_put_all, events)
+
+
+def _put_all(events: list[tuple[Sequence, TokenEvent]]) -> None:
+    for seq, event in events:
+        if seq.events is not None:
+            seq.events.put_nowait(event)

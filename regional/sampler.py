@@ -1,0 +1,74 @@
+"""Token sampling over one row of logits: penalties, temperature, top-k, top-p, seeded draws.
+
+Gemma's vocabulary has 262k entries, so nothing here sorts the whole row: greedy is one argmax, top-k
+is one partition, and top-p grows a partition until it holds the nucleus.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from regional.engine import SamplingParams
+
+
+class TokenSampler:
+    """Per-sequence sampling state: its random generator and the counts of tokens it produced."""
+
+    __slots__ = ("counts", "params", "rng")
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self.counts: dict[int, int] = {}
+
+    def sample(self, logits: np.ndarray) -> int:
+        """Pick the next token from ``logits`` (a read-only view is fine: it is never written)."""
+        params = self.params
+        if params.penalised and self.counts:
+            logits = self._penalised(logits)
+        token = int(np.argmax(logits)) if params.greedy else self._draw(logits)
+        self.counts[token] = self.counts.get(token, 0) + 1
+        return token
+
+    def _penalised(self, logits: np.ndarray) -> np.ndarray:
+        # OpenAI's definition: subtract count * frequency_penalty + presence_penalty for each seen token.
+        ids = np.fromiter(self.counts.keys(), dtype=np.int64, count=len(self.counts))
+        seen = np.fromiter(self.counts.values(), dtype=np.float32, count=len(self.counts))
+        adjusted = logits.copy()
+        adjusted[ids] -= seen * self.params.frequency_penalty + self.params.presence_penalty
+        return adjusted
+
+    def _draw(self, logits: np.ndarray) -> int:
+        params = self.params
+        if 0 < params.top_k < logits.shape[0]:
+            ids = np.argpartition(logits, -params.top_k)[-params.top_k :]
+            values = logits[ids]
+        else:
+            ids = None
+            values = logits
+        # float32 throughout: exp over the whole vocabulary is the cost here, and the draw needs no more.
+        probs = np.subtract(values, values.max(), dtype=np.float32)
+        probs *= np.float32(1.0 / params.temperature)
+        np.exp(probs, out=probs)
+        if params.top_p < 1.0:
+            keep = nucleus(probs, params.top_p * float(probs.sum()))
+            probs = probs[keep]
+            ids = keep if ids is None else ids[keep]
+        cdf = np.cumsum(probs)
+        choice = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        choice = min(choice, probs.shape[0] - 1)
+        return int(ids[choice]) if ids is not None else choice
+
+
+def nucleus(probs: np.ndarray, mass: float) -> np.ndarray:
+    """Indices of the smallest set of most likely entries whose (unnormalised) mass reaches ``mass``."""
+    size = probs.shape[0]
+    k = min(size, 64)
+    while True:
+        top = np.argpartition(probs, -k)[-k:] if k < size else np.arange(size)
+        if k == size or probs[top].sum() >= mass:
+            break
+        k = min(size, k * 8)
+    top = top[np.argsort(probs[top])[::-1]]
+    cut = int(np.searchsorted(np.cumsum(probs[top]), mass, side="left")) + 1
+    return top[: min(cut, top.shape[0])]

@@ -1,0 +1,233 @@
+"""What the regional node does with one API request, apart from HTTP: prompt, limits, engine, output gate.
+
+``RegionService.prepare_*`` checks the request and builds the prompt (errors are :class:`ApiError`);
+:class:`Generation` runs it and yields released text with, at the end, the finish reason and usage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from nearshore.protocol.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    INTERNAL,
+    MODEL_NOT_FOUND,
+    OVERLOADED,
+    UNSUPPORTED_PARAMETER,
+    ApiError,
+)
+from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, FinishReason, Usage
+from regional.chat_template import ChatFormatter, ChatTemplateError
+from regional.config import RegionConfig
+from regional.engine import Engine, EngineOverloaded, GenerationRequest, SamplingParams
+from regional.metrics import RegionMetrics
+from regional.output_gate import OutputGate
+from regional.safety import SafetyFilter
+
+
+@dataclass(slots=True)
+class Prepared:
+    request_id: str
+    model: str
+    prompt_tokens: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stops: list[str]
+    prompt_text: str = ""  # echoed back by completions with echo=true
+
+
+@dataclass(slots=True)
+class Timings:
+    """Seconds since the request arrived, split the way the Server-Timing header reports them."""
+
+    arrived: float = field(default_factory=time.perf_counter)
+    tokenize_s: float = 0.0
+    queue_s: float = 0.0
+    prefill_s: float = 0.0
+    first_token_at: float = 0.0
+    finished_at: float = 0.0
+
+    def server_timing(self) -> str:
+        parts = [
+            f"tokenize;dur={self.tokenize_s * 1000:.1f}",
+            f"queue;dur={self.queue_s * 1000:.1f}",
+            f"prefill;dur={self.prefill_s * 1000:.1f}",
+        ]
+        if self.first_token_at:
+            parts.append(f"ttft;dur={(self.first_token_at - self.arrived) * 1000:.1f}")
+        if self.finished_at:
+            parts.append(f"total;dur={(self.finished_at - self.arrived) * 1000:.1f}")
+        return ", ".join(parts)
+
+
+class RegionService:
+    def __init__(self, config: RegionConfig, engine: Engine, safety: SafetyFilter | None) -> None:
+        self.config = config
+        self.engine = engine
+        self.safety = safety
+        self.metrics = RegionMetrics(engine)
+        self.model_names = {config.model.name, *config.model.aliases}
+        self._formatter: ChatFormatter | None = None
+
+    def check_model(self, model: str) -> None:
+        if model not in self.model_names:
+            raise ApiError(
+                MODEL_NOT_FOUND,
+                f"The model `{model}` does not exist on this node; it serves {self.config.model.name!r}.",
+                param="model",
+            )
+
+    def formatter(self) -> ChatFormatter:
+        if self._formatter is None:
+            choice = self.config.model.chat_template
+            template = self.engine.chat_template() if choice in ("auto", "gguf") else None
+            if choice == "gguf" and not template:
+                raise ApiError(INTERNAL, "chat_template = 'gguf' but the model file carries no chat template")
+            self._formatter = ChatFormatter(template, self.engine.special_tokens())
+        return self._formatter
+
+    async def prepare_chat(self, body: ChatCompletionRequest, request_id: str, timings: Timings) -> Prepared:
+        self._check_common(body.model, body.n)
+        await self.engine.ready()  # the template comes from the model file
+        try:
+            prompt = self.formatter().render(body.messages)
+        except ChatTemplateError as exc:
+            raise ApiError(UNSUPPORTED_PARAMETER, str(exc), param="messages") from None
+        tokens = await self._tokenize(prompt, timings)
+        return self._prepared(request_id, body.model, tokens, body.token_limit(), body, "messages")
+
+    async def prepare_completion(
+        self, body: CompletionRequest, request_id: str, timings: Timings
+    ) -> Prepared:
+        self._check_common(body.model, body.n)
+        text = body.prompt_text()
+        tokens = await self._tokenize(text, timings)
+        prepared = self._prepared(request_id, body.model, tokens, body.token_limit(), body, "prompt")
+        prepared.prompt_text = text if body.echo else ""
+        return prepared
+
+    def _check_common(self, model: str, n: int) -> None:
+        self.check_model(model)
+        if n != 1:
+            raise ApiError(
+                UNSUPPORTED_PARAMETER, "Only n=1 is supported: send one request per choice.", param="n"
+            )
+
+    async def _tokenize(self, text: str, timings: Timings) -> list[int]:
+        started = time.perf_counter()
+        tokens = await self.engine.tokenize(text)
+        timings.tokenize_s = time.perf_counter() - started
+        return tokens
+
+    def _prepared(
+        self,
+        request_id: str,
+        model: str,
+        tokens: list[int],
+        asked_max: int | None,
+        body: ChatCompletionRequest | CompletionRequest,
+        prompt_param: str,
+    ) -> Prepared:
+        window = self.engine.context_window
+        if asked_max is None:
+            if len(tokens) >= window:
+                raise ApiError(
+                    CONTEXT_LENGTH_EXCEEDED,
+                    f"This model's maximum context length is {window} tokens. However, your prompt is "
+                    f"{len(tokens)} tokens, leaving no room for a completion. Please shorten the prompt.",
+                    param=prompt_param,
+                )
+            max_tokens = min(self.config.engine.default_max_tokens, window - len(tokens))
+        else:
+            if len(tokens) + asked_max > window:
+                raise ApiError(
+                    CONTEXT_LENGTH_EXCEEDED,
+                    f"This model's maximum context length is {window} tokens. However, you requested "
+                    f"{len(tokens) + asked_max} tokens ({len(tokens)} in the prompt, {asked_max} in the "
+                    "completion). Please reduce the length of the prompt or the completion.",
+                    param=prompt_param if len(tokens) >= window else "max_tokens",
+                )
+            max_tokens = asked_max
+        sampling = SamplingParams(
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            presence_penalty=body.presence_penalty,
+            frequency_penalty=body.frequency_penalty,
+            seed=body.seed,
+        )
+        return Prepared(request_id, model, tokens, max_tokens, sampling, body.stop_list())
+
+    def run(self, prepared: Prepared, timings: Timings) -> Generation:
+        return Generation(self, prepared, timings)
+
+
+class Generation:
+    """One request's run. Iterate it for ``(text, finish_reason)``; ``usage`` is set once it ends."""
+
+    def __init__(self, service: RegionService, prepared: Prepared, timings: Timings) -> None:
+        self.service = service
+        self.prepared = prepared
+        self.timings = timings
+        self.gate = OutputGate(prepared.stops, service.safety)
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.finish_reason: FinishReason | None = None
+        self.started = False  # the engine produced its first token
+
+    @property
+    def usage(self) -> Usage:
+        return Usage.of(len(self.prepared.prompt_tokens), self.completion_tokens, self.cached_tokens)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[str, FinishReason | None]]:
+        p, t, m = self.prepared, self.timings, self.service.metrics
+        model = self.service.config.model.name
+        request = GenerationRequest(p.request_id, p.prompt_tokens, p.max_tokens, p.sampling)
+        last_token_at = 0.0
+        events = self.service.engine.generate(request)
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    now = time.perf_counter()
+                    if event.finish_reason in ("error", "abort"):
+                        raise ApiError(INTERNAL, f"Generation failed: {event.error or event.finish_reason}")
+                    self.completion_tokens += 1
+                    if not self.started:
+                        self.started = True
+                        self.cached_tokens = event.cached_tokens
+                        t.queue_s, t.prefill_s, t.first_token_at = event.queue_s, event.prefill_s, now
+                        m.ttft.labels(model).observe(now - t.arrived)
+                        m.queue.labels(model).observe(event.queue_s)
+                        m.prefill.labels(model).observe(event.prefill_s)
+                    else:
+                        m.itl.labels(model).observe(now - last_token_at)
+                    last_token_at = now
+                    text, blocked = self.gate.feed(event.text)
+                    if blocked is None and event.finish_reason is not None:
+                        text += self.gate.flush()
+                        self.finish_reason = event.finish_reason  # "stop" or "length"
+                    else:
+                        self.finish_reason = blocked
+                    yield text, self.finish_reason
+                    if self.finish_reason is not None:
+                        return  # leaving the aclosing block aborts the sequence if it still runs
+        except EngineOverloaded as exc:
+            m.request_errors.labels("503").inc()
+            raise ApiError(
+                OVERLOADED, "The node's queue is full; retry shortly.", retry_after_s=exc.retry_after_s
+            ) from None
+        finally:
+            t.finished_at = time.perf_counter()
+            self._record(model)
+
+    def _record(self, model: str) -> None:
+        m = self.service.metrics
+        m.prompt_tokens.labels(model).inc(len(self.prepared.prompt_tokens))
+        m.generation_tokens.labels(model).inc(self.completion_tokens)
+        m.request_prompt_tokens.labels(model).observe(len(self.prepared.prompt_tokens))
+        m.request_generation_tokens.labels(model).observe(self.completion_tokens)
+        m.e2e.labels(model).observe(self.timings.finished_at - self.timings.arrived)
+        m.request_success.labels(model, self.finish_reason or "abort").inc()

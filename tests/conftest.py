@@ -1,0 +1,72 @@
+"""Fixtures that start real regional nodes (the real model over HTTP on loopback)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from nearshore.procs import ManagedProcess, free_port, nearshore_argv
+
+MODEL = "gemma-3-270m"
+
+
+@dataclass
+class Node:
+    url: str
+    process: ManagedProcess
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return str(value)
+
+
+def write_region_config(path: Path, port: int, sections: dict[str, dict[str, object]]) -> Path:
+    lines = [f'name = "test"\n[server]\nport = {port}']
+    for key, value in sections.pop("server", {}).items():
+        lines.append(f"{key} = {_toml_value(value)}")
+    for section, values in sections.items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def start_region(folder: Path, ready_path: str = "/health/ready", **sections: dict[str, object]) -> Node:
+    port = free_port()
+    config = write_region_config(folder / "region.toml", port, dict(sections))
+    process = ManagedProcess(
+        "region", nearshore_argv("region", "--config", str(config)), folder / "region.log"
+    )
+    process.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        process.wait_http(url + ready_path, timeout_s=180)
+    except Exception:
+        process.stop()
+        raise
+    return Node(url, process)
+
+
+# One shared node for the API tests: small limits so the edge cases are cheap to reach.
+SHARED_ENGINE = {"max_sequences": 8, "kv_cache_tokens": 8192, "context_window": 512, "max_waiting": 32}
+
+
+@pytest.fixture(scope="session")
+def region(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    node = start_region(
+        tmp_path_factory.mktemp("region"),
+        server={"max_body_bytes": 65536},
+        engine=SHARED_ENGINE,
+        safety={"blocklist": ["banana"]},
+    )
+    yield node
+    node.process.stop()
