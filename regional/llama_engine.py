@@ -177,7 +177,7 @@ class LlamaCppEngine:
             events=asyncio.Queue(),
         )
         with self._cv:
-            if len(self._inbox) + len(self._scheduler.waiting) >= self.config.max_waiting:
+            if self._queued_beyond_free_slots() >= self.config.max_waiting:
                 raise EngineOverloaded(self._retry_after_s())
             self._by_id[request.request_id] = seq
             self._inbox.append(seq)
@@ -199,6 +199,12 @@ class LlamaCppEngine:
             if request_id in self._by_id:
                 self._aborts.add(request_id)
                 self._cv.notify()
+
+    def _queued_beyond_free_slots(self) -> int:
+        """Requests that will have to wait for a slot (new arrivals count until the worker admits them)."""
+        sched = self._scheduler
+        free = sum(1 for slot in sched.slots if slot.owner is None)
+        return max(0, len(self._inbox) + len(sched.waiting) - free)
 
     def _retry_after_s(self) -> float:
         # Roughly how long until the queue drains by one batch's worth.

@@ -23,7 +23,7 @@ async def send(
         aiohttp.ClientSession() as s,
         s.request(method, node.url + path, data=body, headers={"Content-Type": content_type}) as r,
     ):
-        return r.status, dict(r.headers), await r.json(content_type=None)
+        return r.status, r.headers.copy(), await r.json(content_type=None)
 
 
 def js(payload: dict) -> bytes:
@@ -60,7 +60,7 @@ CASES = [
     ("temperature negative", js({**GOOD, "temperature": -0.1}), 400, None, "temperature"),
     ("top_p zero", js({**GOOD, "top_p": 0}), 400, None, "top_p"),
     ("penalty out of range", js({**GOOD, "presence_penalty": 9}), 400, None, "presence_penalty"),
-    ("empty stop string", js({**GOOD, "stop": [""]}), 400, None, "stop"),
+    ("empty stop string", js({**GOOD, "stop": [""]}), 400, None, "stop[0]"),
     ("n > 1", js({**GOOD, "n": 2}), 400, "unsupported_parameter", "n"),
     (
         "image part",
