@@ -121,3 +121,42 @@ async def test_node_still_serves_after_bad_inputs(region: Node):
         await send(region, body)
     status, _, payload = await send(region, js(GOOD))
     assert status == 200 and payload["usage"]["completion_tokens"] == 2
+
+
+async def test_bad_inputs_do_not_disturb_another_users_stream(region: Node):
+    import asyncio
+    import json
+
+    from nearshore.protocol.sse import iter_data
+
+    payload = {
+        **GOOD,
+        "max_tokens": 40,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+    async def streamed() -> tuple[int, str]:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(region.url + "/v1/chat/completions", json=payload) as r,
+        ):
+            text, finish, tokens = "", None, 0
+            async for data in iter_data(r.content):
+                if data == b"[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk["choices"]:
+                    text += choice["delta"].get("content") or ""
+                    finish = choice["finish_reason"] or finish
+            return tokens, finish
+
+    async def abuse() -> None:
+        for _, body, *_ in CASES:
+            await send(region, body)
+
+    (tokens, finish), _ = await asyncio.gather(streamed(), abuse())
+    assert finish in ("length", "stop") and tokens >= 1
