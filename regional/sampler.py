@@ -6,6 +6,8 @@ is one partition, and top-p grows a partition until it holds the nucleus.
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 
 from regional.engine import SamplingParams
@@ -14,12 +16,21 @@ from regional.engine import SamplingParams
 class TokenSampler:
     """Per-sequence sampling state: its random generator and the counts of tokens it produced."""
 
-    __slots__ = ("counts", "params", "rng")
+    __slots__ = ("_rng", "counts", "params")
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        self._rng: np.random.Generator | None = None
         self.counts: dict[int, int] = {}
+
+    @property
+    def rng(self) -> np.random.Generator:
+        # Made on first use: greedy never needs one, and numpy's unseeded default_rng gathers OS entropy
+        # (milliseconds here), which would sit in every request's queue time.
+        if self._rng is None:
+            seed = self.params.seed if self.params.seed is not None else random.getrandbits(64)
+            self._rng = np.random.default_rng(seed)
+        return self._rng
 
     def sample(self, logits: np.ndarray) -> int:
         """Pick the next token from ``logits`` (a read-only view is fine: it is never written)."""
