@@ -24,7 +24,7 @@ from regional.engine import (
     GenerationRequest,
     TokenEvent,
 )
-from regional.llama_model import ContextSettings, LlamaError, LlamaModel
+from regional.llama_model import ContextSettings, KvCacheFull, LlamaError, LlamaModel
 from regional.sampler import TokenSampler
 from regional.scheduler import Scheduler, Sequence
 
@@ -282,7 +282,13 @@ class LlamaCppEngine:
         assert model is not None
         plan = sched.plan_step()
         try:
-            model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
+            try:
+                model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
+            except KvCacheFull:
+                # Idle prefix caches may hold the cells (or split the free ones): drop them and retry once.
+                for slot in sched.drop_idle_caches():
+                    model.forget(slot, 0)
+                model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
         except LlamaError as exc:
             log.error("decode step failed, failing %d sequences: %s", len(sched.running), exc)
             return self._fail_all(str(exc))

@@ -25,6 +25,10 @@ class LlamaError(RuntimeError):
     pass
 
 
+class KvCacheFull(LlamaError):
+    """llama_decode found no room for the batch; nothing was applied, so the step can be retried."""
+
+
 def _init_backend() -> None:
     global _backend_ready
     with _backend_lock:
@@ -168,6 +172,8 @@ class LlamaModel:
             batch.seq_id[i][0] = seq_ids[i]
             batch.logits[i] = want_logits[i]
         rc = llama_cpp.llama_decode(self._ctx, batch)
+        if rc == 1:
+            raise KvCacheFull("llama_decode: no room in the KV cache for this batch")
         if rc != 0:
             reason = {1: "no room in the KV cache", 2: "aborted", -1: "invalid batch"}.get(
                 rc, "internal error"

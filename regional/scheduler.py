@@ -225,6 +225,13 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
+    def drop_idle_caches(self) -> list[int]:
+        """Forget every idle slot's cached prefix; returns the slots whose cells must be cleared."""
+        dropped = [s.index for s in self.slots if s.owner is None and s.cached]
+        for index in dropped:
+            self.slots[index].cached = []
+        return dropped
+
     def forget_all(self) -> None:
         """After a failed step the KV contents are unknown: drop every cache."""
         for slot in self.slots:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from regional.engine import Engine, EngineOverloaded, GenerationRequest, Samplin
 from regional.metrics import RegionMetrics
 from regional.output_gate import OutputGate
 from regional.safety import SafetyFilter
+
+log = logging.getLogger("nearshore.region.requests")
 
 
 @dataclass(slots=True)
@@ -224,6 +227,18 @@ class Generation:
             self._record(model)
 
     def _record(self, model: str) -> None:
+        t = self.timings
+        log.info(
+            "request %s prompt=%d cached=%d completion=%d finish=%s queue=%.1fms prefill=%.1fms total=%.1fms",
+            self.prepared.request_id,
+            len(self.prepared.prompt_tokens),
+            self.cached_tokens,
+            self.completion_tokens,
+            self.finish_reason or "abort",
+            t.queue_s * 1000,
+            t.prefill_s * 1000,
+            (t.finished_at - t.arrived) * 1000,
+        )
         m = self.service.metrics
         m.prompt_tokens.labels(model).inc(len(self.prepared.prompt_tokens))
         m.generation_tokens.labels(model).inc(self.completion_tokens)

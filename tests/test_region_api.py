@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -261,3 +262,36 @@ async def test_metrics_expose_vllm_named_series(region: Node):
         assert name in text, name
     assert await metric(region, "nearshore:model_load_time_seconds") > 0
     assert await metric(region, "nearshore:generation_tokens_total") >= 3
+
+
+async def test_long_prompt_prefill_does_not_freeze_another_stream(region: Node):
+    """The long prompt is prefilled in chunks between the running stream's decode steps."""
+    runner = {"model": MODEL, "messages": QUESTION, "max_tokens": 150, "temperature": 0, "stream": True}
+    long_prompt = {"model": MODEL, "prompt": "The market opens early. " * 80, "max_tokens": 2}  # ~480 tokens
+    times: list[float] = []
+    long_done = asyncio.Event()
+
+    async def run_stream() -> None:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(region.url + "/v1/chat/completions", json=runner) as r,
+        ):
+            async for _ in iter_data(r.content):
+                times.append(time.perf_counter())
+                if long_done.is_set() and len(times) > 40:
+                    break
+
+    async def run_long() -> tuple[float, float, float]:
+        while len(times) < 5:
+            await asyncio.sleep(0.01)
+        sent = time.perf_counter()
+        _, headers, body = await post(region.url + "/v1/completions", long_prompt)
+        long_done.set()
+        assert body["usage"]["prompt_tokens"] > 400, body
+        prefill_ms = float(headers["Server-Timing"].split("prefill;dur=")[1].split(",")[0])
+        return sent, time.perf_counter(), prefill_ms / 1000
+
+    _, (start, end, prefill_s) = await asyncio.gather(run_stream(), run_long())
+    gaps = [b - a for a, b in itertools.pairwise(times) if start <= b <= end]
+    assert len(gaps) >= 3  # the stream kept producing while the long prompt was prefilled
+    assert max(gaps) < 0.6 * prefill_s, (max(gaps), prefill_s)
