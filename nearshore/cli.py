@@ -22,6 +22,43 @@ def _region(args: argparse.Namespace) -> int:
     return 0
 
 
+def _edge(args: argparse.Namespace) -> int:
+    from edge.config import EdgeConfig
+    from edge.node import build_edge_app, run_edge
+
+    config = load_config(args.config, EdgeConfig)
+    try:
+        app = build_edge_app(config)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"{args.config or 'defaults'}: {exc}") from exc
+    run_edge(app, config, port=args.port)
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from edge.admin_cli import run_keys
+
+    return run_keys(args)
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from edge.admin_cli import run_usage
+
+    return run_usage(args)
+
+
+def _ca(args: argparse.Namespace) -> int:
+    from nearshore.ca_cli import run
+
+    return run(args)
+
+
+def _pacer(args: argparse.Namespace) -> int:
+    from netem.pacer import main as pacer_main
+
+    return pacer_main(args)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from netem.demo import main as demo_main
 
@@ -53,6 +90,39 @@ def build_parser() -> argparse.ArgumentParser:
     region.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
     region.set_defaults(run=_region)
 
+    edge = commands.add_parser(
+        "edge",
+        help="run an edge proxy (TLS, API keys, rate limits, streaming relay, billing)",
+        description="Serve users near them: authenticate, validate, rate-limit and meter each request, and "
+        "relay it over warm connections to the configured regions, failing over before the first byte.",
+    )
+    edge.add_argument("--config", metavar="FILE", help="edge TOML file (see configs/edge.toml)")
+    edge.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
+    edge.set_defaults(run=_edge)
+
+    from edge.admin_cli import add_keys_arguments, add_usage_arguments
+
+    keys = commands.add_parser(
+        "keys", help="create, list and revoke API keys", description="API keys, stored hashed in SQLite."
+    )
+    add_keys_arguments(keys)
+    keys.set_defaults(run=_keys)
+    usage = commands.add_parser(
+        "usage", help="usage and cost per key and day", description="A report from the edge's billing ledger."
+    )
+    add_usage_arguments(usage)
+    usage.set_defaults(run=_usage)
+
+    from nearshore.ca_cli import add_arguments as add_ca_arguments
+
+    ca = commands.add_parser(
+        "ca",
+        help="a cluster CA and certificates for mutual TLS between edges and regions",
+        description="Create the cluster CA and issue server and client certificates.",
+    )
+    add_ca_arguments(ca)
+    ca.set_defaults(run=_ca)
+
     demo = commands.add_parser(
         "demo",
         help="start a regional node on the embedded model and stream one answer",
@@ -62,6 +132,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_arguments(demo)
     demo.set_defaults(run=_demo)
+
+    from netem.pacer import add_arguments as add_pacer_arguments
+
+    pacer = commands.add_parser(
+        "pacer",
+        help="a stand-in region that streams tokens at a fixed pace (for benchmarks and tests)",
+        description="Speak the regional node's API without a model: fixed token count and pace, "
+        "optionally failing or breaking streams on purpose.",
+    )
+    add_pacer_arguments(pacer)
+    pacer.set_defaults(run=_pacer)
 
     bench = commands.add_parser(
         "bench", help="benchmarks", description="Benchmarks that compare side by side."

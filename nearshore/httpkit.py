@@ -6,6 +6,7 @@ import asyncio
 import logging
 import re
 import signal
+import ssl
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -101,12 +102,20 @@ def install_uvloop() -> None:
 
 
 async def serve(
-    app: web.Application, host: str, port: int, *, on_ready: Callable[[int], None] | None = None
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    on_ready: Callable[[int], None] | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    runner: web.AppRunner | None = None,
 ) -> None:
-    """Run ``app`` until cancelled; handlers are cancelled when their client disconnects."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    """Run ``app`` until SIGTERM or SIGINT (HTTPS with ``ssl_context``). The default runner cancels a
+    handler when its client disconnects; pass another to tune the server (the edge does)."""
+    if runner is None:
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
     await site.start()
     bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port
     if on_ready is not None:

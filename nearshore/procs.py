@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -43,7 +44,7 @@ class ManagedProcess:
         log.close()
         return self
 
-    def wait_http(self, url: str, timeout_s: float = 120.0) -> None:
+    def wait_http(self, url: str, timeout_s: float = 120.0, context: ssl.SSLContext | None = None) -> None:
         """Wait until ``url`` answers 200; fail early, with the log's tail, if the process dies."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -51,7 +52,7 @@ class ManagedProcess:
                 raise ProcessFailed(f"{self.name} exited early:\n{self.log_tail()}")
             with (
                 contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, OSError),
-                urllib.request.urlopen(url, timeout=2) as response,
+                urllib.request.urlopen(url, timeout=2, context=context) as response,
             ):
                 if response.status == 200:
                     return

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import hmac
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from nearshore.httpkit import openai_errors, read_json, request_id_of, request_ids
+from nearshore.httpkit import Handler, openai_errors, read_json, request_id_of, request_ids
 from nearshore.protocol import sse
-from nearshore.protocol.errors import ApiError
+from nearshore.protocol.errors import INVALID_API_KEY, ApiError
 from nearshore.protocol.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -27,18 +28,24 @@ from nearshore.protocol.schemas import (
     completion_request_decoder,
     json_encoder,
 )
-from regional.config import RegionConfig
+from nearshore.tls import peer_certificate_name
+from regional.config import RegionConfig, ServerConfig
 from regional.engine import Engine
 from regional.service import Generation, RegionService, Timings
 
 SERVICE = web.AppKey("service", RegionService)
 STARTED_AT = int(time.time())
 
+EDGE_SECRET_HEADER = "x-nearshore-edge-secret"
+# Probes and scrapes come from the operator's monitoring, not from edges.
+OPEN_PATHS = frozenset({"/health", "/health/ready", "/metrics"})
+
 
 def create_app(config: RegionConfig, engine: Engine, service: RegionService) -> web.Application:
-    app = web.Application(
-        middlewares=[request_ids, openai_errors], client_max_size=config.server.max_body_bytes
-    )
+    middlewares = [request_ids, openai_errors]
+    if guard := edges_only(config.server):
+        middlewares.append(guard)  # inside openai_errors, so a refusal leaves OpenAI-shaped
+    app = web.Application(middlewares=middlewares, client_max_size=config.server.max_body_bytes)
     app[SERVICE] = service
     app.cleanup_ctx.append(_engine_lifetime(engine))
     app.router.add_post("/v1/chat/completions", chat_completions)
@@ -57,6 +64,45 @@ def _engine_lifetime(engine: Engine):
         await engine.close()
 
     return lifetime
+
+
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+
+def edges_only(server: ServerConfig) -> Middleware | None:
+    """A middleware that serves only edges, or None when the node is open (no client_ca, no secret).
+
+    An edge proves itself with a client certificate that verified against ``client_ca`` (any
+    certificate that CA signed is an edge) and/or the shared secret header; every configured proof is
+    required. Anything else gets 401 on every path but the open ones.
+    """
+    if not (server.client_ca or server.shared_secret):
+        return None
+    secret = server.shared_secret.encode()
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in OPEN_PATHS:
+            return await handler(request)
+        if server.client_ca:
+            edge = peer_certificate_name(request.transport)
+            if edge is None:
+                raise ApiError(
+                    INVALID_API_KEY,
+                    "Only Nearshore edges may call this node: "
+                    "present a client certificate signed by the cluster CA.",
+                )
+            request["edge"] = edge
+        if secret:
+            given = request.headers.get(EDGE_SECRET_HEADER, "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, secret):
+                raise ApiError(
+                    INVALID_API_KEY,
+                    f"Only Nearshore edges may call this node: missing or incorrect {EDGE_SECRET_HEADER}.",
+                )
+        return await handler(request)
+
+    return guard
 
 
 # --- endpoints ---------------------------------------------------------------------------------------

@@ -10,27 +10,10 @@ from collections.abc import Sequence
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from nearshore.protocol.chat_format import gemma_turns
 from nearshore.protocol.schemas import ChatMessage
 
-# Gemma has no system role: system (and developer) text opens the first user turn.
-_GEMMA_ROLE = {"user": "user", "assistant": "model"}
-
-
-def gemma_turns(messages: Sequence[ChatMessage]) -> str:
-    system = "\n\n".join(m.text() for m in messages if m.role in ("system", "developer"))
-    parts: list[str] = []
-    for message in messages:
-        role = _GEMMA_ROLE.get(message.role)
-        if role is None:
-            continue
-        text = message.text()
-        if system and role == "user":
-            text, system = f"{system}\n\n{text}", ""
-        parts.append(f"<start_of_turn>{role}\n{text}<end_of_turn>\n")
-    if system:  # only system messages: they become the user's turn
-        parts.append(f"<start_of_turn>user\n{system}<end_of_turn>\n")
-    parts.append("<start_of_turn>model\n")
-    return "".join(parts)
+__all__ = ["ChatFormatter", "ChatTemplateError", "gemma_turns"]
 
 
 class ChatTemplateError(ValueError):

@@ -14,6 +14,14 @@ class ServerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     host: str = "127.0.0.1"
     port: Port = 8100
     max_body_bytes: Positive = 1 << 20
+    # PEM files: HTTPS when both are set, plain HTTP when neither is.
+    tls_cert: str = ""
+    tls_key: str = ""
+    # Mutual TLS: only clients with a certificate signed by this CA (the cluster's edges) are served.
+    client_ca: str = ""
+    # The alternative (or addition) to client_ca: requests must carry `x-nearshore-edge-secret` with
+    # this value. With both set, both are required. /health, /health/ready and /metrics stay open.
+    shared_secret: str = ""
 
 
 class ModelConfig(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
+from pathlib import Path
 
 from aiohttp import web
 
 from nearshore.httpkit import install_uvloop, serve
+from nearshore.tls import server_context
 from regional.app import create_app
 from regional.config import RegionConfig
 from regional.llama_engine import LlamaCppEngine
@@ -27,10 +30,43 @@ def check_config(config: RegionConfig) -> None:
         raise ValueError("engine.max_sequences must not exceed engine.batch_tokens")
     if e.batch_tokens > e.kv_cache_tokens:
         raise ValueError("engine.batch_tokens must not exceed engine.kv_cache_tokens")
+    _check_tls(config)
+
+
+MIN_SECRET_CHARS = 16
+
+
+def _check_tls(config: RegionConfig) -> None:
+    s = config.server
+    if s.tls_cert and not s.tls_key:
+        raise ValueError("server.tls_key: needed with server.tls_cert")
+    if s.tls_key and not s.tls_cert:
+        raise ValueError("server.tls_cert: needed with server.tls_key")
+    if s.client_ca and not s.tls_cert:
+        raise ValueError("server.client_ca: needs server.tls_cert and server.tls_key (mutual TLS is TLS)")
+    for key in ("tls_cert", "tls_key", "client_ca"):
+        path = getattr(s, key)
+        if path and not Path(path).is_file():
+            raise ValueError(f"server.{key}: file not found: {path}")
+    if s.shared_secret and len(s.shared_secret) < MIN_SECRET_CHARS:
+        raise ValueError(f"server.shared_secret: use at least {MIN_SECRET_CHARS} characters")
+
+
+def server_ssl_context(config: RegionConfig) -> ssl.SSLContext | None:
+    """The node's TLS context, or None for plain HTTP; a file that does not load is a config error."""
+    s = config.server
+    if not s.tls_cert:
+        return None
+    try:
+        return server_context(Path(s.tls_cert), Path(s.tls_key), Path(s.client_ca) if s.client_ca else None)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        keys = "server.tls_cert/server.tls_key" + ("/server.client_ca" if s.client_ca else "")
+        raise ValueError(f"{keys}: cannot load: {exc}") from exc
 
 
 def build_region_app(config: RegionConfig) -> web.Application:
     check_config(config)
+    server_ssl_context(config)  # fail now, as a config error, not when the server starts
     try:
         model_path = resolve_model_path(config.model.path, config.model.cache_dir)
     except FileNotFoundError as exc:
@@ -47,8 +83,12 @@ def run_region(app: web.Application, config: RegionConfig, port: int | None = No
     install_uvloop()
     host = config.server.host
     bound_port = config.server.port if port is None else port
+    ssl_context = server_ssl_context(config)
+    scheme = "https" if ssl_context else "http"
+    if config.server.shared_secret and not ssl_context:
+        log.warning("server.shared_secret is set on plain HTTP: the secret crosses the network in clear")
 
     def announce(actual: int) -> None:
-        log.info("region %s serving %s on http://%s:%d", config.name, config.model.name, host, actual)
+        log.info("region %s serving %s on %s://%s:%d", config.name, config.model.name, scheme, host, actual)
 
-    asyncio.run(serve(app, host, bound_port, on_ready=announce))
+    asyncio.run(serve(app, host, bound_port, on_ready=announce, ssl_context=ssl_context))

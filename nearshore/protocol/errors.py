@@ -5,6 +5,7 @@ Handlers raise :class:`ApiError`; one middleware per service turns it into a JSO
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import msgspec
@@ -41,6 +42,9 @@ METHOD_NOT_ALLOWED = ErrorKind(405, "invalid_request_error", "method_not_allowed
 REQUEST_TOO_LARGE = ErrorKind(413, "invalid_request_error", "request_too_large")
 UNSUPPORTED_MEDIA_TYPE = ErrorKind(415, "invalid_request_error", "unsupported_media_type")
 RATE_LIMITED = ErrorKind(429, "rate_limit_error", "rate_limit_exceeded")
+QUOTA_EXCEEDED = ErrorKind(429, "insufficient_quota", "insufficient_quota")
+REQUEST_TIMEOUT = ErrorKind(408, "invalid_request_error", "request_timeout")
+UPSTREAM_UNAVAILABLE = ErrorKind(503, "server_error", "upstream_unavailable")
 INTERNAL = ErrorKind(500, "server_error", "internal_error")
 OVERLOADED = ErrorKind(503, "server_error", "overloaded")
 MODEL_LOADING = ErrorKind(503, "server_error", "model_loading")
@@ -51,6 +55,7 @@ _KIND_BY_STATUS = {
     403: PERMISSION_DENIED,
     404: NOT_FOUND,
     405: METHOD_NOT_ALLOWED,
+    408: REQUEST_TIMEOUT,
     413: REQUEST_TOO_LARGE,
     415: UNSUPPORTED_MEDIA_TYPE,
     429: RATE_LIMITED,
@@ -68,12 +73,14 @@ class ApiError(Exception):
         *,
         param: str | None = None,
         retry_after_s: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.param = param
         self.retry_after_s = retry_after_s
+        self.extra_headers = headers or {}
 
     @property
     def status(self) -> int:
@@ -83,9 +90,10 @@ class ApiError(Exception):
         return ErrorEnvelope(ErrorBody(self.message, self.kind.type, self.param, self.kind.code))
 
     def headers(self) -> dict[str, str]:
-        if self.retry_after_s is None:
-            return {}
-        return {"Retry-After": str(max(1, round(self.retry_after_s)))}
+        headers = dict(self.extra_headers)
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        return headers
 
     def to_json(self) -> bytes:
         return msgspec.json.encode(self.envelope())

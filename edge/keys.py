@@ -1,0 +1,269 @@
+"""API keys: issued once in plaintext, stored hashed in SQLite, checked on every request from memory.
+
+A key reads ``ns-<key_id>-<secret>``: ``key_id`` is 12 lowercase hex characters, public (it appears in
+logs, the ledger and reports); ``secret`` is 32 random bytes, base64url without padding. Only
+``sha256(secret)`` is stored. A fast hash is right here, unlike for passwords: the secret carries 256 bits
+of entropy, so there is nothing to guess from a leaked hash, and a slow hash would only cost every request.
+
+The edge authenticates every request from an in-memory copy of the table; the copy is reloaded when
+another process (``nearshore keys revoke``) has changed the file, checked at most every ``refresh_s``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+KEY_PREFIX = "ns-"
+_KEY_ID_HEX = 12
+_SECRET_BYTES = 32
+# token_urlsafe(32) is always 43 characters of the base64url alphabet.
+_KEY = re.compile(r"ns-([0-9a-f]{12})-([A-Za-z0-9_-]{43})")
+_KEY_LENGTH = len(KEY_PREFIX) + _KEY_ID_HEX + 1 + 43
+
+log = logging.getLogger("nearshore.keys")
+
+AuthReason = Literal["ok", "missing", "malformed", "unknown", "revoked"]
+
+
+class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
+    """One key's public record: everything but its secret."""
+
+    key_id: str
+    tenant: str
+    tier: str = "default"
+    rpm: int = 60
+    tpm: int = 100_000
+    # Empty: every model is allowed.
+    models: list[str] = msgspec.field(default_factory=list)
+    budget_usd: float | None = None
+    revoked: bool = False
+    created_at: float = 0.0
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+class AuthResult(msgspec.Struct, frozen=True):
+    """``key`` is set for "ok" and "revoked" (so the caller can log whose key it was), else None.
+
+    A wrong secret for a known key_id reads "unknown", like a key_id that does not exist.
+    """
+
+    key: ApiKey | None
+    reason: AuthReason
+
+    @property
+    def ok(self) -> bool:
+        return self.reason == "ok"
+
+
+def parse_key(presented: str) -> tuple[str, str] | None:
+    """``(key_id, secret)`` of a well-formed key, else None; never raises."""
+    if len(presented) != _KEY_LENGTH:  # checked first, so a huge input costs nothing
+        return None
+    match = _KEY.fullmatch(presented)
+    return (match[1], match[2]) if match else None
+
+
+def _hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS api_keys (
+    key_id        TEXT PRIMARY KEY,
+    secret_sha256 TEXT NOT NULL,
+    tenant        TEXT NOT NULL,
+    tier          TEXT NOT NULL,
+    rpm           INTEGER NOT NULL,
+    tpm           INTEGER NOT NULL,
+    models        TEXT NOT NULL,   -- JSON list; [] = all models
+    budget_usd    REAL,
+    revoked       INTEGER NOT NULL DEFAULT 0,
+    created_at    REAL NOT NULL,
+    updated_at    REAL NOT NULL
+)
+"""
+_COLUMNS = "key_id, secret_sha256, tenant, tier, rpm, tpm, models, budget_usd, revoked, created_at"
+_INSERT = (
+    f"INSERT INTO api_keys ({_COLUMNS}, updated_at) VALUES (:key_id, :secret_sha256, :tenant, :tier, "
+    ":rpm, :tpm, :models, :budget_usd, :revoked, :created_at, :updated_at)"
+)
+
+
+def _row_to_key(row: tuple) -> tuple[ApiKey, str]:
+    key_id, digest, tenant, tier, rpm, tpm, models, budget, revoked, created_at = row
+    key = ApiKey(
+        key_id=key_id,
+        tenant=tenant,
+        tier=tier,
+        rpm=rpm,
+        tpm=tpm,
+        models=json.loads(models),
+        budget_usd=budget,
+        revoked=bool(revoked),
+        created_at=created_at,
+    )
+    return key, digest
+
+
+def _create_private(path: Path) -> None:
+    """Create the file readable by its owner only; SQLite gives its -wal and -shm files the same mode."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+
+
+class KeyStore:
+    """The key table in one SQLite file, shared by the edge process and the ``nearshore keys`` CLI.
+
+    One instance per process. The edge calls :meth:`authenticate` from its event loop thread; a lock
+    keeps the instance safe if another thread uses it too.
+    """
+
+    def __init__(self, path: str | Path, refresh_s: float = 2.0) -> None:
+        self.path = Path(path)
+        self.refresh_s = refresh_s
+        _create_private(self.path)
+        # isolation_level=None: autocommit; each write is one statement, so one transaction.
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA busy_timeout = 5000")
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute(_SCHEMA)
+        self._lock = threading.Lock()
+        # The in-memory copy: key_id -> (record, sha256 hex of the secret).
+        self._cache: dict[str, tuple[ApiKey, str]] = {}
+        self._data_version = -1
+        self._checked_at = float("-inf")
+        self._reload()
+
+    def __repr__(self) -> str:
+        return f"KeyStore({str(self.path)!r}, keys={len(self._cache)})"
+
+    def close(self) -> None:
+        self._db.close()
+
+    # --- admin ----------------------------------------------------------------------------------------
+
+    def create(
+        self,
+        tenant: str,
+        tier: str = "default",
+        rpm: int = 60,
+        tpm: int = 100_000,
+        models: Iterable[str] = (),
+        budget_usd: float | None = None,
+    ) -> tuple[str, ApiKey]:
+        """Issue a key: ``(plaintext, record)``. The plaintext exists only in the return value."""
+        if not tenant:
+            raise ValueError("tenant must not be empty")
+        if rpm < 1 or tpm < 1:
+            raise ValueError("rpm and tpm must be at least 1")
+        if budget_usd is not None and budget_usd < 0:
+            raise ValueError("budget_usd must not be negative")
+        secret = secrets.token_urlsafe(_SECRET_BYTES)
+        now = time.time()
+        with self._lock:
+            while True:
+                key = ApiKey(
+                    key_id=secrets.token_hex(_KEY_ID_HEX // 2),
+                    tenant=tenant,
+                    tier=tier,
+                    rpm=rpm,
+                    tpm=tpm,
+                    models=list(models),
+                    budget_usd=budget_usd,
+                    created_at=now,
+                )
+                row = msgspec.structs.asdict(key)
+                row.update(models=json.dumps(key.models), secret_sha256=_hash_secret(secret), updated_at=now)
+                try:
+                    self._db.execute(_INSERT, row)
+                    break
+                except sqlite3.IntegrityError:  # a key_id collision (1 in 2**48 per pair): draw another
+                    continue
+            self._checked_at = float("-inf")  # our own commits do not move data_version
+        return f"{KEY_PREFIX}{key.key_id}-{secret}", key
+
+    def revoke(self, key_id: str) -> bool:
+        """Revoke a key; False when there is no such key or it was already revoked."""
+        with self._lock:
+            cursor = self._db.execute(
+                "UPDATE api_keys SET revoked = 1, updated_at = ? WHERE key_id = ? AND revoked = 0",
+                (time.time(), key_id),
+            )
+            self._checked_at = float("-inf")
+        return cursor.rowcount > 0
+
+    def list(self) -> list[ApiKey]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_COLUMNS} FROM api_keys ORDER BY created_at, key_id").fetchall()
+        return [_row_to_key(row)[0] for row in rows]
+
+    def get(self, key_id: str) -> ApiKey | None:
+        with self._lock:
+            row = self._db.execute(f"SELECT {_COLUMNS} FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+        return _row_to_key(row)[0] if row else None
+
+    # --- the request path -----------------------------------------------------------------------------
+
+    def authenticate(self, presented: str | None) -> AuthResult:
+        """Check a presented key against the in-memory copy; never raises on bad input."""
+        if presented is None or (isinstance(presented, str) and not presented.strip()):
+            return AuthResult(None, "missing")
+        parsed = parse_key(presented.strip()) if isinstance(presented, str) else None
+        if parsed is None:
+            return AuthResult(None, "malformed")
+        key_id, secret = parsed
+        with self._lock:
+            self._maybe_refresh()
+            entry = self._cache.get(key_id)
+        if entry is None:
+            return AuthResult(None, "unknown")
+        key, digest = entry
+        if not hmac.compare_digest(_hash_secret(secret), digest):
+            return AuthResult(None, "unknown")  # a wrong secret says no more than an unknown key
+        if key.revoked:
+            return AuthResult(key, "revoked")
+        return AuthResult(key, "ok")
+
+    def _maybe_refresh(self) -> None:
+        """Reload the copy when the file changed, checking at most every ``refresh_s`` seconds.
+
+        ``PRAGMA data_version`` moves when another connection commits: one cheap query while nothing
+        changes. Our own writes do not move it, so they reset ``_checked_at`` and force a reload here.
+        """
+        now = time.monotonic()
+        if now - self._checked_at < self.refresh_s:
+            return
+        forced = self._checked_at == float("-inf")
+        self._checked_at = now
+        try:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if forced or version != self._data_version:
+                self._reload(version)
+        except sqlite3.Error as exc:  # keep serving from the copy we have; try again next period
+            log.warning("key store %s: refresh failed: %s", self.path, exc)
+
+    def _reload(self, version: int | None = None) -> None:
+        # data_version is read before the rows: a commit in between only causes one extra reload later.
+        if version is None:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+        rows = self._db.execute(f"SELECT {_COLUMNS} FROM api_keys").fetchall()
+        self._cache = {row[0]: _row_to_key(row) for row in rows}
+        self._data_version = version
+        self._checked_at = time.monotonic()

@@ -1,0 +1,244 @@
+"""The usage ledger: one durable row per request, committed before the response's last bytes leave.
+
+Writes go through one writer thread that owns its SQLite connection and commits in groups: it takes every
+record queued so far, inserts them in one transaction, commits once, then wakes each waiter. Under load one
+commit serves many requests; alone, a request waits for one small commit.
+
+Durability: WAL with ``synchronous=NORMAL``. A commit is in the WAL file (written to the OS, not fsynced)
+before :meth:`Ledger.record` returns, so a killed or crashed process loses nothing it has acknowledged.
+Power loss or a kernel crash may lose the last commits; surviving those would need ``synchronous=FULL``
+(an fsync per commit, which group commit would share).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+from pathlib import Path
+
+import msgspec
+
+log = logging.getLogger("nearshore.ledger")
+
+
+class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    ts: float  # epoch seconds
+    key_id: str
+    tenant: str
+    model: str
+    region: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cache_status: str  # "miss" | "hit" | "bypass"
+    cost_usd: float
+    status: str  # "ok" | "error" | "aborted" | "refused"
+    http_status: int
+
+
+class ReportRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One key's usage on one UTC day."""
+
+    key_id: str
+    tenant: str
+    day: str  # YYYY-MM-DD, UTC
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+_FIELDS = UsageRecord.__struct_fields__
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS usage (
+    request_id        TEXT NOT NULL,
+    ts                REAL NOT NULL,
+    key_id            TEXT NOT NULL,
+    tenant            TEXT NOT NULL,
+    model             TEXT NOT NULL,
+    region            TEXT NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    cached_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cache_status      TEXT NOT NULL,
+    cost_usd          REAL NOT NULL,
+    status            TEXT NOT NULL,
+    http_status       INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS usage_key_ts ON usage (key_id, ts);
+"""
+_INSERT = f"INSERT INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
+_REPORT = """
+SELECT key_id, tenant, strftime('%Y-%m-%d', ts, 'unixepoch') AS day, count(*),
+       sum(prompt_tokens), sum(cached_tokens), sum(completion_tokens), sum(cost_usd)
+FROM usage WHERE ts >= ? AND ts < ?
+GROUP BY day, key_id, tenant ORDER BY day, key_id, tenant
+"""
+
+# A queued write: the record, the future its writer awaits, and that future's loop.
+_Pending = tuple[UsageRecord, asyncio.Future[None], asyncio.AbstractEventLoop]
+_STOP = None
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    # Each connection is used by one thread at a time (the writer; readers under a lock), not one thread ever.
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA busy_timeout = 5000")
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = NORMAL")
+    return db
+
+
+class Ledger:
+    """The ledger file: :meth:`record` from the event loop; reads from any thread.
+
+    The reads are blocking SQLite queries: from an event loop, run them with ``asyncio.to_thread``.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # The read side: any thread, one query at a time.
+        self._reader = _connect(self.path)
+        self._reader.executescript(_SCHEMA)
+        self._read_lock = threading.Lock()
+        # The writer's connection is opened here, so a bad path fails now, and then used only by the writer.
+        self._writer_db = _connect(self.path)
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._closed = False
+        self._writer = threading.Thread(target=self._write_loop, name="ledger-writer", daemon=True)
+        self._writer.start()
+
+    def __repr__(self) -> str:
+        return f"Ledger({str(self.path)!r})"
+
+    # --- the write side -------------------------------------------------------------------------------
+
+    async def record(self, rec: UsageRecord) -> None:
+        """Return once ``rec`` is committed; raise what the write raised if it failed.
+
+        If the caller is cancelled while waiting, the row is still written.
+        """
+        if self._closed:
+            raise RuntimeError("ledger is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._queue.put((rec, future, loop))
+        await future
+
+    async def close(self) -> None:
+        """Write everything queued so far, then stop the writer and close both connections."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        await asyncio.to_thread(self._writer.join)
+        with self._read_lock:
+            self._reader.close()
+
+    def _write_loop(self) -> None:
+        db = self._writer_db
+        try:
+            while True:
+                first = self._queue.get()
+                batch, stop = self._take_queued(first)
+                if batch:
+                    try:
+                        self._write(db, batch)
+                    except Exception as exc:  # a bug must neither stop the writer nor strand waiters
+                        log.exception("ledger writer: unexpected error")
+                        _settle(batch, exc)
+                if stop:
+                    return
+        finally:
+            db.close()
+
+    def _take_queued(self, first: _Pending | None) -> tuple[list[_Pending], bool]:
+        """Every write queued up to now (the group of this commit), and whether a stop came with them."""
+        batch: list[_Pending] = []
+        item = first
+        while True:
+            if item is _STOP:
+                return batch, True
+            batch.append(item)
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, False
+
+    def _write(self, db: sqlite3.Connection, batch: list[_Pending]) -> None:
+        try:
+            _insert(db, [rec for rec, _, _ in batch])
+        except Exception as exc:
+            if len(batch) == 1:
+                request_id = getattr(batch[0][0], "request_id", "?")
+                log.error("ledger write failed for request %s: %s", request_id, exc)
+                _settle(batch, exc)
+                return
+            # One bad record must not fail the others that shared its commit: retry them one by one.
+            log.warning("ledger group commit of %d failed (%s); retrying one by one", len(batch), exc)
+            for pending in batch:
+                self._write(db, [pending])
+            return
+        _settle(batch, None)
+
+    # --- the read side --------------------------------------------------------------------------------
+
+    def spent_usd(self, key_id: str) -> float:
+        with self._read_lock:
+            row = self._reader.execute(
+                "SELECT coalesce(sum(cost_usd), 0.0) FROM usage WHERE key_id = ?", (key_id,)
+            ).fetchone()
+        return float(row[0])
+
+    def report(self, since: float | None = None, until: float | None = None) -> list[ReportRow]:
+        """Usage per key and UTC day for ``since <= ts < until`` (either bound may be open)."""
+        bounds = (float("-inf") if since is None else since, float("inf") if until is None else until)
+        with self._read_lock:
+            rows = self._reader.execute(_REPORT, bounds).fetchall()
+        return [
+            ReportRow(
+                key_id=key_id,
+                tenant=tenant,
+                day=day,
+                requests=requests,
+                prompt_tokens=prompt,
+                cached_tokens=cached,
+                completion_tokens=completion,
+                cost_usd=cost,
+            )
+            for key_id, tenant, day, requests, prompt, cached, completion, cost in rows
+        ]
+
+
+def _insert(db: sqlite3.Connection, records: list[UsageRecord]) -> None:
+    db.execute("BEGIN")
+    try:
+        db.executemany(_INSERT, [msgspec.structs.astuple(rec) for rec in records])
+        db.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):  # nothing to roll back if BEGIN itself failed
+            db.execute("ROLLBACK")
+        raise
+
+
+def _settle(batch: list[_Pending], exc: BaseException | None) -> None:
+    """Wake each waiter on its own loop; a waiter that was cancelled meanwhile is skipped."""
+    for _, future, loop in batch:
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is waiting any more
+            loop.call_soon_threadsafe(_resolve, future, exc)
+
+
+def _resolve(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)

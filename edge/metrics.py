@@ -1,0 +1,47 @@
+"""Prometheus metrics of an edge proxy (``nearshore_edge:*``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+P = "nearshore_edge:"
+_LATENCY = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class EdgeMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(P + "requests", "Requests by outcome.", ["status", "region"], registry=r)
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens billed.", ["model"], registry=r)
+        self.cached_tokens = Counter(
+            P + "cached_prompt_tokens", "Prompt tokens from cache.", ["model"], registry=r
+        )
+        self.generation_tokens = Counter(
+            P + "generation_tokens", "Completion tokens billed.", ["model"], registry=r
+        )
+        self.cost = Counter(P + "cost_usd", "Cost billed, USD.", ["model", "tenant"], registry=r)
+        self.rate_limited = Counter(P + "rate_limited", "Requests refused by a limit.", ["limit"], registry=r)
+        self.failovers = Counter(
+            P + "upstream_failovers", "Regions skipped before the first byte.", ["region"], registry=r
+        )
+        self.limiter_up = Gauge(
+            P + "ratelimit_backend_up", "1 while the shared limit store answers.", registry=r
+        )
+        self.region_up = Gauge(
+            P + "region_up", "1 while the region's health check passes.", ["region"], registry=r
+        )
+        self.overhead = Histogram(
+            P + "edge_processing_seconds", "Edge time before forwarding.", registry=r, buckets=_LATENCY
+        )
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds", "Arrival to first byte sent.", registry=r, buckets=_LATENCY
+        )
+        self.e2e = Histogram(
+            P + "e2e_request_latency_seconds", "Arrival to last byte sent.", registry=r, buckets=_LATENCY
+        )
+        self.ledger_errors = Counter(
+            P + "ledger_write_errors", "Usage records that failed to commit.", registry=r
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

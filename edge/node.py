@@ -1,0 +1,121 @@
+"""Build and run an edge proxy from its config."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import ssl
+from pathlib import Path
+
+from aiohttp import web
+
+from edge.app import EdgeState, create_app
+from edge.billing import PriceTable
+from edge.config import EdgeConfig
+from edge.guard import GuardedRunner, head_timer_middleware
+from edge.keys import KeyStore
+from edge.ledger import Ledger
+from edge.limits import MemoryLimiter, RateLimiter, RedisLimiter
+from edge.token_count import make_counter
+from edge.upstream import UpstreamPool
+from nearshore.httpkit import install_uvloop, serve
+from nearshore.tls import ensure_dev_certificate, server_context
+
+log = logging.getLogger("nearshore.edge")
+
+
+def check_config(config: EdgeConfig) -> None:
+    """Rules a schema cannot say; each message names the key."""
+    if not config.regions:
+        raise ValueError("regions: at least one region is needed ([[regions]] name = ..., url = ...)")
+    names = [r.name for r in config.regions]
+    if len(set(names)) != len(names):
+        raise ValueError("regions: region names must be unique")
+    if bool(config.tls.cert) != bool(config.tls.key):
+        raise ValueError("tls.cert and tls.key go together")
+    files = {
+        "tls.cert": config.tls.cert,
+        "tls.key": config.tls.key,
+        "upstream.ca": config.upstream.ca,
+        "upstream.client_cert": config.upstream.client_cert,
+        "upstream.client_key": config.upstream.client_key,
+        "tokenizer.gguf": config.tokenizer.gguf,
+    }
+    for key, path in files.items():
+        if path and not Path(path).expanduser().is_file():
+            raise ValueError(f"{key}: file not found: {path}")
+    if bool(config.upstream.client_cert) != bool(config.upstream.client_key):
+        raise ValueError("upstream.client_cert and upstream.client_key go together")
+
+
+def make_limiter(config: EdgeConfig) -> RateLimiter:
+    if config.limits.backend == "redis":
+        return RedisLimiter(config.limits.redis_url, fail_mode=config.limits.fail_mode)
+    return MemoryLimiter()
+
+
+def build_edge_app(config: EdgeConfig) -> web.Application:
+    check_config(config)
+    for path in (config.keys_db, config.ledger_db):
+        Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    state = EdgeState(
+        config=config,
+        keys=KeyStore(Path(config.keys_db).expanduser()),
+        limiter=make_limiter(config),
+        ledger=Ledger(Path(config.ledger_db).expanduser()),
+        prices=PriceTable(config.prices),
+        counter=make_counter(config.tokenizer.gguf),
+        pool=UpstreamPool(config.regions, config.upstream),
+    )
+    app = create_app(state)
+    app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
+    return app
+
+
+def edge_tls_context(config: EdgeConfig) -> ssl.SSLContext | None:
+    if not config.tls.enabled:
+        return None
+    if config.tls.cert:
+        return server_context(Path(config.tls.cert), Path(config.tls.key))
+    cert, key = ensure_dev_certificate(Path(config.tls.dev_cert_dir).expanduser())
+    log.info("serving HTTPS with the development certificate %s", cert)
+    return server_context(cert, key)
+
+
+def _raise_fd_limit() -> None:
+    # Thousands of idle client connections each hold a descriptor.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def run_edge(app: web.Application, config: EdgeConfig, port: int | None = None) -> None:
+    install_uvloop()
+    _raise_fd_limit()
+    context = edge_tls_context(config)
+    host = config.server.host
+    scheme = "https" if context else "http"
+    server = config.server
+    runner = GuardedRunner(
+        app,
+        header_timeout_s=server.header_timeout_s,
+        max_connections=server.max_connections,
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=server.keepalive_timeout_s,
+        shutdown_timeout=server.shutdown_timeout_s,
+    )
+
+    def announce(actual: int) -> None:
+        log.info(
+            "edge %s serving on %s://%s:%d -> %s",
+            config.name,
+            scheme,
+            host,
+            actual,
+            ", ".join(f"{r.name} ({r.url})" for r in config.regions),
+        )
+
+    bound = config.server.port if port is None else port
+    asyncio.run(serve(app, host, bound, on_ready=announce, ssl_context=context, runner=runner))

@@ -1,0 +1,128 @@
+"""Warm, pooled connections from the edge to each region, and the regions' health.
+
+A user's request should cross the ocean once: the TCP and TLS handshakes to every region are done before
+it arrives, and kept alive by periodic health checks that also mark regions up or down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from edge.config import RegionEndpoint, UpstreamConfig
+from nearshore.tls import client_context
+
+log = logging.getLogger("nearshore.edge.upstream")
+EDGE_SECRET_HEADER = "x-nearshore-edge-secret"
+
+
+@dataclass(eq=False)
+class Region:
+    name: str
+    url: str
+    session: aiohttp.ClientSession
+    up: bool = True
+    last_check: float = 0.0
+    # Time spent opening new connections for the request in flight (aiohttp trace), in seconds.
+    connect_times: dict[int, float] = field(default_factory=dict)
+
+
+class UpstreamPool:
+    def __init__(self, regions: Sequence[RegionEndpoint], config: UpstreamConfig) -> None:
+        self.config = config
+        self._endpoints = list(regions)
+        self.regions: list[Region] = []
+        self._health_task: asyncio.Task | None = None
+        self.headers: dict[str, str] = {}
+        if config.shared_secret:
+            self.headers[EDGE_SECRET_HEADER] = config.shared_secret
+
+    def _ssl(self, url: str) -> ssl.SSLContext | bool:
+        if not url.startswith("https://"):
+            return False
+        c = self.config
+        return client_context(ca=c.ca or None, cert=c.client_cert or None, key=c.client_key or None)
+
+    async def start(self) -> None:
+        for endpoint in self._endpoints:
+            connector = aiohttp.TCPConnector(
+                limit=self.config.pool_size,
+                keepalive_timeout=max(60.0, 3 * self.config.health_interval_s),
+                ssl=self._ssl(endpoint.url),
+                enable_cleanup_closed=True,
+            )
+            session = aiohttp.ClientSession(
+                base_url=endpoint.url,
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s),
+                trace_configs=[_connect_timer()],
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+            )
+            self.regions.append(Region(endpoint.name, endpoint.url, session))
+        await self.warm()
+        self._health_task = asyncio.create_task(self._health_loop())
+
+    async def warm(self) -> None:
+        """Open ``warm_connections`` connections to every region at once (each one a health check)."""
+        n = self.config.warm_connections
+        await asyncio.gather(*(self._check(r) for r in self.regions for _ in range(max(1, n))))
+
+    async def _check(self, region: Region) -> None:
+        try:
+            async with region.session.get(
+                "/health", headers=self.headers, timeout=aiohttp.ClientTimeout(total=5)
+            ) as r:
+                await r.read()
+                ok = r.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            ok = False
+        if ok != region.up:
+            log.warning("region %s is %s", region.name, "up" if ok else "DOWN")
+        region.up = ok
+        region.last_check = time.monotonic()
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            await asyncio.gather(*(self._check(r) for r in self.regions))
+
+    def candidates(self) -> list[Region]:
+        """Regions in configured order, those marked down last (they may have recovered since)."""
+        return sorted(self.regions, key=lambda r: not r.up)
+
+    def mark_down(self, region: Region) -> None:
+        if region.up:
+            log.warning("region %s failed a request; marked down until its next health check", region.name)
+        region.up = False
+
+    async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+        await asyncio.gather(*(r.session.close() for r in self.regions))
+
+
+def _connect_timer() -> aiohttp.TraceConfig:
+    """Records how long opening a new connection took, for the Server-Timing header."""
+    trace = aiohttp.TraceConfig()
+
+    async def start(_session: object, ctx: object, _params: object) -> None:
+        ctx.connect_started = time.perf_counter()  # type: ignore[attr-defined]
+
+    async def end(_session: object, ctx: object, _params: object) -> None:
+        timing = ctx.trace_request_ctx  # type: ignore[attr-defined]
+        if isinstance(timing, dict):
+            timing["connect_s"] = time.perf_counter() - ctx.connect_started  # type: ignore[attr-defined]
+
+    trace.on_connection_create_start.append(start)
+    trace.on_connection_create_end.append(end)
+    return trace

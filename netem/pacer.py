@@ -1,0 +1,183 @@
+"""A stand-in region that streams tokens at a fixed pace: ``nearshore pacer``.
+
+It speaks the regional node's API (OpenAI chat and completions, SSE, usage) without a model, so a
+benchmark or a test measures the proxy in front of it, not decoding. Its pace is exact and it costs
+little CPU: every chunk is encoded once at start. It can also misbehave on purpose: answer with an
+error status, or drop the connection after a number of tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+from aiohttp import web
+
+from nearshore.httpkit import install_uvloop, serve
+from nearshore.protocol import sse
+from nearshore.protocol.schemas import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    Usage,
+)
+
+WORD = " token"
+
+
+class PacerSettings:
+    def __init__(self, tokens: int, interval_s: float, fail_status: int, break_after: int, name: str) -> None:
+        self.tokens = tokens
+        self.interval_s = interval_s
+        self.fail_status = fail_status
+        self.break_after = break_after
+        self.name = name
+
+
+PACER = web.AppKey("pacer", PacerSettings)
+
+
+def create_app(settings: PacerSettings) -> web.Application:
+    app = web.Application()
+    app[PACER] = settings
+    app.router.add_post("/v1/chat/completions", _answer)
+    app.router.add_post("/v1/completions", _answer)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/v1/models", _models)
+    return app
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "model": "ready", "pacer": request.app[PACER].name})
+
+
+async def _models(_request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "gemma-3-270m", "object": "model"}]})
+
+
+async def _answer(request: web.Request) -> web.StreamResponse:
+    settings = request.app[PACER]
+    body = await request.json()
+    if settings.fail_status:
+        return web.json_response(
+            {
+                "error": {
+                    "message": f"pacer {settings.name} fails on purpose",
+                    "type": "server_error",
+                    "param": None,
+                    "code": "overloaded",
+                }
+            },
+            status=settings.fail_status,
+        )
+    chat = request.path.endswith("chat/completions")
+    n = min(settings.tokens, int(body.get("max_tokens") or settings.tokens))
+    prompt_tokens = 10
+    usage = Usage.of(prompt_tokens, n)
+    rid = request.headers.get("x-request-id", "pacer")
+    if not body.get("stream"):
+        text = WORD * n
+        if chat:
+            payload = {
+                "id": f"chatcmpl-{rid}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "length",
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                    }
+                ],
+            }
+        else:
+            payload = {
+                "id": f"cmpl-{rid}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model"),
+                "choices": [{"index": 0, "text": text, "finish_reason": "length", "logprobs": None}],
+            }
+        payload["usage"] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": n + prompt_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+        await asyncio.sleep(settings.interval_s * n)
+        return web.json_response(payload, headers={"Server-Timing": "pacer;dur=0"})
+    chunks = _chunks(chat, rid, body.get("model", ""), n, usage)
+    include_usage = (body.get("stream_options") or {}).get("include_usage", False)
+    response = web.StreamResponse(headers={**sse.HEADERS, "Server-Timing": "queue;dur=0, prefill;dur=0"})
+    await asyncio.sleep(settings.interval_s)  # "prefill": the first token takes one interval too
+    await response.prepare(request)
+    started = time.perf_counter()
+    for i, chunk in enumerate(chunks.tokens):
+        if settings.break_after and i == settings.break_after:
+            request.transport.close()  # the region dies mid-stream
+            return response
+        await response.write(chunk)
+        # Pace against the start time, so scheduling delays never accumulate.
+        delay = started + (i + 1) * settings.interval_s - time.perf_counter()
+        if delay > 0 and i + 1 < len(chunks.tokens):
+            await asyncio.sleep(delay)
+    await response.write(chunks.end)
+    if include_usage:
+        await response.write(chunks.usage)
+    await response.write(sse.DONE)
+    await response.write_eof()
+    return response
+
+
+class _Chunks:
+    def __init__(self, tokens: list[bytes], end: bytes, usage: bytes) -> None:
+        self.tokens, self.end, self.usage = tokens, end, usage
+
+
+def _chunks(chat: bool, rid: str, model: str, n: int, usage: Usage) -> _Chunks:
+    created = int(time.time())
+    if chat:
+        cid = f"chatcmpl-{rid}"
+
+        def chunk(delta: ChatDelta, finish: str | None = None) -> bytes:
+            return sse.event(ChatCompletionChunk(cid, created, model, [ChatChunkChoice(0, delta, finish)]))
+
+        first = chunk(ChatDelta(role="assistant", content=""))
+        token = chunk(ChatDelta(content=WORD))
+        tokens = [first + token] + [token] * (n - 1) if n else [first]
+        return _Chunks(
+            tokens,
+            chunk(ChatDelta(), "length"),
+            sse.event(ChatCompletionChunk(cid, created, model, [], usage=usage)),
+        )
+    cid = f"cmpl-{rid}"
+    token = sse.event(Completion(cid, created, model, [CompletionChoice(0, WORD, None)]))
+    return _Chunks(
+        [token] * n,
+        sse.event(Completion(cid, created, model, [CompletionChoice(0, "", "length")])),
+        sse.event(Completion(cid, created, model, [], usage=usage)),
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8200)
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per answer (default 16)")
+    parser.add_argument("--interval-ms", type=float, default=20.0, help="gap between tokens (default 20 ms)")
+    parser.add_argument("--fail-status", type=int, default=0, help="answer every request with this status")
+    parser.add_argument("--break-after", type=int, default=0, help="drop the connection after N tokens")
+    parser.add_argument("--name", default="pacer")
+
+
+def main(args: argparse.Namespace) -> int:
+    install_uvloop()
+    settings = PacerSettings(
+        args.tokens, args.interval_ms / 1000, args.fail_status, args.break_after, args.name
+    )
+    asyncio.run(serve(create_app(settings), args.host, args.port))
+    return 0

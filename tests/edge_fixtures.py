@@ -1,0 +1,103 @@
+"""Start real pacer and edge processes for the edge tests."""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edge.keys import KeyStore
+from nearshore.procs import ManagedProcess, free_port, nearshore_argv
+from tests.conftest import _toml_value
+
+
+@dataclass
+class Pacer:
+    url: str
+    process: ManagedProcess
+
+
+@dataclass
+class Edge:
+    url: str
+    process: ManagedProcess
+    folder: Path
+    keys_db: Path
+    ledger_db: Path
+    ca: Path  # the development certificate the edge serves: clients trust it as their CA
+    extra: list[ManagedProcess] = field(default_factory=list)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca))
+
+    def new_key(self, **fields: object) -> str:
+        store = KeyStore(self.keys_db)
+        try:
+            plaintext, _ = store.create(**{"tenant": "test", **fields})
+        finally:
+            store.close()
+        return plaintext
+
+    def stop(self) -> None:
+        self.process.stop()
+        for p in self.extra:
+            p.stop()
+
+
+def start_pacer(folder: Path, name: str = "pacer", **flags: object) -> Pacer:
+    port = free_port()
+    args = ["pacer", "--port", str(port), "--name", name]
+    for flag, value in flags.items():
+        args += [f"--{flag.replace('_', '-')}", str(value)]
+    process = ManagedProcess(name, nearshore_argv(*args), folder / f"{name}.log").start()
+    url = f"http://127.0.0.1:{port}"
+    process.wait_http(url + "/health", timeout_s=30)
+    return Pacer(url, process)
+
+
+def start_edge(
+    folder: Path,
+    regions: list[tuple[str, str]],
+    keys_db: Path | None = None,
+    ledger_db: Path | None = None,
+    **sections: dict[str, object],
+) -> Edge:
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    keys_db = keys_db or folder / "keys.sqlite3"
+    ledger_db = ledger_db or folder / "ledger.sqlite3"
+    # The edge reads keys created before it starts; make sure the file exists.
+    KeyStore(keys_db).close()
+    top = sections.pop("top", {})
+    lines = [f'keys_db = "{keys_db}"', f'ledger_db = "{ledger_db}"']
+    lines += [f"{k} = {_toml_value(v)}" for k, v in top.items()]
+    server = {"port": port, **sections.pop("server", {})}
+    tls = {"dev_cert_dir": str(folder / "tls"), **sections.pop("tls", {})}
+    for name, values in {"server": server, "tls": tls, **sections}.items():
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+    for name, url in regions:
+        lines += ["[[regions]]", f'name = "{name}"', f'url = "{url}"']
+    config = folder / "edge.toml"
+    config.write_text("\n".join(lines) + "\n")
+    process = ManagedProcess(
+        "edge", nearshore_argv("edge", "--config", str(config)), folder / "edge.log"
+    ).start()
+    tls_on = tls.get("enabled", True)
+    url = f"{'https' if tls_on else 'http'}://127.0.0.1:{port}"
+    ca = folder / "tls" / "dev-cert.pem"
+    context = None
+    if tls_on:
+        import time
+
+        for _ in range(300):  # the certificate appears once the edge has started
+            if ca.exists():
+                break
+            time.sleep(0.05)
+        context = ssl.create_default_context(cafile=str(ca))
+    try:
+        process.wait_http(url + "/health", timeout_s=30, context=context)
+    except Exception:
+        process.stop()
+        raise
+    return Edge(url, process, folder, keys_db, ledger_db, ca)

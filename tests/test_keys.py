@@ -1,0 +1,155 @@
+"""API keys: the round trip, bad input, revocation seen across processes' stores, no plaintext at rest."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import pytest
+
+from edge.admin_cli import add_keys_arguments, run_keys
+from edge.keys import ApiKey, KeyStore
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    s = KeyStore(tmp_path / "keys.sqlite3", refresh_s=0.1)
+    yield s
+    s.close()
+
+
+def test_create_then_authenticate(store: KeyStore):
+    plaintext, key = store.create("acme", tier="pro", rpm=10, tpm=5000, models=["m1"], budget_usd=2.5)
+    prefix, key_id, secret = plaintext.split("-", 2)
+    assert (prefix, key_id) == ("ns", key.key_id)
+    assert len(key_id) == 12 and all(c in "0123456789abcdef" for c in key_id)
+    assert len(secret) == 43
+    result = store.authenticate(plaintext)
+    assert result.reason == "ok" and result.ok
+    assert result.key == key
+    assert (key.tenant, key.tier, key.rpm, key.tpm, key.models, key.budget_usd) == (
+        "acme",
+        "pro",
+        10,
+        5000,
+        ["m1"],
+        2.5,
+    )
+    assert store.get(key.key_id) == key
+    assert store.list() == [key]
+
+
+def test_bad_keys_get_a_reason_and_never_raise(store: KeyStore):
+    plaintext, key = store.create("acme")
+    wrong_secret = plaintext[:-4] + ("AAAA" if not plaintext.endswith("AAAA") else "BBBB")
+    unknown_id = f"ns-{'0' * 12 if key.key_id != '0' * 12 else '1' * 12}-{plaintext[16:]}"
+    cases = {
+        None: "missing",
+        "": "missing",
+        "   ": "missing",
+        "Bearer": "malformed",
+        "Bearer " + plaintext: "malformed",
+        "ns-": "malformed",
+        "ns-zzz-abc": "malformed",
+        "ns-zzzzzzzzzzzz-" + plaintext[16:]: "malformed",  # right length, key_id not hex
+        plaintext.upper(): "malformed",
+        plaintext + "x": "malformed",
+        plaintext[:-1] + "!": "malformed",
+        "\x00\xff" * 29: "malformed",
+        "ns-" + "a" * 1_000_000: "malformed",
+        wrong_secret: "unknown",
+        unknown_id: "unknown",
+    }
+    for presented, reason in cases.items():
+        result = store.authenticate(presented)
+        assert (result.reason, result.key) == (reason, None), repr(presented)[:60]
+
+
+def test_revoke_in_another_store_takes_effect_within_refresh(tmp_path: Path):
+    path = tmp_path / "keys.sqlite3"
+    edge = KeyStore(path, refresh_s=0.1)
+    admin = KeyStore(path, refresh_s=0.1)
+    plaintext, key = admin.create("acme")
+    time.sleep(0.15)
+    assert edge.authenticate(plaintext).reason == "ok"  # created elsewhere, seen after one refresh
+    assert admin.revoke(key.key_id)
+    assert not admin.revoke(key.key_id)  # already revoked
+    assert not admin.revoke("000000000000")
+    deadline = time.monotonic() + 0.1 + 0.5  # refresh_s, plus slack for a slow machine
+    while edge.authenticate(plaintext).reason == "ok":
+        assert time.monotonic() < deadline, "revocation not seen"
+        time.sleep(0.01)
+    result = edge.authenticate(plaintext)
+    assert result.reason == "revoked" and result.key is not None and result.key.revoked
+    assert not result.ok
+    edge.close()
+    admin.close()
+
+
+def test_own_writes_are_seen_at_once(store: KeyStore):
+    store.refresh_s = 3600.0
+    plaintext, key = store.create("acme")
+    assert store.authenticate(plaintext).reason == "ok"
+    store.revoke(key.key_id)
+    assert store.authenticate(plaintext).reason == "revoked"
+
+
+def test_no_plaintext_secret_at_rest_or_in_reprs(store: KeyStore, tmp_path: Path):
+    plaintext, key = store.create("acme", models=["m1"])
+    secret = plaintext[16:]
+    shown = [store, key, store.authenticate(plaintext), store.list(), store.get(key.key_id)]
+    for obj in shown:
+        assert secret not in repr(obj)
+    store.close()
+    files = list(tmp_path.iterdir())
+    assert files
+    assert (tmp_path / "keys.sqlite3").stat().st_mode & 0o077 == 0  # readable by its owner only
+    for path in files:  # the database and any -wal / -shm beside it
+        data = path.read_bytes()
+        assert secret.encode() not in data and plaintext.encode() not in data, path.name
+
+
+def test_model_allow_list():
+    everything = ApiKey(key_id="a" * 12, tenant="t")
+    assert everything.allows("m1") and everything.allows("anything")
+    some = ApiKey(key_id="b" * 12, tenant="t", models=["m1", "m2"])
+    assert some.allows("m1") and some.allows("m2")
+    assert not some.allows("m3") and not some.allows("")
+
+
+def test_create_rejects_nonsense(store: KeyStore):
+    for kwargs in (
+        {"tenant": ""},
+        {"tenant": "t", "rpm": 0},
+        {"tenant": "t", "tpm": -1},
+        {"tenant": "t", "budget_usd": -1.0},
+    ):
+        with pytest.raises(ValueError):
+            store.create(**kwargs)
+
+
+def test_keys_cli_create_list_revoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    parser = argparse.ArgumentParser()
+    add_keys_arguments(parser)
+    db = str(tmp_path / "keys.sqlite3")
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = run_keys(parser.parse_args([*argv, "--db", db]))
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    code, out, err = run("create", "--tenant", "acme", "--model", "m1", "--model", "m2", "--budget", "5")
+    assert code == 0 and "will not be shown again" in err
+    plaintext = out.split("key:")[1].split()[0]
+    key_id = out.split("key_id:")[1].split()[0]
+    assert plaintext.startswith(f"ns-{key_id}-")
+    code, out, _ = run("list")
+    assert code == 0 and key_id in out and "m1,m2" in out and "5.00" in out
+    assert plaintext[16:] not in out
+    assert run("revoke", key_id)[0] == 0
+    assert "yes" in run("list")[1]
+    assert run("revoke", "000000000000")[0] == 1
+    store = KeyStore(db)
+    assert store.authenticate(plaintext).reason == "revoked"
+    store.close()
