@@ -336,7 +336,7 @@ async def _stream(
     state.metrics.overhead.observe(forwarded - journey.started)
     heartbeat = Heartbeat(relay, state.config.upstream.heartbeat_s, commit)
     heartbeat.start()
-    outcome = StreamOutcome()
+    outcome = relay.outcome
     opened: Opened | None = None
     status = "aborted"
     try:
@@ -379,11 +379,19 @@ async def _stream(
         else:
             status = "error" if outcome.upstream_error else "ok"
         return await _end_stream(state, journey, client, relay, outcome, status, 200)
-    except (asyncio.CancelledError, ConnectionError, TimeoutError):
-        # The client left (or stopped reading): leaving this block closes the upstream request, so the
-        # region aborts the sequence; bill what was relayed, once, even though this task is cancelled.
-        state.in_background(_finish(state, journey, outcome.usage, outcome.token_events, "aborted", 499))
+    except asyncio.CancelledError:
+        # The client left: leaving this block closed the upstream request, so the region aborts the
+        # sequence. Bill what was relayed, once, although this task is being cancelled.
+        state.in_background(
+            _finish(state, journey, relay.outcome.usage, relay.outcome.token_events, "aborted", 499)
+        )
         raise
+    except (ConnectionError, TimeoutError):
+        # The client stopped reading (write timeout) or its socket broke: cut it off, bill what it got.
+        await _finish(state, journey, relay.outcome.usage, relay.outcome.token_events, "aborted", 499)
+        if request.transport is not None:
+            request.transport.close()
+        return client
     finally:
         await heartbeat.stop()
 

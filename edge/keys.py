@@ -232,6 +232,11 @@ class KeyStore:
         with self._lock:
             self._maybe_refresh()
             entry = self._cache.get(key_id)
+            if entry is None:
+                # A key created a moment ago works at once. The check is one PRAGMA (microseconds); the
+                # table is reloaded only when another process really committed a change.
+                self._maybe_refresh(now_due=True)
+                entry = self._cache.get(key_id)
         if entry is None:
             return AuthResult(None, "unknown")
         key, digest = entry
@@ -241,14 +246,14 @@ class KeyStore:
             return AuthResult(key, "revoked")
         return AuthResult(key, "ok")
 
-    def _maybe_refresh(self) -> None:
+    def _maybe_refresh(self, now_due: bool = False) -> None:
         """Reload the copy when the file changed, checking at most every ``refresh_s`` seconds.
 
         ``PRAGMA data_version`` moves when another connection commits: one cheap query while nothing
         changes. Our own writes do not move it, so they reset ``_checked_at`` and force a reload here.
         """
         now = time.monotonic()
-        if now - self._checked_at < self.refresh_s:
+        if now - self._checked_at < self.refresh_s and not now_due:
             return
         forced = self._checked_at == float("-inf")
         self._checked_at = now

@@ -120,6 +120,8 @@ class SseRelay:
         self.write_timeout_s = write_timeout_s
         self.last_write = time.monotonic()
         self.first_write_at = 0.0
+        # Updated as events pass, so a stream cut short still knows what it relayed.
+        self.outcome = StreamOutcome()
 
     async def write(self, data: bytes) -> None:
         async with asyncio.timeout(self.write_timeout_s):  # a client that stops reading is cut off
@@ -129,7 +131,7 @@ class SseRelay:
             self.first_write_at = time.perf_counter()
 
     async def relay(self, upstream: aiohttp.ClientResponse) -> StreamOutcome:
-        outcome = StreamOutcome()
+        outcome = self.outcome
         content = upstream.content
         try:
             while True:
@@ -150,7 +152,7 @@ class SseRelay:
                     outcome.usage = usage_of(event[6:])
                     if not self.keep_usage_chunk:
                         continue
-                elif b'"finish_reason":null' in event:
+                elif b'"finish_reason":null' in event and b'"role":"assistant"' not in event:
                     outcome.token_events += 1
                 await self.write(event)
         except (
