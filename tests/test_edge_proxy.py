@@ -99,7 +99,7 @@ async def test_stream_is_relayed_chunk_by_chunk_with_usage_only_when_asked(edge:
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["choices"] for c in chunks)  # no usage chunk: the client did not ask
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == " token" * 12
-    gaps = [b - a for a, b in itertools.pairwise(times)]  # between the 12 token events
+    gaps = [b - a for a, b in itertools.pairwise(times[1:13])]  # between the 12 token events
     assert min(gaps) > 0.008, gaps  # the pacer's 20 ms gaps survive: nothing bunched up
     assert headers["x-nearshore-region"] == "london" and headers["x-request-id"]
     assert "upstream-ttfb;dur=" in headers["Server-Timing"] and "edge;dur=" in headers["Server-Timing"]
