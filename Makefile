@@ -15,12 +15,12 @@ ifneq ($(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes),)
 LLAMA_CMAKE_ARGS += -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON
 endif
 
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test lint bench venv clean system-deps
 
 demo: $(VENV)/.installed
 	$(BIN)/nearshore demo
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed system-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
@@ -33,6 +33,11 @@ bench: $(VENV)/.installed
 	$(BIN)/nearshore bench region
 
 venv: $(VENV)/.installed
+
+# The tests run a real redis-server (Debian's) for the limits edges share.
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
 
 $(LLAMA_WHEEL_STAMP):
 	$(PYTHON) -m venv $(VENV)
