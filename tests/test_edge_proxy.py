@@ -103,6 +103,8 @@ async def test_stream_is_relayed_chunk_by_chunk_with_usage_only_when_asked(edge:
     assert min(gaps) > 0.008, gaps  # the pacer's 20 ms gaps survive: nothing bunched up
     assert headers["x-nearshore-region"] == "london" and headers["x-request-id"]
     assert "upstream-ttfb;dur=" in headers["Server-Timing"] and "edge;dur=" in headers["Server-Timing"]
+    # The edge's first request found a warm connection: no handshake on the user's time.
+    assert "upstream-connect;dur=0.00" in headers["Server-Timing"]
     assert headers["x-ratelimit-limit-requests"] == "60"
     events, _, _ = await stream(edge, key, {**CHAT, "stream_options": {"include_usage": True}})
     usage = json.loads(events[-2])["usage"]
@@ -389,3 +391,39 @@ async def test_slow_reader_is_cut_off_with_bounded_buffering(tmp_path):
 def _rss_kb(pid: int) -> int:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+async def test_sigterm_drains_in_flight_streams(tmp_path):
+    slow = start_pacer(tmp_path, name="slow", tokens=15, interval_ms=100)
+    edge = start_edge(tmp_path / "edge", [("slow", slow.url)])
+    edge.extra.append(slow.process)
+    try:
+        key = edge.new_key()
+        async with (
+            session(edge) as s,
+            s.post(
+                edge.url + "/v1/chat/completions",
+                json={**CHAT, "stream": True},
+                headers={"Authorization": f"Bearer {key}"},
+            ) as r,
+        ):
+            events = []
+            async for data in iter_data(r.content):
+                events.append(data)
+                if len(events) == 2:
+                    edge.process.proc.terminate()  # shutdown begins mid-stream
+        assert events[-1] == b"[DONE]" and len(events) == 15 + 3  # role, 15 tokens, finish, DONE
+        assert edge.process.proc.wait(10) == 0
+    finally:
+        edge.stop()
+
+
+def test_exact_prompt_counts_from_a_vocab_only_gguf():
+    from edge.token_count import EstimatingCounter, GgufCounter
+    from nearshore.protocol.schemas import ChatMessage
+    from regional.model_store import resolve_model_path
+
+    counter = GgufCounter(str(resolve_model_path("")))
+    messages = [ChatMessage(role="user", content="Write a haiku about Lagos.")]
+    assert counter.count_chat(messages) == 16  # what the regional node reports for the same prompt
+    assert EstimatingCounter().count_chat(messages) > 0
