@@ -12,7 +12,7 @@ import logging
 import ssl
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -30,8 +30,6 @@ class Region:
     session: aiohttp.ClientSession
     up: bool = True
     last_check: float = 0.0
-    # Time spent opening new connections for the request in flight (aiohttp trace), in seconds.
-    connect_times: dict[int, float] = field(default_factory=dict)
 
 
 class UpstreamPool:
