@@ -7,6 +7,7 @@ import logging
 import sys
 
 from nearshore.config import ConfigError, load_config
+from nearshore.httpkit import PortInUse
 
 
 def _region(args: argparse.Namespace) -> int:
@@ -18,7 +19,10 @@ def _region(args: argparse.Namespace) -> int:
         app = build_region_app(config)
     except (ValueError, FileNotFoundError) as exc:
         raise ConfigError(f"{args.config or 'defaults'}: {exc}") from exc
-    run_region(app, config, port=args.port)
+    try:
+        run_region(app, config, port=args.port)
+    except PortInUse as exc:
+        raise ConfigError(f"{args.config or 'defaults'}: server.port: {exc}") from None
     return 0
 
 
@@ -31,7 +35,10 @@ def _edge(args: argparse.Namespace) -> int:
         app = build_edge_app(config)
     except (ValueError, FileNotFoundError) as exc:
         raise ConfigError(f"{args.config or 'defaults'}: {exc}") from exc
-    run_edge(app, config, port=args.port)
+    try:
+        run_edge(app, config, port=args.port)
+    except PortInUse as exc:
+        raise ConfigError(f"{args.config or 'defaults'}: server.port: {exc}") from None
     return 0
 
 
@@ -57,6 +64,30 @@ def _pacer(args: argparse.Namespace) -> int:
     from netem.pacer import main as pacer_main
 
     return pacer_main(args)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from netem.up import main as up_main
+
+    return up_main(args)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from netem.chat import main as chat_main
+
+    return chat_main(args)
+
+
+def _link(args: argparse.Namespace) -> int:
+    from netem.link import main as link_main
+
+    return link_main(args)
+
+
+def _scenario(args: argparse.Namespace) -> int:
+    from netem.scenario_cli import main as scenario_main
+
+    return scenario_main(args)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -123,10 +154,52 @@ def build_parser() -> argparse.ArgumentParser:
     add_ca_arguments(ca)
     ca.set_defaults(run=_ca)
 
+    from netem.up import add_arguments as add_up_arguments
+
+    up = commands.add_parser(
+        "up",
+        help="bring a topology up: regions, emulated links, edge (Ctrl-C stops it all)",
+        description="Start every process of a topology behind emulated links, readiness-checked, and print "
+        "the URL, an API key and examples. Ctrl-C stops everything.",
+    )
+    add_up_arguments(up)
+    up.set_defaults(run=_up)
+
+    from netem.chat import add_arguments as add_chat_arguments
+
+    chat = commands.add_parser(
+        "chat",
+        help="stream an answer through the running topology's edge, as its user would",
+        description="Ask the topology started by `nearshore up`, through the user's emulated last mile.",
+    )
+    add_chat_arguments(chat)
+    chat.set_defaults(run=_chat)
+
+    from netem.link import add_arguments as add_link_arguments
+
+    link = commands.add_parser(
+        "link",
+        help="run emulated links (userspace TCP proxies with delay, jitter, loss, rate, faults)",
+        description="Run one or more emulated links in this process, with an HTTP control API.",
+    )
+    add_link_arguments(link)
+    link.set_defaults(run=_link)
+
+    from netem.scenario_cli import add_arguments as add_scenario_arguments
+
+    scenario = commands.add_parser(
+        "scenario",
+        help="run a latency scenario on a fresh topology (table + PNG chart)",
+        description="Bring a topology up, run the scenario, print its table and write its chart.",
+    )
+    add_scenario_arguments(scenario)
+    scenario.set_defaults(run=_scenario)
+
     demo = commands.add_parser(
         "demo",
-        help="start a regional node on the embedded model and stream one answer",
-        description="The main job: bring up the demo and stream an answer to the terminal.",
+        help="the main job: bring up the Lagos topology, stream one answer as a Lagos user, stop",
+        description="Start regions, emulated links and the edge, stream an answer through them as the "
+        "Lagos user would, print where the time went, and stop everything.",
     )
     from netem.demo import add_arguments as add_demo_arguments
 

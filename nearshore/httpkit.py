@@ -93,6 +93,13 @@ async def read_json(request: web.Request, decoder: msgspec.json.Decoder[T]) -> T
         raise from_validation_error(exc) from None
 
 
+class PortInUse(OSError):
+    """The address to listen on is taken (or not ours); the CLI reports it as a config error."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {cause.strerror or cause}")
+
+
 def install_uvloop() -> None:
     try:
         import uvloop
@@ -116,7 +123,11 @@ async def serve(
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise PortInUse(host, port, exc) from None
     bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port
     if on_ready is not None:
         on_ready(bound)

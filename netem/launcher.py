@@ -1,0 +1,214 @@
+"""Bring a topology up as real processes behind emulated links, and take it down without orphans.
+
+Order: a cluster CA and certificates; the regional nodes (mutual TLS: they serve only the edge); one
+process holding every emulated link; the edge (HTTPS with a development certificate), whose warm pools
+then cross the links. Besides the links the topology needs, a "direct" path per region chains the user's
+last mile and the ocean link, so a scenario can compare a user calling a region without the edge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edge.keys import KeyStore
+from nearshore import tls
+from nearshore.procs import ManagedProcess, free_port, nearshore_argv
+from netem.topology import Topology
+
+RUNS = Path.home() / ".local" / "share" / "nearshore" / "runs"
+CURRENT = RUNS / "current.json"
+HOST = "127.0.0.1"
+
+
+@dataclass
+class RegionEndpoints:
+    name: str
+    url: str  # the node itself, no emulated link
+    via_edge_link: str  # what the edge dials: the edge -> region link
+    direct: str  # user -> region without the edge: last mile + ocean links chained
+
+
+@dataclass
+class RunningTopology:
+    """What a client needs to talk to a running topology; also written to ``state.json``."""
+
+    name: str
+    run_dir: str
+    edge_url: str  # as the user reaches it: through the last-mile link
+    edge_local_url: str  # the edge itself, no link
+    api_key: str
+    edge_ca: str  # the edge's development certificate, to trust
+    cluster_ca: str
+    client_cert: str  # a certificate regions accept (for the direct path)
+    client_key: str
+    control_url: str  # the links' control API
+    regions: list[RegionEndpoints] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+
+    def save(self) -> Path:
+        path = Path(self.run_dir) / "state.json"
+        path.write_text(json.dumps(asdict(self), indent=2))
+        RUNS.mkdir(parents=True, exist_ok=True)
+        CURRENT.write_text(json.dumps({"state": str(path)}))
+        return path
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> RunningTopology:
+        if path is None:
+            if not CURRENT.exists():
+                raise FileNotFoundError("no topology is running: start one with `nearshore up`")
+            path = Path(json.loads(CURRENT.read_text())["state"])
+        data = json.loads(path.read_text())
+        data["regions"] = [RegionEndpoints(**r) for r in data["regions"]]
+        return cls(**data)
+
+
+class Launcher:
+    def __init__(
+        self,
+        topology: Topology,
+        run_dir: Path,
+        progress: Callable[[str], None] = print,
+        engine: dict[str, object] | None = None,
+        seed: int = 1,
+    ) -> None:
+        self.topology = topology
+        self.run_dir = run_dir
+        self.progress = progress
+        self.engine = {"max_sequences": 8, "kv_cache_tokens": 8192, "context_window": 2048, **(engine or {})}
+        self.seed = seed
+        self.processes: list[ManagedProcess] = []
+        self.by_name: dict[str, ManagedProcess] = {}
+
+    def start(self) -> RunningTopology:
+        """Start everything; on any failure, stop what was started and re-raise."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+        if CURRENT.exists():
+            try:
+                if json.loads(CURRENT.read_text())["state"].startswith(str(self.run_dir)):
+                    CURRENT.unlink()
+            except (OSError, ValueError, KeyError):
+                pass
+
+    def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
+        process = ManagedProcess(name, argv, self.run_dir / "logs" / f"{name}.log").start()
+        self.processes.append(process)
+        self.by_name[name] = process
+        return process
+
+    def _start(self) -> RunningTopology:
+        t = self.topology
+        started = time.monotonic()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        pki = self.run_dir / "pki"
+        ca_dir, certs = pki / "ca", pki / "certs"
+        if not (ca_dir / "ca.pem").exists():
+            tls.create_cluster_ca(ca_dir, f"Nearshore {t.name} cluster CA")
+        edge_cert, edge_key = tls.issue_certificate(ca_dir, "edge", certs, client=True)
+        ca = ca_dir / "ca.pem"
+
+        # 1. Regions, all loading at once.
+        ports = {r.name: free_port() for r in t.regions}
+        self.progress(f"[1/4] regions {', '.join(ports)}: loading the embedded model ...")
+        for region in t.regions:
+            cert, key = tls.issue_certificate(ca_dir, region.name, certs, server=True)
+            config = self.run_dir / f"region-{region.name}.toml"
+            engine = "\n".join(f"{k} = {v}" for k, v in self.engine.items())
+            config.write_text(
+                f'name = "{region.name}"\n[server]\nhost = "{HOST}"\nport = {ports[region.name]}\n'
+                f'tls_cert = "{cert}"\ntls_key = "{key}"\nclient_ca = "{ca}"\n[engine]\n{engine}\n'
+            )
+            self._spawn(f"region-{region.name}", nearshore_argv("region", "--config", str(config)))
+        context = tls.client_context(ca=ca, cert=edge_cert, key=edge_key)
+        for region in t.regions:
+            self.by_name[f"region-{region.name}"].wait_http(
+                f"https://{HOST}:{ports[region.name]}/health/ready", timeout_s=300, context=context
+            )
+            self.progress(f"      region {region.name} ready ({time.monotonic() - started:.1f}s)")
+
+        # 2. Every emulated link in one process.
+        edge_port, control_port = free_port(), free_port()
+        links: list[tuple[str, int, int, str]] = [("user-edge", free_port(), edge_port, t.user.link)]
+        endpoints = []
+        for region in t.regions:
+            via, hop, direct = free_port(), free_port(), free_port()
+            links.append((f"edge-{region.name}", via, ports[region.name], region.link))
+            links.append((f"direct-{region.name}-lastmile", direct, hop, t.user.link))
+            links.append((f"direct-{region.name}-ocean", hop, ports[region.name], region.link))
+            endpoints.append(
+                RegionEndpoints(
+                    region.name,
+                    f"https://{HOST}:{ports[region.name]}",
+                    f"https://{HOST}:{via}",
+                    f"https://{HOST}:{direct}",
+                )
+            )
+        argv = ["link", "--control", f"{HOST}:{control_port}", "--seed", str(self.seed)]
+        for name, listen, target, profile in links:
+            argv += ["--link", f"{name}={HOST}:{listen}->{HOST}:{target}@{profile}"]
+        self.progress(
+            f"[2/4] {len(links)} emulated links ({t.user.link}, {', '.join(r.link for r in t.regions)}) ..."
+        )
+        control_url = f"http://{HOST}:{control_port}"
+        self._spawn("links", nearshore_argv(*argv)).wait_http(control_url + "/links", timeout_s=30)
+
+        # 3. The edge, with a key for the user.
+        keys_db = self.run_dir / "keys.sqlite3"
+        store = KeyStore(keys_db)
+        api_key, _ = store.create(tenant="lagos-user", tier="demo", rpm=10_000, tpm=10_000_000)
+        store.close()
+        edge_config = self.run_dir / "edge.toml"
+        regions_toml = "".join(
+            f'[[regions]]\nname = "{e.name}"\nurl = "{e.via_edge_link}"\n' for e in endpoints
+        )
+        edge_config.write_text(
+            f'name = "{t.name}-edge"\nkeys_db = "{keys_db}"\n'
+            f'ledger_db = "{self.run_dir / "ledger.sqlite3"}"\n'
+            f'[server]\nhost = "{HOST}"\nport = {edge_port}\n[tls]\ndev_cert_dir = "{self.run_dir / "tls"}"\n'
+            f'[upstream]\nca = "{ca}"\nclient_cert = "{edge_cert}"\nclient_key = "{edge_key}"\n'
+            f"health_interval_s = 2\n" + regions_toml
+        )
+        self.progress("[3/4] edge: TLS, keys, limits, warm pools to every region ...")
+        edge = self._spawn("edge", nearshore_argv("edge", "--config", str(edge_config)))
+        edge_ca = self.run_dir / "tls" / "dev-cert.pem"
+        deadline = time.monotonic() + 30
+        while not edge_ca.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        edge_context = tls.client_context(ca=edge_ca)
+        edge.wait_http(f"https://{HOST}:{edge_port}/health", timeout_s=30, context=edge_context)
+
+        running = RunningTopology(
+            name=t.name,
+            run_dir=str(self.run_dir),
+            edge_url=f"https://{HOST}:{links[0][1]}",
+            edge_local_url=f"https://{HOST}:{edge_port}",
+            api_key=api_key,
+            edge_ca=str(edge_ca),
+            cluster_ca=str(ca),
+            client_cert=str(edge_cert),
+            client_key=str(edge_key),
+            control_url=control_url,
+            regions=endpoints,
+            pids=[p.proc.pid for p in self.processes if p.proc is not None],
+        )
+        running.save()
+        self.progress(f"[4/4] up in {time.monotonic() - started:.1f}s; logs in {self.run_dir / 'logs'}")
+        return running
+
+
+def default_run_dir(topology: Topology) -> Path:
+    return RUNS / f"{topology.name}-{os.getpid()}"

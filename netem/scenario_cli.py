@@ -1,0 +1,35 @@
+"""``nearshore scenario NAME``: bring a topology up, run one scenario, print its table, save its chart."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from netem.launcher import Launcher
+from netem.scenarios import SCENARIOS, ScenarioContext
+from netem.topology import describe, load_topology
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=sorted(SCENARIOS), help="which scenario")
+    parser.add_argument("--topology", default="lagos", help="a name in configs/topologies or a file")
+    parser.add_argument("--out", type=Path, default=Path("scenario-results"), help="folder for PNG and JSON")
+    parser.add_argument("--repeats", type=int, default=10, help="measurements per path, where it applies")
+
+
+def main(args: argparse.Namespace) -> int:
+    topology = load_topology(args.topology)
+    scenario = SCENARIOS[args.name]()
+    print(f"{scenario.name}: {scenario.description}\n{describe(topology)}\n", flush=True)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"nearshore-{scenario.name}-"))
+    launcher = Launcher(topology, run_dir, progress=lambda line: print(line, flush=True))
+    try:
+        running = launcher.start()
+        ctx = ScenarioContext(topology, running, launcher, args.out, repeats=args.repeats)
+        result = scenario.run(ctx)
+    finally:
+        launcher.stop()
+    print("\n" + result.table())
+    print(f"data: {result.save(args.out, scenario.name)}")
+    return 0

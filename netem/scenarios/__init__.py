@@ -1,0 +1,15 @@
+"""Scenarios: repeatable measurements of what a user feels, each a table and a PNG chart.
+
+Adding one is cheap: a module with a class that has ``name``, ``description`` and
+``run(ctx) -> ScenarioResult``, listed in ``SCENARIOS``.
+"""
+
+from __future__ import annotations
+
+from netem.scenarios.base import Scenario, ScenarioContext, ScenarioResult
+from netem.scenarios.lagos_ttft import LagosTtft
+from netem.scenarios.region_outage import RegionOutage
+
+SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (LagosTtft, RegionOutage)}
+
+__all__ = ["SCENARIOS", "Scenario", "ScenarioContext", "ScenarioResult"]

@@ -1,0 +1,53 @@
+"""What every scenario shares: its context (a running topology) and its result (a table, notes, a chart)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import ClassVar, Protocol
+
+from netem.launcher import Launcher, RunningTopology
+from netem.topology import Topology
+
+
+@dataclass
+class ScenarioContext:
+    topology: Topology
+    running: RunningTopology
+    launcher: Launcher
+    out_dir: Path
+    repeats: int = 10
+
+
+@dataclass
+class ScenarioResult:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+    chart: str = ""
+    data: dict = field(default_factory=dict)
+
+    def table(self) -> str:
+        widths = [max(len(str(c)), *(len(str(r[i])) for r in self.rows)) for i, c in enumerate(self.columns)]
+        line = "  ".join(str(c).ljust(w) for c, w in zip(self.columns, widths, strict=True))
+        out = [self.title, "", line, "-" * len(line)]
+        out += ["  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)) for row in self.rows]
+        if self.notes:
+            out += ["", *self.notes]
+        if self.chart:
+            out += ["", f"chart: {self.chart}"]
+        return "\n".join(out)
+
+    def save(self, out_dir: Path, name: str) -> Path:
+        path = out_dir / f"{name}.json"
+        path.write_text(json.dumps(asdict(self), indent=2, default=str))
+        return path
+
+
+class Scenario(Protocol):
+    name: ClassVar[str]
+    description: ClassVar[str]
+
+    def run(self, ctx: ScenarioContext) -> ScenarioResult: ...

@@ -1,0 +1,169 @@
+"""``lagos-ttft``: how long a user in Lagos waits for the first token, and where the time goes.
+
+(a) direct to London on a new connection: TCP, TLS and the request each cross the last mile and the ocean;
+(b) through the Lagos edge: the user's handshakes cross only the last mile, and the edge's warm connection
+    crosses the ocean once;
+(c) a cache hit at the edge (once the edge has a response cache);
+(d) the floor: one round trip of the emulated Lagos-London link plus the region's own time to first token,
+    with the speed-of-light floor for the great-circle distance beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from pathlib import Path
+from typing import ClassVar
+
+from nearshore import tls
+from netem.geo_floor import floor_rtt_ms
+from netem.profiles import load_profile
+from netem.scenarios.base import ScenarioContext, ScenarioResult
+from netem.scenarios.probe import Phases, probe
+
+QUESTION = "Say hello to Lagos."
+
+
+def link_rtt_ms(profile_name: str) -> float:
+    return load_profile(profile_name).rtt_ms
+
+
+class LagosTtft:
+    name: ClassVar[str] = "lagos-ttft"
+    description: ClassVar[str] = "time to first token for a Lagos user: direct, through the edge, the floor"
+
+    def run(self, ctx: ScenarioContext) -> ScenarioResult:
+        return asyncio.run(self._run(ctx))
+
+    async def _run(self, ctx: ScenarioContext) -> ScenarioResult:
+        t, running = ctx.topology, ctx.running
+        region = (
+            next(r for r in t.regions if r.name == "london")
+            if any(r.name == "london" for r in t.regions)
+            else t.regions[0]
+        )
+        endpoints = next(e for e in running.regions if e.name == region.name)
+        payload = {
+            "model": "gemma-3-270m",
+            "messages": [{"role": "user", "content": QUESTION}],
+            "max_tokens": 4,
+            "temperature": 0,
+            "stream": True,
+        }
+        direct_ctx = tls.client_context(
+            ca=Path(running.cluster_ca), cert=Path(running.client_cert), key=Path(running.client_key)
+        )
+        edge_ctx = tls.client_context(ca=Path(running.edge_ca))
+        auth = {"Authorization": f"Bearer {running.api_key}"}
+        direct: list[Phases] = []
+        via_edge: list[Phases] = []
+        await probe(endpoints.direct, "/v1/chat/completions", payload, {}, direct_ctx)  # warm the model
+        await probe(running.edge_url, "/v1/chat/completions", payload, auth, edge_ctx)
+        for _ in range(ctx.repeats):
+            direct.append(await probe(endpoints.direct, "/v1/chat/completions", payload, {}, direct_ctx))
+            via_edge.append(await probe(running.edge_url, "/v1/chat/completions", payload, auth, edge_ctx))
+        for p in direct + via_edge:
+            if p.status != 200:
+                raise RuntimeError(f"a probe got HTTP {p.status}")
+
+        last_mile = link_rtt_ms(t.user.link)
+        ocean = link_rtt_ms(region.link)
+        light = floor_rtt_ms(t.user.city, region.city)
+
+        def med(values: list[float]) -> float:
+            return statistics.median(values)
+
+        def ms(values: list[float]) -> float:
+            return med(values) * 1000
+
+        region_ttft = med([p.server_timing.get("ttft", 0.0) for p in via_edge])
+        edge_ms = med([p.server_timing.get("edge", 0.0) for p in via_edge])
+        floor = ocean + region_ttft
+        expected_edge = floor + 3 * last_mile
+        rows = [
+            self._row("(a) direct to London, new connection", direct, last_mile + ocean),
+            self._row("(b) through the Lagos edge", via_edge, last_mile),
+            ["(c) cache hit at the edge", "n/a", "", "", "", "", "the edge has no response cache yet"],
+            [
+                "(d) floor: 1 link RTT + region TTFT",
+                f"{floor:.0f}",
+                "",
+                "",
+                f"{ocean:.0f}",
+                f"{region_ttft:.0f}",
+                f"light in fibre: {light:.0f} ms RTT",
+            ],
+        ]
+        through_edge = ms([p.ttft_s for p in via_edge])
+        direct_ttft = ms([p.ttft_s for p in direct])
+        gap = (through_edge - expected_edge) / expected_edge * 100
+        crossings = (direct_ttft - region_ttft) / (last_mile + ocean)
+        notes = [
+            f"Emulated RTTs: last mile ({t.user.link}) {last_mile:.0f} ms, ocean ({region.link}) "
+            f"{ocean:.0f} ms; great-circle floor {t.user.city}-{region.city} {light:.0f} ms.",
+            f"Through the edge: {through_edge:.0f} ms; floor {floor:.0f} ms + 3 last-mile RTTs "
+            f"{3 * last_mile:.0f} ms (TCP, TLS, request) = {expected_edge:.0f} ms expected; "
+            f"off by {gap:+.1f}% (edge processing {edge_ms:.1f} ms).",
+            f"Direct: {direct_ttft:.0f} ms, {crossings:.1f} round trips of last mile + ocean: "
+            "TCP, TLS and the request each cross the ocean.",
+            f"Medians of {ctx.repeats} requests each, every one on a new connection.",
+        ]
+        chart = self._chart(ctx.out_dir, direct, via_edge, floor, light)
+        return ScenarioResult(
+            title=f"lagos-ttft: time to first token for a user in {t.user.city.title()} (ms)",
+            columns=["path", "TTFT", "TCP", "TLS", "propagation", "region TTFT", "note"],
+            rows=rows,
+            notes=notes,
+            chart=str(chart),
+            data={
+                "through_edge_ms": through_edge,
+                "direct_ms": direct_ttft,
+                "floor_ms": floor,
+                "expected_edge_ms": expected_edge,
+                "gap_pct": gap,
+                "last_mile_rtt_ms": last_mile,
+                "ocean_rtt_ms": ocean,
+                "light_rtt_ms": light,
+                "region_ttft_ms": region_ttft,
+            },
+        )
+
+    def _chart(
+        self, out_dir: Path, direct: list[Phases], via_edge: list[Phases], floor: float, light: float
+    ) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        def parts(runs: list[Phases]) -> list[float]:
+            serve = statistics.median([p.server_timing.get("ttft", 0.0) for p in runs])
+            first = statistics.median([p.first_token_s for p in runs]) * 1000
+            return [
+                statistics.median([p.tcp_s for p in runs]) * 1000,
+                statistics.median([p.tls_s for p in runs]) * 1000,
+                first - serve,
+                serve,
+            ]
+
+        labels = ["direct to London", "through the Lagos edge", "floor", "speed of light"]
+        serve = parts(via_edge)[3]
+        bars = [parts(direct), parts(via_edge), [0, 0, floor - serve, serve], [0, 0, light, 0]]
+        names = ["TCP handshake", "TLS handshake", "request propagation", "region (queue + prefill)"]
+        colours = ["#8da0cb", "#66c2a5", "#fc8d62", "#e78ac3"]
+        fig, ax = plt.subplots(figsize=(9, 3.6))
+        for i, (name, colour) in enumerate(zip(names, colours, strict=True)):
+            left = [sum(b[:i]) for b in bars]
+            ax.barh(labels, [b[i] for b in bars], left=left, color=colour, label=name)
+        for y, b in enumerate(bars):
+            ax.text(sum(b) + 5, y, f"{sum(b):.0f} ms", va="center")
+        ax.invert_yaxis()
+        ax.set_xlabel("time to first token (ms), medians")
+        ax.set_title("A user in Lagos: time to first token")
+        ax.legend(loc="lower right", fontsize=8)
+        fig.tight_layout()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "lagos-ttft.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path

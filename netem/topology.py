@@ -1,0 +1,86 @@
+"""Topologies: who sits where, and which emulated link joins them (``configs/topologies/*.toml``).
+
+A topology names a user (and the last-mile link to the edge), an edge, and regions, each with the link
+profile from ``configs/netem/`` that the edge's traffic to it crosses.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta, Struct, field
+
+from nearshore.config import ConfigError, load_config
+from netem.profiles import load_profile
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+Name = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+
+
+class UserSpec(Struct, forbid_unknown_fields=True, kw_only=True):
+    city: str
+    link: str  # profile of the last mile, user -> edge
+
+
+class EdgeSpec(Struct, forbid_unknown_fields=True, kw_only=True):
+    city: str
+
+
+class RegionSpec(Struct, forbid_unknown_fields=True, kw_only=True):
+    name: Name
+    city: str
+    link: str  # profile of edge -> region
+
+
+class Topology(Struct, forbid_unknown_fields=True, kw_only=True):
+    name: Name
+    description: str = ""
+    user: UserSpec
+    edge: EdgeSpec
+    regions: Annotated[list[RegionSpec], Meta(min_length=1)] = field(default_factory=list)
+
+
+def topology_path(name_or_path: str) -> Path:
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        return path
+    return CONFIGS / "topologies" / f"{name_or_path}.toml"
+
+
+def load_topology(name_or_path: str = "lagos") -> Topology:
+    """Load and check a topology: every link profile must exist and be valid, names unique."""
+    path = topology_path(name_or_path)
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in (CONFIGS / "topologies").glob("*.toml")))
+        raise ConfigError(f"{path}: no such topology (known: {known})")
+    topology = load_config(path, Topology)
+    names = [r.name for r in topology.regions]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            raise ConfigError(f"{path}: regions[{i}].name: {name!r} is used twice")
+    links = [("user.link", topology.user.link)] + [
+        (f"regions[{i}].link", r.link) for i, r in enumerate(topology.regions)
+    ]
+    for key, profile in links:
+        try:
+            load_profile(profile)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {key}: {exc}") from None
+        except FileNotFoundError:
+            raise ConfigError(
+                f"{path}: {key}: no link profile named {profile!r} in {CONFIGS / 'netem'}"
+            ) from None
+    return topology
+
+
+def describe(topology: Topology) -> str:
+    regions = ", ".join(f"{r.name} ({r.link})" for r in topology.regions)
+    return (
+        f"user in {topology.user.city} --{topology.user.link}--> edge in {topology.edge.city} --> {regions}"
+    )
+
+
+def to_dict(topology: Topology) -> dict:
+    return msgspec.to_builtins(topology)

@@ -1,0 +1,75 @@
+"""``nearshore up [TOPOLOGY]``: bring the topology up, say how to use it, stop it all on Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from nearshore.config import ConfigError
+from netem.launcher import Launcher, RunningTopology, default_run_dir
+from netem.topology import describe, load_topology
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topology", nargs="?", default="lagos", help="a name in configs/topologies or a file")
+    parser.add_argument("--run-dir", type=Path, help="where logs, keys, certificates and state go")
+
+
+def usage_text(running: RunningTopology) -> str:
+    key, url, ca = running.api_key, running.edge_url, running.edge_ca
+    return f"""
+Nearshore is up: {running.name}
+  edge (as the Lagos user reaches it): {url}
+  API key:                             {key}
+  trust this certificate:              {ca}
+  links control API:                   {running.control_url}/links
+
+Try it:
+  nearshore chat "What should I see in Lagos?"
+
+  curl --cacert {ca} {url}/v1/chat/completions \\
+    -H "Authorization: Bearer {key}" -H 'Content-Type: application/json' \\
+    -d '{{"model": "gemma-3-270m", "stream": true, "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  python -c "
+import openai
+c = openai.OpenAI(base_url='{url}/v1', api_key='{key}', http_client=openai.DefaultHttpxClient(verify='{ca}'))
+print(c.chat.completions.create(model='gemma-3-270m', messages=[{{'role': 'user', 'content': 'Hello!'}}]))"
+
+Ctrl-C stops everything.
+"""
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(args: argparse.Namespace) -> int:
+    topology = load_topology(args.topology)
+    run_dir = args.run_dir or default_run_dir(topology)
+    print(f"starting {topology.name}: {describe(topology)}", flush=True)
+    launcher = Launcher(topology, run_dir, progress=lambda line: print(line, flush=True))
+    # SIGTERM ends `up` like Ctrl-C does, so the finally clause stops every child.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        running = launcher.start()
+        print(usage_text(running), flush=True)
+        while True:
+            time.sleep(1)
+            dead = [p.name for p in launcher.processes if p.proc is not None and p.proc.poll() is not None]
+            if dead:
+                print(
+                    f"nearshore up: {', '.join(dead)} exited; stopping (logs in {run_dir / 'logs'})",
+                    file=sys.stderr,
+                )
+                return 1
+    except KeyboardInterrupt:
+        print("\nstopping ...", flush=True)
+        return 0
+    except ConfigError:
+        raise
+    finally:
+        launcher.stop()

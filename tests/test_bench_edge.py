@@ -1,0 +1,49 @@
+"""``nearshore bench edge`` keeps working: a tiny run, direct and through the edge (plain and TLS)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from netem.bench_edge import add_arguments, main
+
+
+@pytest.mark.slow
+def test_bench_edge_tiny_run(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    out = tmp_path / "bench.json"
+    args = parser.parse_args(
+        [
+            "--concurrency", "2",
+            "--streams", "4",
+            "--waves", "1",
+            "--rounds", "1",
+            "--tokens", "4",
+            "--interval-ms", "10",
+            "--no-nginx",
+            "--no-litellm",
+            "--rps-rates", "20",
+            "--rps-seconds", "0.5",
+            "--json", str(out),
+            "--logs", str(tmp_path / "logs"),
+        ]
+    )  # fmt: skip
+    assert main(args) == 0
+    report = json.loads(out.read_text())
+
+    rows = {row["path"]: row for row in report["streams"]}
+    assert set(rows) == {"direct", "edge"}
+    for row in rows.values():
+        assert row["errors"] == 0, row["first_error"]
+        assert row["streams"] == 4
+        assert row["ttft_p50_ms"] >= 10  # the pacer's first token takes one interval
+    assert rows["edge"]["cpu_ms_per_stream"] > 0
+    assert any(t["target"].startswith("CPU per streamed request") for t in report["targets"])
+
+    steps = report["rps"]["steps"]
+    assert {s["path"] for s in steps} == {"edge-rps", "edge-tls"}
+    assert all(s["errors"] == 0 and s["direct_errors"] == 0 for s in steps), steps
