@@ -14,9 +14,6 @@ import ssl
 import stat
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,7 +26,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from nearshore import ca_cli, tls
-from nearshore.procs import ManagedProcess, ProcessFailed, free_port, nearshore_argv
+from nearshore.procs import ManagedProcess, free_port, nearshore_argv
 from regional.config import RegionConfig
 from regional.node import check_config, server_ssl_context
 from tests.conftest import MODEL, Node, start_region, write_region_config
@@ -195,22 +192,6 @@ def test_issue_needs_a_ca_a_use_and_a_safe_name(tmp_path):
 # --- a regional node that serves only edges ----------------------------------------------------------
 
 
-def _wait_https(process: ManagedProcess, url: str, context: ssl.SSLContext, timeout_s: float = 180) -> None:
-    """ManagedProcess.wait_http, over HTTPS with our CA."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.proc is None or process.proc.poll() is not None:
-            raise ProcessFailed(f"{process.name} exited early:\n{process.log_tail()}")
-        with (
-            contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, OSError),
-            urllib.request.urlopen(url, timeout=2, context=context) as response,
-        ):
-            if response.status == 200:
-                return
-        time.sleep(0.1)
-    raise ProcessFailed(f"{process.name} not ready at {url}:\n{process.log_tail()}")
-
-
 def start_tls_region(folder: Path, ca: Path, **server: object) -> Node:
     port = free_port()
     config = write_region_config(folder / "region.toml", port, {"server": server, "engine": SMALL_ENGINE})
@@ -220,7 +201,7 @@ def start_tls_region(folder: Path, ca: Path, **server: object) -> Node:
     process.start()
     url = f"https://127.0.0.1:{port}"
     try:
-        _wait_https(process, url + "/health/ready", tls.client_context(ca=ca))
+        process.wait_http(url + "/health/ready", timeout_s=180, context=tls.client_context(ca=ca))
     except Exception:
         process.stop()
         raise

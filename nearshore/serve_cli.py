@@ -1,0 +1,45 @@
+"""``nearshore region`` and ``nearshore edge``: load a config, build the service, run it.
+
+Kept apart from the services themselves so that building the CLI's parser imports neither llama.cpp nor
+the edge's dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from nearshore.config import ConfigError, load_config
+from nearshore.httpkit import PortInUse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML config file (default: built-in defaults)")
+    parser.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
+
+
+def run_region(args: argparse.Namespace) -> int:
+    from regional.config import RegionConfig
+    from regional.node import build_region_app, run_region
+
+    return _run(args, RegionConfig, build_region_app, run_region)
+
+
+def run_edge(args: argparse.Namespace) -> int:
+    from edge.config import EdgeConfig
+    from edge.node import build_edge_app, run_edge
+
+    return _run(args, EdgeConfig, build_edge_app, run_edge)
+
+
+def _run(args: argparse.Namespace, schema: type, build, run) -> int:
+    where = args.config or "defaults"
+    config = load_config(args.config, schema)
+    try:
+        app = build(config)
+    except (ValueError, FileNotFoundError) as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    try:
+        run(app, config, port=args.port)
+    except PortInUse as exc:
+        raise ConfigError(f"{where}: server.port: {exc}") from None
+    return 0
