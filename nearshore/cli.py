@@ -87,6 +87,15 @@ COMMANDS = [
         "Run one or more emulated links in this process, with an HTTP control API.",
     ),
     Command(
+        "fidelity",
+        "netem.fidelity",
+        "check that emulated links deliver their profiles' delay and rate",
+        "Measure RTT and bandwidth through a userspace link built from each profile (all by default): "
+        "RTT p50 within 2 ms or 3%, rate within 5%.",
+        add="add_fidelity_arguments",
+        run="run_fidelity",
+    ),
+    Command(
         "pacer",
         "netem.pacer",
         "a stand-in region that streams tokens at a fixed pace (benchmarks, tests)",

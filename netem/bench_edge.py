@@ -839,26 +839,14 @@ def _targets(rows: list[dict]) -> list[dict]:
             }
         )
     edges = [r for r in rows if r["path"] == "edge"]
-    for r in edges:
-        cpu = r["cpu_ms_per_stream"]
-        out.append(
-            {
-                "target": f"CPU per streamed request < 3 ms at x{r['concurrency']}",
-                "value_ms": cpu,
-                "met": cpu < 3.0,
-            }
-        )
-        worst = max(
-            (r["bunched_pct"] - (_row(rows, "direct", r["concurrency"]) or r)["bunched_pct"] for r in edges),
-            default=0.0,
-        )
-        out.append(
-            {
-                "target": "no bunching (edge bunched % minus direct's < 1)",
-                "value_pct": worst,
-                "met": worst < 1.0,
-            }
-        )
+    for edge in edges:
+        cpu = edge["cpu_ms_per_stream"]
+        target = f"CPU per streamed request < 3 ms at x{edge['concurrency']}"
+        out.append({"target": target, "value_ms": cpu, "met": cpu < 3.0})
+    for edge in edges:
+        extra = edge["bunched_pct"] - (_row(rows, "direct", edge["concurrency"]) or edge)["bunched_pct"]
+        target = f"no bunching at x{edge['concurrency']} (bunched % - direct's < 1)"
+        out.append({"target": target, "value_pct": extra, "met": extra < 1.0})
     return out
 
 
