@@ -143,6 +143,9 @@ class SseRelay:
                     break
                 if event.startswith(b"data: [DONE]"):
                     outcome.done = True
+                    # Read to the end of the response (the chunked terminator), or aiohttp closes the
+                    # connection instead of pooling it, and the next request pays new handshakes.
+                    await content.read()
                     break
                 if event.startswith(b'data: {"error"'):
                     outcome.upstream_error = event[6:].strip().decode(errors="replace")

@@ -427,3 +427,11 @@ def test_exact_prompt_counts_from_a_vocab_only_gguf():
     messages = [ChatMessage(role="user", content="Write a haiku about Lagos.")]
     assert counter.count_chat(messages) == 16  # what the regional node reports for the same prompt
     assert EstimatingCounter().count_chat(messages) > 0
+
+
+async def test_streams_return_their_upstream_connection_to_the_pool(edge: Edge):
+    """A user request should never pay a new handshake to the region: pooled connections are reused."""
+    key = edge.new_key()
+    for _ in range(8):  # more than the warm pool holds: each stream must hand its connection back
+        _, _, headers = await stream(edge, key, CHAT)
+        assert "upstream-connect;dur=0.00" in headers["Server-Timing"], headers["Server-Timing"]

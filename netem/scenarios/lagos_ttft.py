@@ -128,6 +128,24 @@ class LagosTtft:
             },
         )
 
+    @staticmethod
+    def _row(label: str, runs: list[Phases], crossing_ms: float) -> list[str]:
+        def ms(values: list[float]) -> float:
+            return statistics.median(values) * 1000
+
+        ttft = ms([p.ttft_s for p in runs])
+        serve = statistics.median([p.server_timing.get("ttft", 0.0) for p in runs])
+        propagation = ms([p.first_token_s for p in runs]) - serve
+        return [
+            label,
+            f"{ttft:.0f}",
+            f"{ms([p.tcp_s for p in runs]):.0f}",
+            f"{ms([p.tls_s for p in runs]):.0f}",
+            f"{propagation:.0f}",
+            f"{serve:.0f}",
+            f"= {ttft / crossing_ms:.1f} path RTTs",
+        ]
+
     def _chart(
         self, out_dir: Path, direct: list[Phases], via_edge: list[Phases], floor: float, light: float
     ) -> Path:
