@@ -29,11 +29,21 @@ WORD = " token"
 
 
 class PacerSettings:
-    def __init__(self, tokens: int, interval_s: float, fail_status: int, break_after: int, name: str) -> None:
+    def __init__(
+        self,
+        tokens: int,
+        interval_s: float,
+        fail_status: int,
+        break_after: int,
+        name: str,
+        eof_delay_s: float = 0,
+    ) -> None:
         self.tokens = tokens
         self.interval_s = interval_s
         self.fail_status = fail_status
         self.break_after = break_after
+        # The end of the HTTP response trails [DONE] by this long, as it can when a network splits them.
+        self.eof_delay_s = eof_delay_s
         self.name = name
 
 
@@ -130,6 +140,8 @@ async def _answer(request: web.Request) -> web.StreamResponse:
     if include_usage:
         await response.write(chunks.usage)
     await response.write(sse.DONE)
+    if settings.eof_delay_s:
+        await asyncio.sleep(settings.eof_delay_s)
     await response.write_eof()
     return response
 
@@ -171,13 +183,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval-ms", type=float, default=20.0, help="gap between tokens (default 20 ms)")
     parser.add_argument("--fail-status", type=int, default=0, help="answer every request with this status")
     parser.add_argument("--break-after", type=int, default=0, help="drop the connection after N tokens")
+    parser.add_argument(
+        "--eof-delay-ms", type=float, default=0.0, help="end the response this long after [DONE]"
+    )
     parser.add_argument("--name", default="pacer")
 
 
 def main(args: argparse.Namespace) -> int:
     install_uvloop()
     settings = PacerSettings(
-        args.tokens, args.interval_ms / 1000, args.fail_status, args.break_after, args.name
+        args.tokens,
+        args.interval_ms / 1000,
+        args.fail_status,
+        args.break_after,
+        args.name,
+        args.eof_delay_ms / 1000,
     )
     asyncio.run(serve(create_app(settings), args.host, args.port))
     return 0

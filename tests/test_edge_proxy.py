@@ -429,9 +429,16 @@ def test_exact_prompt_counts_from_a_vocab_only_gguf():
     assert EstimatingCounter().count_chat(messages) > 0
 
 
-async def test_streams_return_their_upstream_connection_to_the_pool(edge: Edge):
-    """A user request should never pay a new handshake to the region: pooled connections are reused."""
-    key = edge.new_key()
-    for _ in range(8):  # more than the warm pool holds: each stream must hand its connection back
-        _, _, headers = await stream(edge, key, CHAT)
-        assert "upstream-connect;dur=0.00" in headers["Server-Timing"], headers["Server-Timing"]
+async def test_streams_return_their_upstream_connection_to_the_pool(tmp_path):
+    """A user request should never pay a new handshake to the region: pooled connections are reused,
+    also when the end of the upstream response trails its [DONE] (as it does across a real network)."""
+    trailing = start_pacer(tmp_path, name="trailing", tokens=3, interval_ms=2, eof_delay_ms=50)
+    edge = start_edge(tmp_path / "edge", [("trailing", trailing.url)])
+    edge.extra.append(trailing.process)
+    try:
+        key = edge.new_key()
+        for _ in range(8):  # more than the warm pool holds: each stream must hand its connection back
+            _, _, headers = await stream(edge, key, CHAT)
+            assert "upstream-connect;dur=0.00" in headers["Server-Timing"], headers["Server-Timing"]
+    finally:
+        edge.stop()
