@@ -12,10 +12,12 @@ direct path's at the same level.
 
 Each stream records TTFT (send -> first content event), end-to-end time (send -> ``[DONE]``) and every gap
 between content events; a gap under a quarter of the pacer's interval counts as bunched. A proxy's CPU
-time is read from /proc (its process and their children, every thread) around the measured streams.
+time is read from /proc (its process and their children, every thread) from the measured streams' start
+until it is quiet again, so work it defers (logging, settling) counts too.
 
 A second part ramps an open-loop request rate at one edge process (plain and TLS) in front of a pacer
-that answers at once, and reports the highest rate whose p99 overhead stays under 10 ms with no errors.
+that answers at once, and reports the highest rate whose p99 overhead stays under 10 ms with no errors;
+a failing rate is tried once more before it counts.
 
 LiteLLM runs with ``LITELLM_LOCAL_MODEL_COST_MAP=True`` (no fetch of the price map at start: this machine
 has no internet), ``LITELLM_TELEMETRY_DISABLED=true``, ``LITELLM_LOG=ERROR``, no database (so no spend
@@ -65,6 +67,8 @@ class Stream:
     ttft_s: float = 0.0
     last_token_s: float = 0.0
     e2e_s: float = 0.0
+    # The edge's own account (Server-Timing ``edge;dur``): arrival -> forwarded to the region.
+    edge_s: float = math.nan
     tokens: int = 0
     gaps_s: list[float] = field(default_factory=list)
     error: str = "unfinished"
@@ -102,6 +106,7 @@ async def _one_stream(
             if r.status != 200:
                 result.error = f"HTTP {r.status}: {(await r.text())[:200]}"
                 return
+            result.edge_s = _server_timing_s(r.headers.get("Server-Timing", ""), "edge")
             buffer = b""
             async for piece in r.content.iter_any():
                 now = time.perf_counter()
@@ -133,6 +138,16 @@ async def _one_stream(
             result.error = "the stream ended without [DONE]"
     except (TimeoutError, aiohttp.ClientError, OSError, msgspec.DecodeError) as exc:
         result.error = repr(exc)[:200]
+
+
+def _server_timing_s(header: str, name: str) -> float:
+    for part in header.split(","):
+        metric, *params = (p.strip() for p in part.split(";"))
+        for param in params:
+            if metric == name and param.startswith("dur="):
+                with contextlib.suppress(ValueError):
+                    return float(param[4:]) / 1000
+    return math.nan
 
 
 def _chat_body(tokens: int) -> bytes:
@@ -413,6 +428,7 @@ class Sample:
         ok = self.ok
         ttfts, e2es = [s.ttft_s for s in ok], [s.e2e_s for s in ok]
         tails = [s.e2e_s - s.last_token_s for s in ok]
+        edge_times = [s.edge_s for s in ok if not math.isnan(s.edge_s)]
         gaps = [g for s in ok for g in s.gaps_s]
         n = len(self.streams) or 1
         errors = [s.error for s in self.streams if s.error]
@@ -428,6 +444,8 @@ class Sample:
             "e2e_p99_ms": pct(e2es, 99) * 1000,
             "tail_p50_ms": pct(tails, 50) * 1000,  # last content event -> [DONE]
             "tail_p99_ms": pct(tails, 99) * 1000,
+            "server_timing_edge_p50_ms": pct(edge_times, 50) * 1000,
+            "server_timing_edge_p99_ms": pct(edge_times, 99) * 1000,
             "gap_p50_ms": pct(gaps, 50) * 1000,
             "gap_p99_ms": pct(gaps, 99) * 1000,
             "bunched_pct": 100 * sum(g < BUNCHED * interval_s for g in gaps) / len(gaps)
@@ -678,7 +696,7 @@ def run_rps(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", default="1,10,50,200", help="stream counts (default 1,10,50,200)")
     parser.add_argument(
-        "--streams", type=int, default=100, help="measured streams per path and level (default 100)"
+        "--streams", type=int, default=200, help="measured streams per path and level (default 200)"
     )
     parser.add_argument(
         "--waves", type=int, default=4, help="at least this many streams per worker and level (default 4)"
@@ -777,13 +795,24 @@ def main(args: argparse.Namespace) -> int:
     report["ratios"], report["targets"] = _ratios(report["streams"]), _targets(report["streams"])
     report["notes"], report["logs"] = notes, str(logs)
     report["elapsed_s"] = time.monotonic() - started
-    _print_report(report, args)
+    _print_report(report)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+        Path(args.json).write_text(json.dumps(_finite(report), indent=2, default=str))
     return 0
 
 
 # --- the report ------------------------------------------------------------------------------------------
+
+
+def _finite(value: object) -> object:
+    """NaN (a number with no samples) becomes null, so the JSON file is strict JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _row(rows: list[dict], path: str, level: int) -> dict | None:
@@ -859,7 +888,7 @@ def _f(value: float, width: int, digits: int = 2) -> str:
     return f"{'-':>{width}}" if value is None or math.isnan(value) else f"{value:{width}.{digits}f}"
 
 
-def _print_report(report: dict, args: argparse.Namespace) -> None:
+def _print_report(report: dict) -> None:
     rows = report["streams"]
     header = (
         f"{'path':>8} {'conc':>4} {'streams':>7} | {'TTFT p50':>8} {'p99':>7} {'e2e p50':>8} {'p99':>7} | "
@@ -915,6 +944,12 @@ def _print_report(report: dict, args: argparse.Namespace) -> None:
         f"x{r['concurrency']} {r['pacer_cpu_ms_per_stream']:.2f}" for r in rows if r["path"] == "direct"
     )
     print(f"  for scale, the pacer's own CPU per stream, ms: {pacer}")
+    own = ", ".join(
+        f"x{r['concurrency']} {r['server_timing_edge_p50_ms']:.2f}/{r['server_timing_edge_p99_ms']:.2f}"
+        for r in rows
+        if r["path"] == "edge"
+    )
+    print(f"  the edge's own Server-Timing edge;dur (arrival -> forwarded), p50/p99 ms: {own}")
     rps = report.get("rps")
     if rps:
         print(
