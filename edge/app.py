@@ -23,7 +23,7 @@ from edge.keys import ApiKey, KeyStore
 from edge.ledger import Ledger, UsageRecord
 from edge.limits import Decision, LimiterUnavailable, LimitSpec, RateLimiter, rate_limit_headers
 from edge.metrics import EdgeMetrics
-from edge.relay import Heartbeat, Opened, SseRelay, StreamOutcome, open_upstream, usage_of
+from edge.relay import Opened, SseRelay, StreamOutcome, StreamWatchdog, open_upstream, usage_of
 from edge.token_count import TokenCounter
 from edge.upstream import UpstreamPool
 from nearshore.httpkit import openai_errors, read_json, request_id_of, request_ids
@@ -228,6 +228,7 @@ class Journey:
     reservation: str | None = None
     region: str = ""
     prompt_estimate: int = 0
+    billed: bool = False  # its one ledger row is written (or on its way)
 
 
 async def _proxy(request: web.Request, kind: Literal["chat", "completions"]) -> web.StreamResponse:
@@ -324,7 +325,7 @@ async def _stream(
 ) -> web.StreamResponse:
     server = state.config.server
     client = web.StreamResponse(headers={**sse.HEADERS, **limit_headers, "x-request-id": journey.request_id})
-    relay = SseRelay(client, keep_usage, server.write_timeout_s)
+    relay = SseRelay(client, keep_usage)
     prepare_lock = asyncio.Lock()
 
     async def commit() -> None:
@@ -334,8 +335,15 @@ async def _stream(
 
     forwarded = time.perf_counter()
     state.metrics.overhead.observe(forwarded - journey.started)
-    heartbeat = Heartbeat(relay, state.config.upstream.heartbeat_s, commit)
-    heartbeat.start()
+
+    def cut_off() -> None:
+        if request.transport is not None:
+            request.transport.close()
+
+    watchdog = StreamWatchdog(
+        relay, state.config.upstream.heartbeat_s, server.write_timeout_s, commit, cut_off
+    )
+    watchdog.start()
     outcome = relay.outcome
     opened: Opened | None = None
     status = "aborted"
@@ -393,7 +401,7 @@ async def _stream(
             request.transport.close()
         return client
     finally:
-        await heartbeat.stop()
+        await watchdog.stop()
 
 
 async def _end_stream(
@@ -422,6 +430,9 @@ async def _finish(
     http_status: int,
 ) -> None:
     """Settle the TPM reservation to what was really used and write the request's one ledger row."""
+    if journey.billed:
+        return  # e.g. the client left while the row was being committed: never bill twice
+    journey.billed = True
     if usage is None:
         # No usage from the region (it failed or the client left): bill the prompt estimate if any
         # token was produced, plus the tokens relayed so far.
