@@ -393,12 +393,16 @@ async def _stream(
         state.in_background(
             _finish(state, journey, relay.outcome.usage, relay.outcome.token_events, "aborted", 499)
         )
+        if opened is not None:
+            state.in_background(state.pool.replenish(opened.region))
         raise
     except (ConnectionError, TimeoutError):
         # The client stopped reading (write timeout) or its socket broke: cut it off, bill what it got.
         await _finish(state, journey, relay.outcome.usage, relay.outcome.token_events, "aborted", 499)
         if request.transport is not None:
             request.transport.close()
+        if opened is not None:
+            state.in_background(state.pool.replenish(opened.region))
         return client
     finally:
         await watchdog.stop()

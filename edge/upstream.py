@@ -92,6 +92,11 @@ class UpstreamPool:
             await asyncio.sleep(self.config.health_interval_s)
             await asyncio.gather(*(self._check(r) for r in self.regions))
 
+    async def replenish(self, region: Region) -> None:
+        """Open a connection to replace one that a cut-short stream took down with it, so the next
+        user does not pay the handshakes (a health check leaves its connection in the pool)."""
+        await self._check(region)
+
     def candidates(self) -> list[Region]:
         """Regions in configured order, those marked down last (they may have recovered since)."""
         return sorted(self.regions, key=lambda r: not r.up)

@@ -87,9 +87,10 @@ async def probe(
                 if not chunk:
                     break
                 seen += chunk
-                if _FIRST_TOKEN.search(seen):
+                if not phases.first_token_s and _FIRST_TOKEN.search(seen):
                     phases.first_token_s = time.perf_counter() - sent
-                    break
+                if b"data: [DONE]" in seen:
+                    break  # read to the end, as a user would: leaving early would abort the stream
         finally:
             writer.close()
     return phases
