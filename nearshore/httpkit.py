@@ -27,11 +27,12 @@ T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 REQUEST_ID = "x-request-id"
+REQUEST_ID_KEY = web.RequestKey("request_id", str)
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def request_id_of(request: web.Request) -> str:
-    return request["request_id"]
+    return request[REQUEST_ID_KEY]
 
 
 def error_response(error: ApiError, request_id: str | None = None) -> web.Response:
@@ -47,17 +48,17 @@ def error_response(error: ApiError, request_id: str | None = None) -> web.Respon
 async def request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Take the caller's ``x-request-id`` when it is sane, else make one; echo it on the response."""
     incoming = request.headers.get(REQUEST_ID, "")
-    request["request_id"] = incoming if _VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+    request[REQUEST_ID_KEY] = incoming if _VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
     response = await handler(request)
     if not response.prepared:
-        response.headers[REQUEST_ID] = request["request_id"]
+        response.headers[REQUEST_ID] = request[REQUEST_ID_KEY]
     return response
 
 
 @web.middleware
 async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every failure leaves as ``{"error": {...}}`` with its status; the process keeps serving."""
-    request_id = request.get("request_id")
+    request_id = request.get(REQUEST_ID_KEY)
     try:
         return await handler(request)
     except ApiError as exc:

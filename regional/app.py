@@ -34,6 +34,8 @@ from regional.engine import Engine
 from regional.service import Generation, RegionService, Timings
 
 SERVICE = web.AppKey("service", RegionService)
+# The CN of the edge certificate a request came with (mutual TLS).
+EDGE_NAME = web.RequestKey("edge", str)
 STARTED_AT = int(time.time())
 
 EDGE_SECRET_HEADER = "x-nearshore-edge-secret"
@@ -92,7 +94,7 @@ def edges_only(server: ServerConfig) -> Middleware | None:
                     "Only Nearshore edges may call this node: "
                     "present a client certificate signed by the cluster CA.",
                 )
-            request["edge"] = edge
+            request[EDGE_NAME] = edge
         if secret:
             given = request.headers.get(EDGE_SECRET_HEADER, "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, secret):
