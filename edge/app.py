@@ -293,13 +293,17 @@ async def _unary(
     state.metrics.overhead.observe(forwarded - journey.started)
     try:
         opened = await open_upstream(state.pool, path, body, headers, state.metrics)
+        journey.region = opened.region.name
+        async with opened.response as upstream:
+            payload = await upstream.read()
+            status = upstream.status
     except ApiError:
         await _finish(state, journey, None, 0, "error", 503)
         raise
-    journey.region = opened.region.name
-    async with opened.response as upstream:
-        payload = await upstream.read()
-        status = upstream.status
+    except asyncio.CancelledError:
+        # The client left before the answer: the region's request is cancelled with us; the row says so.
+        state.in_background(_finish(state, journey, None, 0, "aborted", 499))
+        raise
     usage = usage_of(payload) if status == 200 else None
     await _finish(state, journey, usage, 0, "ok" if status == 200 else "error", status)
     response_headers = {

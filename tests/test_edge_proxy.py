@@ -442,3 +442,28 @@ async def test_streams_return_their_upstream_connection_to_the_pool(tmp_path):
             assert "upstream-connect;dur=0.00" in headers["Server-Timing"], headers["Server-Timing"]
     finally:
         edge.stop()
+
+
+async def test_client_leaving_a_non_streamed_request_still_leaves_a_ledger_row(tmp_path):
+    slow = start_pacer(tmp_path, name="slow", tokens=10, interval_ms=200)  # the answer takes ~2 s
+    edge = start_edge(tmp_path / "edge", [("slow", slow.url)])
+    edge.extra.append(slow.process)
+    try:
+        key = edge.new_key()
+        async with session(edge) as s:
+            with pytest.raises(asyncio.TimeoutError):
+                async with asyncio.timeout(0.5):
+                    await s.post(
+                        edge.url + "/v1/chat/completions",
+                        json=CHAT,
+                        headers={"Authorization": f"Bearer {key}"},
+                    )
+        rows = []
+        for _ in range(50):
+            rows = [r for r in ledger_rows(edge) if r["key_id"] == key.split("-")[1]]
+            if rows:
+                break
+            await asyncio.sleep(0.1)
+        assert len(rows) == 1 and rows[0]["status"] == "aborted"
+    finally:
+        edge.stop()
