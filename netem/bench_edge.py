@@ -56,6 +56,7 @@ MODEL = "gemma-3-270m"
 BUNCHED = 0.25  # a gap shorter than this share of the pacer's interval: two chunks arrived together
 RPS_OVERHEAD_LIMIT_MS = 10.0
 STREAM_TIMEOUT_S = 60.0
+READ_TIMEOUT_S = 10.0
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -164,7 +165,9 @@ def _chat_body(tokens: int) -> bytes:
 
 def _session(target: Target) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, ssl=target.ssl or True)
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=STREAM_TIMEOUT_S))
+    # A peer that accepts and then never answers (LiteLLM has, here) costs one read timeout, not the run.
+    timeout = aiohttp.ClientTimeout(total=STREAM_TIMEOUT_S, sock_connect=10, sock_read=READ_TIMEOUT_S)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
 
 # --- the paths and their processes ----------------------------------------------------------------------
