@@ -101,3 +101,17 @@ def start_edge(
         process.stop()
         raise
     return Edge(url, process, folder, keys_db, ledger_db, ca)
+
+
+def edge_over_pacer(
+    folder: Path, name: str, sections: dict[str, dict[str, object]] | None = None, **pacer_flags: object
+) -> Edge:
+    """An edge whose one region is a pacer started with ``pacer_flags``; stopping the edge stops both."""
+    pacer = start_pacer(folder, name=name, **pacer_flags)
+    try:
+        edge = start_edge(folder / "edge", [(name, pacer.url)], **(sections or {}))
+    except Exception:
+        pacer.process.stop()
+        raise
+    edge.extra.append(pacer.process)
+    return edge

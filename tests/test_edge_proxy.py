@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from nearshore.protocol.sse import iter_data
-from tests.edge_fixtures import Edge, Pacer, start_edge, start_pacer
+from tests.edge_fixtures import Edge, Pacer, edge_over_pacer, start_edge, start_pacer
 
 pytestmark = pytest.mark.slow
 
@@ -334,9 +334,7 @@ async def test_mid_stream_failure_ends_with_error_event_and_bills_once(tmp_path)
 
 
 async def test_heartbeats_keep_a_slow_first_token_alive(tmp_path):
-    slow = start_pacer(tmp_path, name="slow", tokens=2, interval_ms=1500)
-    edge = start_edge(tmp_path / "edge", [("slow", slow.url)], upstream={"heartbeat_s": 0.3})
-    edge.extra.append(slow.process)
+    edge = edge_over_pacer(tmp_path, "slow", {"upstream": {"heartbeat_s": 0.3}}, tokens=2, interval_ms=1500)
     try:
         key = edge.new_key()
         async with (
@@ -355,9 +353,9 @@ async def test_heartbeats_keep_a_slow_first_token_alive(tmp_path):
 
 
 async def test_slow_reader_is_cut_off_with_bounded_buffering(tmp_path):
-    fast = start_pacer(tmp_path, name="firehose", tokens=100000, interval_ms=0.05)
-    edge = start_edge(tmp_path / "edge", [("firehose", fast.url)], server={"write_timeout_s": 1.0})
-    edge.extra.append(fast.process)
+    edge = edge_over_pacer(
+        tmp_path, "firehose", {"server": {"write_timeout_s": 1.0}}, tokens=100000, interval_ms=0.05
+    )
     try:
         key = edge.new_key(tpm=10**9)
         reader, writer = await asyncio.open_connection(
@@ -396,9 +394,7 @@ def _rss_kb(pid: int) -> int:
 
 
 async def test_sigterm_drains_in_flight_streams(tmp_path):
-    slow = start_pacer(tmp_path, name="slow", tokens=15, interval_ms=100)
-    edge = start_edge(tmp_path / "edge", [("slow", slow.url)])
-    edge.extra.append(slow.process)
+    edge = edge_over_pacer(tmp_path, "slow", tokens=15, interval_ms=100)
     try:
         key = edge.new_key()
         async with (
@@ -434,9 +430,7 @@ def test_exact_prompt_counts_from_a_vocab_only_gguf():
 async def test_streams_return_their_upstream_connection_to_the_pool(tmp_path):
     """A user request should never pay a new handshake to the region: pooled connections are reused,
     also when the end of the upstream response trails its [DONE] (as it does across a real network)."""
-    trailing = start_pacer(tmp_path, name="trailing", tokens=3, interval_ms=2, eof_delay_ms=50)
-    edge = start_edge(tmp_path / "edge", [("trailing", trailing.url)])
-    edge.extra.append(trailing.process)
+    edge = edge_over_pacer(tmp_path, "trailing", tokens=3, interval_ms=2, eof_delay_ms=50)
     try:
         key = edge.new_key()
         for _ in range(8):  # more than the warm pool holds: each stream must hand its connection back
@@ -447,9 +441,7 @@ async def test_streams_return_their_upstream_connection_to_the_pool(tmp_path):
 
 
 async def test_client_leaving_a_non_streamed_request_still_leaves_a_ledger_row(tmp_path):
-    slow = start_pacer(tmp_path, name="slow", tokens=10, interval_ms=200)  # the answer takes ~2 s
-    edge = start_edge(tmp_path / "edge", [("slow", slow.url)])
-    edge.extra.append(slow.process)
+    edge = edge_over_pacer(tmp_path, "slow", tokens=10, interval_ms=200)  # the answer takes ~2 s
     try:
         key = edge.new_key()
         async with session(edge) as s:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator
 
 import aiohttp
@@ -14,7 +12,7 @@ from nearshore import tls
 from nearshore.protocol.sse import iter_data
 from tests.conftest import MODEL, Node
 from tests.edge_fixtures import Edge, start_edge
-from tests.test_region_api import metric
+from tests.test_region_api import aborted_count, wait_for_one_abort
 from tests.test_tls import start_tls_region
 
 pytestmark = pytest.mark.slow
@@ -100,7 +98,7 @@ async def test_request_id_travels_to_the_region(edge: Edge):
 
 
 async def test_client_leaving_cancels_the_region_decode(edge: Edge, region: Node):
-    aborted = await metric(region, "nearshore:request_success_total", 'finished_reason="abort"')
+    aborted = await aborted_count(region)
     key = edge.new_key()
     payload = {
         "model": MODEL,
@@ -118,14 +116,7 @@ async def test_client_leaving_cancels_the_region_decode(edge: Edge, region: Node
             if seen == 3:
                 break
         r.close()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        running = await metric(region, "nearshore:num_requests_running")
-        now_aborted = await metric(region, "nearshore:request_success_total", 'finished_reason="abort"')
-        if running == 0 and now_aborted == aborted + 1:
-            break
-        await asyncio.sleep(0.05)
-    assert running == 0 and now_aborted == aborted + 1
+    await wait_for_one_abort(region, aborted)
 
 
 async def test_edge_reaches_an_mtls_region_that_refuses_everyone_else(tmp_path):

@@ -49,6 +49,22 @@ async def metric(node: Node, name: str, label: str = "") -> float:
     return total
 
 
+async def aborted_count(node: Node) -> float:
+    return await metric(node, "nearshore:request_success_total", 'finished_reason="abort"')
+
+
+async def wait_for_one_abort(node: Node, aborted_before: float, timeout_s: float = 5.0) -> None:
+    """The node stopped decoding for a client that left: nothing running, one more abort counted."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = await metric(node, "nearshore:num_requests_running")
+        aborted = await aborted_count(node)
+        if running == 0 and aborted == aborted_before + 1:
+            return
+        await asyncio.sleep(0.05)
+    assert (running, aborted) == (0, aborted_before + 1)
+
+
 async def test_models_health_and_readiness(region: Node):
     async with aiohttp.ClientSession() as s:
         async with s.get(region.url + "/v1/models") as r:
@@ -171,7 +187,7 @@ async def test_two_streams_progress_at_once(region: Node):
 
 
 async def test_client_disconnect_aborts_its_sequence(region: Node):
-    aborted_before = await metric(region, "nearshore:request_success_total", 'finished_reason="abort"')
+    aborted_before = await aborted_count(region)
     payload = {"model": MODEL, "messages": QUESTION, "max_tokens": 400, "temperature": 0, "stream": True}
     async with aiohttp.ClientSession() as s:
         r = await s.post(region.url + "/v1/chat/completions", json=payload)
@@ -181,14 +197,7 @@ async def test_client_disconnect_aborts_its_sequence(region: Node):
             if got == 3:
                 break
         r.close()  # the client goes away mid-stream
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        running = await metric(region, "nearshore:num_requests_running")
-        aborted = await metric(region, "nearshore:request_success_total", 'finished_reason="abort"')
-        if running == 0 and aborted == aborted_before + 1:
-            break
-        await asyncio.sleep(0.05)
-    assert running == 0 and aborted == aborted_before + 1
+    await wait_for_one_abort(region, aborted_before)
     generated = await metric(region, "nearshore:generation_tokens_total")
     await asyncio.sleep(0.3)
     assert await metric(region, "nearshore:generation_tokens_total") == generated  # nothing decodes on
