@@ -79,6 +79,8 @@ class LlamaCppEngine:
         if self.config.load == "eager":
             self._state = "loading"
             self._eager = asyncio.create_task(self.ready())
+            # A failed load is logged in ready() and shown by /health; requests retry it.
+            self._eager.add_done_callback(lambda task: task.cancelled() or task.exception())
         if self.config.idle_unload_s > 0:
             self._idle_task = asyncio.create_task(self._unload_when_idle())
 

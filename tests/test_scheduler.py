@@ -139,3 +139,16 @@ def test_finish_of_waiting_sequence_removes_it():
     sched.admit(0)
     sched.finish(b, 0)
     assert not sched.waiting and sched.running == [a]
+
+
+def test_dropping_idle_caches_frees_their_cells_but_not_running_ones():
+    sched = Scheduler(max_sequences=3, kv_tokens=1000, batch_tokens=64, prefill_chunk=64)
+    done, running = seq("done", [1, 2, 3, 4]), seq("running", [5, 6, 7])
+    for s in (done, running):
+        sched.add(s)
+    sched.admit(0)
+    run_step(sched)
+    sched.finish(done, 1.0)
+    assert sched.drop_idle_caches() == [done.slot]
+    assert sched.slots[done.slot].cached == [] and sched.slots[running.slot].owner is running
+    assert sched.drop_idle_caches() == []
