@@ -268,11 +268,11 @@ async def test_slow_body_is_408(edge: Edge):
 
 
 async def test_idle_connections_do_not_stop_service(edge: Edge):
-    """A thousand idle clients hold connections; a real request still goes straight through."""
+    """Thousands of idle clients hold connections; a real request still goes straight through."""
     _host, port = edge.url.rsplit(":", 1)
     rss_before = _rss_kb(edge.process.proc.pid)
     idle = []
-    for _ in range(1000):
+    for _ in range(3000):
         _, w = await asyncio.open_connection(
             "127.0.0.1", int(port)
         )  # plain TCP to the TLS port: never speaks
@@ -281,7 +281,8 @@ async def test_idle_connections_do_not_stop_service(edge: Edge):
     started = time.perf_counter()
     status, _, _ = await call(edge, key, {**CHAT, "max_tokens": 1})
     assert status == 200 and time.perf_counter() - started < 2
-    assert _rss_kb(edge.process.proc.pid) - rss_before < 60_000  # bounded: well under 60 kB a connection
+    # Bounded: a TLS connection waiting for its handshake holds about 50 kB until header_timeout_s closes it.
+    assert _rss_kb(edge.process.proc.pid) - rss_before < 3000 * 64
     for w in idle:
         w.close()
 
