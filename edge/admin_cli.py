@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from edge.config import DATA_DIR
 from edge.keys import ApiKey, KeyStore
 from edge.ledger import Ledger, ReportRow
 
-DATA_DIR = Path("~/.local/share/nearshore").expanduser()
 DEFAULT_KEYS_DB = DATA_DIR / "keys.sqlite3"
 DEFAULT_LEDGER_DB = DATA_DIR / "ledger.sqlite3"
 

@@ -85,8 +85,8 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # Completion budget reserved for a chat request that names no max_tokens.
     default_max_tokens: Annotated[int, Meta(ge=1)] = 1024
     limits: LimitsConfig = field(default_factory=LimitsConfig)
-    keys_db: str = str(DATA_DIR / "keys.sqlite3")
-    ledger_db: str = str(DATA_DIR / "ledger.sqlite3")
+    keys_db: str = str(DATA_DIR / "keys.sqlite3")  # `nearshore keys` uses the same default
+    ledger_db: str = str(DATA_DIR / "ledger.sqlite3")  # and `nearshore usage` this one
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     # USD per million tokens, by model: input, cached_input, output.
     prices: dict[str, Price] = field(default_factory=dict)

@@ -50,6 +50,7 @@ import msgspec
 
 from edge.keys import KeyStore
 from nearshore.procs import ManagedProcess, ProcessFailed, free_port, nearshore_argv
+from nearshore.stats import percentile
 from nearshore.tls import ensure_dev_certificate
 
 MODEL = "gemma-3-270m"
@@ -441,16 +442,16 @@ class Sample:
             "streams": len(ok),
             "errors": len(errors),
             "first_error": errors[0] if errors else "",
-            "ttft_p50_ms": pct(ttfts, 50) * 1000,
-            "ttft_p99_ms": pct(ttfts, 99) * 1000,
-            "e2e_p50_ms": pct(e2es, 50) * 1000,
-            "e2e_p99_ms": pct(e2es, 99) * 1000,
-            "tail_p50_ms": pct(tails, 50) * 1000,  # last content event -> [DONE]
-            "tail_p99_ms": pct(tails, 99) * 1000,
-            "server_timing_edge_p50_ms": pct(edge_times, 50) * 1000,
-            "server_timing_edge_p99_ms": pct(edge_times, 99) * 1000,
-            "gap_p50_ms": pct(gaps, 50) * 1000,
-            "gap_p99_ms": pct(gaps, 99) * 1000,
+            "ttft_p50_ms": percentile(ttfts, 50) * 1000,
+            "ttft_p99_ms": percentile(ttfts, 99) * 1000,
+            "e2e_p50_ms": percentile(e2es, 50) * 1000,
+            "e2e_p99_ms": percentile(e2es, 99) * 1000,
+            "tail_p50_ms": percentile(tails, 50) * 1000,  # last content event -> [DONE]
+            "tail_p99_ms": percentile(tails, 99) * 1000,
+            "server_timing_edge_p50_ms": percentile(edge_times, 50) * 1000,
+            "server_timing_edge_p99_ms": percentile(edge_times, 99) * 1000,
+            "gap_p50_ms": percentile(gaps, 50) * 1000,
+            "gap_p99_ms": percentile(gaps, 99) * 1000,
             "bunched_pct": 100 * sum(g < BUNCHED * interval_s for g in gaps) / len(gaps)
             if gaps
             else math.nan,
@@ -459,17 +460,6 @@ class Sample:
             "client_cpu_ms_per_stream": self.client_cpu_s * 1000 / n,
             "streams_per_s": len(ok) / self.wall_s if self.wall_s else 0.0,
         }
-
-
-def pct(values: list[float], p: float) -> float:
-    """The p-th percentile, linearly interpolated between the nearest ranks; NaN when empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * p / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 async def _drive(
@@ -602,8 +592,8 @@ async def _open_loop(target: Target, session: aiohttp.ClientSession, rate: float
         "sent": count,
         "errors": len(errors),
         "first_error": errors[0] if errors else "",
-        "e2e_p50_ms": pct(ok, 50) * 1000,
-        "e2e_p99_ms": pct(ok, 99) * 1000,
+        "e2e_p50_ms": percentile(ok, 50) * 1000,
+        "e2e_p99_ms": percentile(ok, 99) * 1000,
         "cpu_ms_per_request": cpu * 1000 / count,
     }
 

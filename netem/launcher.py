@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from edge.config import DATA_DIR
 from edge.keys import KeyStore
 from nearshore import tls
 from nearshore.procs import ManagedProcess, free_port, nearshore_argv
 from netem.topology import Topology
 
-RUNS = Path.home() / ".local" / "share" / "nearshore" / "runs"
+RUNS = DATA_DIR / "runs"
 CURRENT = RUNS / "current.json"
 HOST = "127.0.0.1"
 

@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import aiohttp
 
 from nearshore.procs import ManagedProcess, free_port, nearshore_argv
 from nearshore.protocol.sse import iter_data
+from nearshore.stats import percentile
 from regional.model_store import resolve_model_path
 
 QUESTIONS = [
@@ -67,22 +67,14 @@ class LevelResult:
         gaps = [g for s in self.ok for g in s.gaps_s]
         tokens = sum(s.tokens for s in self.ok)
         return {
-            "ttft_p50_ms": _pct(ttfts, 50) * 1000,
-            "ttft_p99_ms": _pct(ttfts, 99) * 1000,
-            "itl_p50_ms": _pct(gaps, 50) * 1000,
-            "itl_p99_ms": _pct(gaps, 99) * 1000,
+            "ttft_p50_ms": percentile(ttfts, 50) * 1000,
+            "ttft_p99_ms": percentile(ttfts, 99) * 1000,
+            "itl_p50_ms": percentile(gaps, 50) * 1000,
+            "itl_p99_ms": percentile(gaps, 99) * 1000,
             "tokens": tokens,
             "tok_per_s": tokens / self.wall_s if self.wall_s else 0.0,
             "errors": len(self.streams) - len(self.ok),
         }
-
-
-def _pct(values: list[float], pct: float) -> float:
-    if not values:
-        return float("nan")
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[min(98, max(0, int(pct) - 1))]
 
 
 async def _one_stream(session: aiohttp.ClientSession, url: str, payload: dict, result: StreamResult) -> None:

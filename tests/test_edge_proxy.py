@@ -66,16 +66,18 @@ async def call(
         return r.status, r.headers.copy(), await r.json(content_type=None)
 
 
+def post_stream(s: aiohttp.ClientSession, edge: Edge, key: str, payload: dict = CHAT):
+    """A streamed chat request (an async context manager for its response)."""
+    return s.post(
+        edge.url + "/v1/chat/completions",
+        json={**payload, "stream": True},
+        headers={"Authorization": f"Bearer {key}"},
+    )
+
+
 async def stream(edge: Edge, key: str, payload: dict) -> tuple[list[bytes], list[float], dict]:
     events, times = [], []
-    async with (
-        session(edge) as s,
-        s.post(
-            edge.url + "/v1/chat/completions",
-            json={**payload, "stream": True},
-            headers={"Authorization": f"Bearer {key}"},
-        ) as r,
-    ):
+    async with session(edge) as s, post_stream(s, edge, key, payload) as r:
         assert r.status == 200, await r.text()
         async for data in iter_data(r.content):
             events.append(data)
@@ -338,14 +340,7 @@ async def test_heartbeats_keep_a_slow_first_token_alive(tmp_path):
     edge = edge_over_pacer(tmp_path, "slow", {"upstream": {"heartbeat_s": 0.3}}, tokens=2, interval_ms=1500)
     try:
         key = edge.new_key()
-        async with (
-            session(edge) as s,
-            s.post(
-                edge.url + "/v1/chat/completions",
-                json={**CHAT, "stream": True},
-                headers={"Authorization": f"Bearer {key}"},
-            ) as r,
-        ):
+        async with session(edge) as s, post_stream(s, edge, key) as r:
             raw = await r.read()
         assert raw.startswith(b": keep-alive\n\n")  # comments went out before the first token
         assert raw.count(b": keep-alive") >= 3 and raw.endswith(b"data: [DONE]\n\n")
@@ -398,14 +393,7 @@ async def test_sigterm_drains_in_flight_streams(tmp_path):
     edge = edge_over_pacer(tmp_path, "slow", tokens=15, interval_ms=100)
     try:
         key = edge.new_key()
-        async with (
-            session(edge) as s,
-            s.post(
-                edge.url + "/v1/chat/completions",
-                json={**CHAT, "stream": True},
-                headers={"Authorization": f"Bearer {key}"},
-            ) as r,
-        ):
+        async with session(edge) as s, post_stream(s, edge, key) as r:
             events = []
             async for data in iter_data(r.content):
                 events.append(data)
