@@ -8,6 +8,7 @@ import logging
 import sys
 from dataclasses import dataclass
 
+from nearshore import logsafe
 from nearshore.config import ConfigError
 
 
@@ -103,6 +104,14 @@ COMMANDS = [
         "breaking streams on purpose.",
     ),
     Command(
+        "hostile",
+        "netem.hostile",
+        "a stand-in region that misbehaves on purpose, by mode (tests of the edge's defences)",
+        "Speak the regional node's API shape on raw HTTP and answer as a faulty or hostile region would: "
+        "endless bodies, lying usage, broken framing, HTML, hangs. A request picks a mode with the body's "
+        "user field (mode:<name>); --mode sets the default.",
+    ),
+    Command(
         "demo",
         "netem.demo",
         "the main job: bring up the Lagos topology, stream one answer as a Lagos user, stop",
@@ -163,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logsafe.install()  # no secret reaches a log line, whoever logs it
     try:
         return args.run(args)
     except ConfigError as exc:

@@ -25,6 +25,7 @@ class Edge:
     keys_db: Path
     ledger_db: Path
     ca: Path  # the development certificate the edge serves: clients trust it as their CA
+    metrics_url: str = ""  # the operator's listener: /metrics and /health, plain HTTP on loopback
     extra: list[ManagedProcess] = field(default_factory=list)
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -55,6 +56,18 @@ def start_pacer(folder: Path, name: str = "pacer", **flags: object) -> Pacer:
     return Pacer(url, process)
 
 
+def start_hostile(folder: Path, name: str = "hostile", **flags: object) -> Pacer:
+    """A hostile region (``nearshore hostile``): its flags as for the pacer, e.g. ``mode="hang"``."""
+    port = free_port()
+    args = ["hostile", "--port", str(port), "--name", name]
+    for flag, value in flags.items():
+        args += [f"--{flag.replace('_', '-')}", str(value)]
+    process = ManagedProcess(name, nearshore_argv(*args), folder / f"{name}.log").start()
+    url = f"http://127.0.0.1:{port}"
+    process.wait_http(url + "/health", timeout_s=30)
+    return Pacer(url, process)
+
+
 def start_edge(
     folder: Path,
     regions: list[tuple[str, str]],
@@ -72,6 +85,8 @@ def start_edge(
     lines = [f'keys_db = "{keys_db}"', f'ledger_db = "{ledger_db}"']
     lines += [f"{k} = {_toml_value(v)}" for k, v in top.items()]
     server = {"port": port, **sections.pop("server", {})}
+    metrics = {"port": free_port(), **sections.pop("metrics", {})}
+    sections["metrics"] = metrics
     tls = {"dev_cert_dir": str(folder / "tls"), **sections.pop("tls", {})}
     for name, values in {"server": server, "tls": tls, **sections}.items():
         lines.append(f"[{name}]")
@@ -100,7 +115,8 @@ def start_edge(
     except Exception:
         process.stop()
         raise
-    return Edge(url, process, folder, keys_db, ledger_db, ca)
+    metrics_url = f"http://127.0.0.1:{metrics['port']}" if metrics["port"] else ""
+    return Edge(url, process, folder, keys_db, ledger_db, ca, metrics_url)
 
 
 def edge_over_pacer(
