@@ -245,7 +245,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8300)
     parser.add_argument(
-        "--mode", default="ok", choices=sorted(MODES), help="mode when the body's user is not mode:<name>"
+        "--mode",
+        default="ok",
+        choices=list(MODES),
+        metavar="MODE",
+        help="the mode when a body's user is not mode:<name> (default ok); one of: " + ", ".join(MODES),
     )
     parser.add_argument("--name", default="hostile")
     parser.add_argument("--tokens", type=int, default=16, help="tokens in a correct answer (default 16)")

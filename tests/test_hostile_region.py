@@ -412,16 +412,23 @@ async def test_a_peer_that_stops_reading_costs_no_cpu(region: Pacer):
     await settle(region.url)
 
 
-async def test_default_mode_and_time_limit_come_from_flags(tmp_path):
-    limited = start_hostile(tmp_path, mode="hang", limit_s=1)
+async def test_flags_set_the_default_mode_the_time_limit_and_the_connection_bound(tmp_path):
+    limited = start_hostile(tmp_path, mode="hang", limit_s=1, max_connections=2)
     try:
-        raw = await Raw.open(limited.url)
+        hanging = [await Raw.open(limited.url) for _ in range(2)]
         started = time.monotonic()
-        await raw.send("/v1/completions", {"prompt": "x"})  # no mode:, so --mode hang
+        for raw in hanging:
+            await raw.send("/v1/completions", {"prompt": "x"})  # no mode:, so --mode hang
+        await asyncio.sleep(0.2)
+        third = await Raw.open(limited.url)
+        async with asyncio.timeout(1):
+            assert await third.reader.read() == b""  # over --max-connections: closed at once
+        await third.close()
         async with asyncio.timeout(5):
-            assert await raw.reader.read() == b""  # the limit closes it, nothing sent
+            for raw in hanging:
+                assert await raw.reader.read() == b""  # nothing sent, then closed at --limit-s
+                await raw.close()
         assert 0.8 < time.monotonic() - started < 4
-        await raw.close()
         ok = await Raw.open(limited.url)
         status, _, body = await ok.call("/v1/completions", {"prompt": "x", "user": "mode:ok"})
         await ok.close()
