@@ -14,6 +14,7 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
+from nearshore.bodies import read_body
 from nearshore.protocol.errors import (
     INTERNAL,
     UNSUPPORTED_MEDIA_TYPE,
@@ -81,13 +82,14 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 
 async def read_json(request: web.Request, decoder: msgspec.json.Decoder[T]) -> T:
-    """Decode a JSON body with a msgspec decoder; 415 for other media types, 413 past the size limit."""
+    """Decode a JSON body with a msgspec decoder; 415 for other media types or encodings, 400 for a body
+    that is not its Content-Encoding, 413 past the size limit (decoded bytes, checked while inflating)."""
     if request.content_type != "application/json":
         raise ApiError(
             UNSUPPORTED_MEDIA_TYPE,
             f"Content-Type must be application/json, got {request.content_type or 'none'!r}",
         )
-    raw = await request.read()  # raises 413 past the app's client_max_size
+    raw = await read_body(request)
     try:
         return decoder.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:

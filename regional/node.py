@@ -91,4 +91,7 @@ def run_region(app: web.Application, config: RegionConfig, port: int | None = No
     def announce(actual: int) -> None:
         log.info("region %s serving %s on %s://%s:%d", config.name, config.model.name, scheme, host, actual)
 
-    asyncio.run(serve(app, host, bound_port, on_ready=announce, ssl_context=ssl_context))
+    # Bodies are inflated by read_json, within max_body_bytes, so that a bad or unknown Content-Encoding
+    # is an OpenAI-shaped error instead of aiohttp's plain-text 400 and a logged traceback.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
+    asyncio.run(serve(app, host, bound_port, on_ready=announce, ssl_context=ssl_context, runner=runner))

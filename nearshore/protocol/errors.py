@@ -32,6 +32,7 @@ class ErrorKind:
 # Named kinds with their HTTP status; the `type` strings are the ones OpenAI's API uses.
 INVALID_REQUEST = ErrorKind(400, "invalid_request_error", None)
 INVALID_JSON = ErrorKind(400, "invalid_request_error", "invalid_json")
+INVALID_CONTENT_ENCODING = ErrorKind(400, "invalid_request_error", "invalid_content_encoding")
 CONTEXT_LENGTH_EXCEEDED = ErrorKind(400, "invalid_request_error", "context_length_exceeded")
 UNSUPPORTED_PARAMETER = ErrorKind(400, "invalid_request_error", "unsupported_parameter")
 INVALID_API_KEY = ErrorKind(401, "authentication_error", "invalid_api_key")
@@ -48,6 +49,8 @@ UPSTREAM_UNAVAILABLE = ErrorKind(503, "server_error", "upstream_unavailable")
 INTERNAL = ErrorKind(500, "server_error", "internal_error")
 OVERLOADED = ErrorKind(503, "server_error", "overloaded")
 MODEL_LOADING = ErrorKind(503, "server_error", "model_loading")
+# The engine cannot go on; the process is about to exit so that its supervisor restarts it.
+ENGINE_FAILED = ErrorKind(503, "server_error", "engine_failed")
 
 _KIND_BY_STATUS = {
     400: INVALID_REQUEST,
