@@ -7,7 +7,9 @@ the edge's dependencies.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
+from nearshore import logsafe
 from nearshore.config import ConfigError, load_config
 from nearshore.httpkit import PortInUse
 
@@ -21,19 +23,21 @@ def run_region(args: argparse.Namespace) -> int:
     from regional.config import RegionConfig
     from regional.node import build_region_app, run_region
 
-    return _run(args, RegionConfig, build_region_app, run_region)
+    return _run(args, RegionConfig, build_region_app, run_region, lambda c: [c.server.shared_secret])
 
 
 def run_edge(args: argparse.Namespace) -> int:
     from edge.config import EdgeConfig
     from edge.node import build_edge_app, run_edge
 
-    return _run(args, EdgeConfig, build_edge_app, run_edge)
+    return _run(args, EdgeConfig, build_edge_app, run_edge, lambda c: [c.upstream.shared_secret])
 
 
-def _run(args: argparse.Namespace, schema: type, build, run) -> int:
+def _run(args: argparse.Namespace, schema: type, build, run, secrets: Callable[[object], list[str]]) -> int:
     where = args.config or "defaults"
     config = load_config(args.config, schema)
+    for secret in secrets(config):  # before anything can log it
+        logsafe.register_secret(secret)
     try:
         app = build(config)
     except (ValueError, FileNotFoundError) as exc:
