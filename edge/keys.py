@@ -5,12 +5,15 @@ logs, the ledger and reports); ``secret`` is 32 random bytes, base64url without 
 ``sha256(secret)`` is stored. A fast hash is right here, unlike for passwords: the secret carries 256 bits
 of entropy, so there is nothing to guess from a leaked hash, and a slow hash would only cost every request.
 
-The edge authenticates every request from an in-memory copy of the table; the copy is reloaded when
-another process (``nearshore keys revoke``) has changed the file, checked at most every ``refresh_s``.
+The edge authenticates every request from an in-memory copy of the table and never queries SQLite on the
+request path: an unknown key id is answered as fast as a known one, so timing does not tell which ids
+exist. Keys created or revoked by another process (``nearshore keys``) reach the copy through
+:func:`refresh_keys`, a task that polls ``PRAGMA data_version`` off the request path.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -83,6 +86,10 @@ def _hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+# What an unknown key id is compared against: no secret hashes to it (it is not even hex).
+_UNKNOWN_DIGEST = "-" * 64
+
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS api_keys (
     key_id        TEXT PRIMARY KEY,
@@ -131,25 +138,26 @@ def _create_private(path: Path) -> None:
 class KeyStore:
     """The key table in one SQLite file, shared by the edge process and the ``nearshore keys`` CLI.
 
-    One instance per process. The edge calls :meth:`authenticate` from its event loop thread; a lock
-    keeps the instance safe if another thread uses it too.
+    One instance per process. :meth:`authenticate` reads only the in-memory copy, from any thread; a lock
+    serializes everything that uses the database connection. Writes made through this instance are in
+    the copy at once; another process's appear after :meth:`refresh` (the edge runs :func:`refresh_keys`).
     """
 
-    def __init__(self, path: str | Path, refresh_s: float = 2.0) -> None:
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.refresh_s = refresh_s
         _create_private(self.path)
         # isolation_level=None: autocommit; each write is one statement, so one transaction.
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA busy_timeout = 5000")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute(_SCHEMA)
-        self._lock = threading.Lock()
-        # The in-memory copy: key_id -> (record, sha256 hex of the secret).
+        self._lock = threading.Lock()  # serializes use of the connection, never taken by authenticate
+        # The in-memory copy: key_id -> (record, sha256 hex of the secret). Replaced whole, never mutated,
+        # so the request path reads it without a lock.
         self._cache: dict[str, tuple[ApiKey, str]] = {}
         self._data_version = -1
-        self._checked_at = float("-inf")
-        self._reload()
+        with self._lock:
+            self._reload()
 
     def __repr__(self) -> str:
         return f"KeyStore({str(self.path)!r}, keys={len(self._cache)})"
@@ -196,7 +204,7 @@ class KeyStore:
                     break
                 except sqlite3.IntegrityError:  # a key_id collision (1 in 2**48 per pair): draw another
                     continue
-            self._checked_at = float("-inf")  # our own commits do not move data_version
+            self._reload()  # our own commits do not move data_version
         return f"{KEY_PREFIX}{key.key_id}-{secret}", key
 
     def revoke(self, key_id: str) -> bool:
@@ -206,7 +214,7 @@ class KeyStore:
                 "UPDATE api_keys SET revoked = 1, updated_at = ? WHERE key_id = ? AND revoked = 0",
                 (time.time(), key_id),
             )
-            self._checked_at = float("-inf")
+            self._reload()
         return cursor.rowcount > 0
 
     def list(self) -> list[ApiKey]:
@@ -222,53 +230,61 @@ class KeyStore:
     # --- the request path -----------------------------------------------------------------------------
 
     def authenticate(self, presented: str | None) -> AuthResult:
-        """Check a presented key against the in-memory copy; never raises on bad input."""
+        """Check a presented key against the in-memory copy; never raises on bad input, never queries."""
         if presented is None or (isinstance(presented, str) and not presented.strip()):
             return AuthResult(None, "missing")
         parsed = parse_key(presented.strip()) if isinstance(presented, str) else None
         if parsed is None:
             return AuthResult(None, "malformed")
         key_id, secret = parsed
-        with self._lock:
-            self._maybe_refresh()
-            entry = self._cache.get(key_id)
-            if entry is None:
-                # A key created a moment ago works at once. The check is one PRAGMA (microseconds); the
-                # table is reloaded only when another process really committed a change.
-                self._maybe_refresh(now_due=True)
-                entry = self._cache.get(key_id)
-        if entry is None:
-            return AuthResult(None, "unknown")
-        key, digest = entry
-        if not hmac.compare_digest(_hash_secret(secret), digest):
+        entry = self._cache.get(key_id)
+        # An unknown id is hashed and compared too, so that it costs what a known one does.
+        key, digest = entry if entry is not None else (None, _UNKNOWN_DIGEST)
+        if not hmac.compare_digest(_hash_secret(secret), digest) or key is None:
             return AuthResult(None, "unknown")  # a wrong secret says no more than an unknown key
         if key.revoked:
             return AuthResult(key, "revoked")
         return AuthResult(key, "ok")
 
-    def _maybe_refresh(self, now_due: bool = False) -> None:
-        """Reload the copy when the file changed, checking at most every ``refresh_s`` seconds.
+    # --- keeping the copy fresh (off the request path) -------------------------------------------------
 
-        ``PRAGMA data_version`` moves when another connection commits: one cheap query while nothing
-        changes. Our own writes do not move it, so they reset ``_checked_at`` and force a reload here.
+    def changed(self) -> bool:
+        """Whether another process committed to the file since the copy was loaded: one cheap query.
+
+        ``PRAGMA data_version`` moves when another connection commits; our own writes reload at once.
         """
-        now = time.monotonic()
-        if now - self._checked_at < self.refresh_s and not now_due:
-            return
-        forced = self._checked_at == float("-inf")
-        self._checked_at = now
-        try:
+        with self._lock:
+            return self._db.execute("PRAGMA data_version").fetchone()[0] != self._data_version
+
+    def refresh(self) -> bool:
+        """Reload the copy if the file changed; True when it did. Safe to call from a worker thread."""
+        with self._lock:
             version = self._db.execute("PRAGMA data_version").fetchone()[0]
-            if forced or version != self._data_version:
-                self._reload(version)
-        except sqlite3.Error as exc:  # keep serving from the copy we have; try again next period
-            log.warning("key store %s: refresh failed: %s", self.path, exc)
+            if version == self._data_version:
+                return False
+            self._reload(version)
+        return True
 
     def _reload(self, version: int | None = None) -> None:
-        # data_version is read before the rows: a commit in between only causes one extra reload later.
+        # Called with the lock held. data_version is read before the rows: a commit in between only causes
+        # one extra reload later.
         if version is None:
             version = self._db.execute("PRAGMA data_version").fetchone()[0]
         rows = self._db.execute(f"SELECT {_COLUMNS} FROM api_keys").fetchall()
         self._cache = {row[0]: _row_to_key(row) for row in rows}
         self._data_version = version
-        self._checked_at = time.monotonic()
+
+
+async def refresh_keys(store: KeyStore, interval_s: float) -> None:
+    """Keep ``store``'s copy fresh until cancelled: poll every ``interval_s``, reload in a worker thread.
+
+    The poll is one PRAGMA (a few microseconds) on the loop; a reload, which reads the whole table, runs
+    in a thread so that a large table never stalls requests. Errors are logged and retried next period.
+    """
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            if store.changed():
+                await asyncio.to_thread(store.refresh)
+        except sqlite3.Error as exc:  # keep serving from the copy we have
+            log.warning("key store %s: refresh failed: %s", store.path, exc)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
 import ssl
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import web
@@ -13,8 +15,8 @@ from aiohttp import web
 from edge.app import EdgeState, create_app
 from edge.billing import PriceTable
 from edge.config import EdgeConfig
-from edge.guard import GuardedRunner, head_timer_middleware
-from edge.keys import KeyStore
+from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
+from edge.keys import KeyStore, refresh_keys
 from edge.ledger import Ledger
 from edge.limits import MemoryLimiter, RateLimiter, RedisLimiter
 from edge.token_count import make_counter
@@ -23,6 +25,10 @@ from nearshore.httpkit import install_uvloop, serve
 from nearshore.tls import ensure_dev_certificate, server_context
 
 log = logging.getLogger("nearshore.edge")
+
+# How often the edge looks for keys created or revoked by `nearshore keys`: one PRAGMA per look, a few
+# microseconds, so a new key works within about this long while requests never query SQLite.
+KEY_REFRESH_S = 0.1
 
 
 def check_config(config: EdgeConfig) -> None:
@@ -70,7 +76,21 @@ def build_edge_app(config: EdgeConfig) -> web.Application:
     )
     app = create_app(state)
     app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
+    app.cleanup_ctx.append(_key_refresher(state.keys, KEY_REFRESH_S))
     return app
+
+
+def _key_refresher(keys: KeyStore, interval_s: float):
+    """Keep the key copy fresh for as long as the app runs (keys created or revoked elsewhere)."""
+
+    async def lifetime(_app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(refresh_keys(keys, interval_s))
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return lifetime
 
 
 def edge_tls_context(config: EdgeConfig) -> ssl.SSLContext | None:
@@ -97,10 +117,11 @@ def run_edge(app: web.Application, config: EdgeConfig, port: int | None = None) 
     host = config.server.host
     scheme = "https" if context else "http"
     server = config.server
+    # TLS is the runner's: it counts and times each socket from accept, handshake included.
+    settings = GuardSettings(server.header_timeout_s, server.max_connections, tls=context)
     runner = GuardedRunner(
         app,
-        header_timeout_s=server.header_timeout_s,
-        max_connections=server.max_connections,
+        settings=settings,
         handler_cancellation=True,
         access_log=None,
         keepalive_timeout=server.keepalive_timeout_s,
@@ -118,4 +139,4 @@ def run_edge(app: web.Application, config: EdgeConfig, port: int | None = None) 
         )
 
     bound = config.server.port if port is None else port
-    asyncio.run(serve(app, host, bound, on_ready=announce, ssl_context=context, runner=runner))
+    asyncio.run(serve(app, host, bound, on_ready=announce, runner=runner))

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import ssl
+import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from edge.keys import KeyStore
+from edge.node import KEY_REFRESH_S
 from nearshore.procs import ManagedProcess, free_port, nearshore_argv
 from tests.conftest import _toml_value
 
@@ -32,12 +37,33 @@ class Edge:
         return ssl.create_default_context(cafile=str(self.ca))
 
     def new_key(self, **fields: object) -> str:
+        """A key made as `nearshore keys create` makes it, returned once the edge has loaded it."""
         store = KeyStore(self.keys_db)
         try:
             plaintext, _ = store.create(**{"tenant": "test", **fields})
         finally:
             store.close()
+        self.wait_for_key(plaintext)
         return plaintext
+
+    def wait_for_key(self, plaintext: str, timeout_s: float = 5.0) -> None:
+        """Wait until the edge accepts the key (GET /v1/models costs no rate limit), then one more refresh
+        period so that other edges on the same keys file have it too."""
+        request = urllib.request.Request(
+            self.url + "/v1/models", headers={"Authorization": f"Bearer {plaintext}"}
+        )
+        context = self.ssl_context() if self.url.startswith("https") else None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with (
+                contextlib.suppress(urllib.error.HTTPError),
+                urllib.request.urlopen(request, timeout=2, context=context) as response,
+            ):
+                if response.status == 200:
+                    break
+            assert time.monotonic() < deadline, "the edge did not load a new key"
+            time.sleep(0.02)
+        time.sleep(KEY_REFRESH_S)
 
     def stop(self) -> None:
         self.process.stop()
