@@ -1,18 +1,28 @@
-"""Start Nearshore processes (and peers) for demos, benchmarks and tests; stop them without orphans."""
+"""Start Nearshore processes (and peers) for demos, benchmarks and tests; stop them without orphans.
+
+Children die with their supervisor: each runs in its own session (so ``stop`` can end its whole process
+group) and, on Linux, asks the kernel for SIGTERM when its parent dies, so a supervisor killed with
+SIGKILL (``nearshore up``, a test runner) leaves nothing running.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -23,6 +33,40 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class ProcessFailed(RuntimeError):
     pass
+
+
+def _prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # pragma: no cover - a libc without prctl
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+_PRCTL = _prctl()  # looked up before any fork: the child only calls it
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel send the child SIGTERM when this process dies; None where
+    there is no such thing.
+
+    The kernel's "parent" is the thread that forks, so this is only armed from the main thread: a child
+    started from a worker thread would be killed when that thread ends.
+    """
+    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
+        return None
+    prctl, parent = _PRCTL, os.getpid()
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed: nobody would send it
+            os._exit(1)
+
+    return arm
 
 
 class ManagedProcess:
@@ -39,7 +83,12 @@ class ManagedProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
-            self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,  # its own process group, for stop()
+            preexec_fn=die_with_parent(),
         )
         log.close()
         return self

@@ -4,6 +4,9 @@ Order: a cluster CA and certificates; the regional nodes (mutual TLS: they serve
 process holding every emulated link; the edge (HTTPS with a development certificate), whose warm pools
 then cross the links. Besides the links the topology needs, a "direct" path per region chains the user's
 last mile and the ocean link, so a scenario can compare a user calling a region without the edge.
+
+Every child dies with the launcher (a parent-death signal, see ``nearshore.procs``), and each run is
+recorded so that the next one stops anything a killed run left behind (``netem.leftovers``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from edge.config import DATA_DIR
 from edge.keys import KeyStore
 from nearshore import tls
 from nearshore.procs import ManagedProcess, free_port, nearshore_argv
+from netem.leftovers import RunRecord, stop_orphans
 from netem.topology import Topology
 
 RUNS = DATA_DIR / "runs"
@@ -85,6 +89,7 @@ class Launcher:
         self.seed = seed
         self.processes: list[ManagedProcess] = []
         self.by_name: dict[str, ManagedProcess] = {}
+        self.record: RunRecord | None = None
 
     def start(self) -> RunningTopology:
         """Start everything; on any failure, stop what was started and re-raise."""
@@ -98,6 +103,8 @@ class Launcher:
         for process in reversed(self.processes):
             process.stop()
         self.processes.clear()
+        if self.record is not None:
+            self.record.remove()
         if CURRENT.exists():
             try:
                 if json.loads(CURRENT.read_text())["state"].startswith(str(self.run_dir)):
@@ -109,11 +116,19 @@ class Launcher:
         process = ManagedProcess(name, argv, self.run_dir / "logs" / f"{name}.log").start()
         self.processes.append(process)
         self.by_name[name] = process
+        if self.record is not None and process.proc is not None:
+            self.record.add(process.proc.pid)
         return process
 
     def _start(self) -> RunningTopology:
         t = self.topology
         started = time.monotonic()
+        # Stopped rather than refused: their supervisor is dead, so nothing else would ever stop them.
+        orphans = stop_orphans()
+        if orphans:
+            pids = ", ".join(map(str, orphans))
+            self.progress(f"stopped {len(orphans)} process(es) left by a run whose launcher died: {pids}")
+        self.record = RunRecord(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         pki = self.run_dir / "pki"
         ca_dir, certs = pki / "ca", pki / "certs"

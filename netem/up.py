@@ -52,8 +52,10 @@ def main(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or default_run_dir(topology)
     print(f"starting {topology.name}: {describe(topology)}", flush=True)
     launcher = Launcher(topology, run_dir, progress=lambda line: print(line, flush=True))
-    # SIGTERM ends `up` like Ctrl-C does, so the finally clause stops every child.
+    # SIGTERM (and a closed terminal) end `up` like Ctrl-C does, so the finally clause stops every child;
+    # on SIGKILL the children get SIGTERM from the kernel (nearshore.procs).
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
     try:
         running = launcher.start()
         print(usage_text(running), flush=True)
