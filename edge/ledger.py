@@ -38,8 +38,10 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int
     cache_status: str  # "miss" | "hit" | "bypass"
     cost_usd: float
-    status: str  # "ok" | "error" | "aborted" | "refused"
+    status: str  # "ok" | "error" (the region failed or refused it) | "aborted" (the client left)
     http_status: int
+    client_request_id: str = ""  # the id the client sent, if any (request_id is the edge's own, unique)
+    error_code: str = ""  # the error the client got, e.g. "upstream_timeout"
 
 
 class ReportRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,10 +72,17 @@ CREATE TABLE IF NOT EXISTS usage (
     cache_status      TEXT NOT NULL,
     cost_usd          REAL NOT NULL,
     status            TEXT NOT NULL,
-    http_status       INTEGER NOT NULL
+    http_status       INTEGER NOT NULL,
+    client_request_id TEXT NOT NULL DEFAULT '',
+    error_code        TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS usage_key_ts ON usage (key_id, ts);
 """
+# Columns added since the first schema, for ledgers written by an older edge.
+_ADDED_COLUMNS = {
+    "client_request_id": "TEXT NOT NULL DEFAULT ''",
+    "error_code": "TEXT NOT NULL DEFAULT ''",
+}
 _INSERT = f"INSERT INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
 _REPORT = """
 SELECT key_id, tenant, strftime('%Y-%m-%d', ts, 'unixepoch') AS day, count(*),
@@ -107,6 +116,7 @@ class Ledger:
         # The read side: any thread, one query at a time.
         self._reader = _connect(self.path)
         self._reader.executescript(_SCHEMA)
+        _add_missing_columns(self._reader)
         self._read_lock = threading.Lock()
         self._writer_db = _connect(self.path)
         self._pending: list[_Pending] = []
@@ -197,6 +207,17 @@ class Ledger:
             )
             for key_id, tenant, day, requests, prompt, cached, completion, cost in rows
         ]
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    have = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
+    for name, declaration in _ADDED_COLUMNS.items():
+        if name not in have:
+            try:
+                db.execute(f"ALTER TABLE usage ADD COLUMN {name} {declaration}")
+            except sqlite3.OperationalError as exc:  # another process added it a moment ago
+                if "duplicate column" not in str(exc):
+                    raise
 
 
 def _insert(db: sqlite3.Connection, records: list[UsageRecord]) -> None:

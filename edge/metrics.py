@@ -9,8 +9,10 @@ _LATENCY = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 
 
 class EdgeMetrics:
-    def __init__(self) -> None:
+    def __init__(self, tenant_labels: bool = False) -> None:
         r = self.registry = CollectorRegistry()
+        # Tenant names are customer data: a label only when the operator asks for it.
+        self.tenant_labels = tenant_labels
         self.requests = Counter(P + "requests", "Requests by outcome.", ["status", "region"], registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens billed.", ["model"], registry=r)
         self.cached_tokens = Counter(
@@ -19,7 +21,8 @@ class EdgeMetrics:
         self.generation_tokens = Counter(
             P + "generation_tokens", "Completion tokens billed.", ["model"], registry=r
         )
-        self.cost = Counter(P + "cost_usd", "Cost billed, USD.", ["model", "tenant"], registry=r)
+        cost_labels = ["model", "tenant"] if tenant_labels else ["model"]
+        self.cost = Counter(P + "cost_usd", "Cost billed, USD.", cost_labels, registry=r)
         self.rate_limited = Counter(P + "rate_limited", "Requests refused by a limit.", ["limit"], registry=r)
         self.failovers = Counter(
             P + "upstream_failovers", "Regions skipped before the first byte.", ["region"], registry=r
@@ -42,6 +45,22 @@ class EdgeMetrics:
         self.ledger_errors = Counter(
             P + "ledger_write_errors", "Usage records that failed to commit.", registry=r
         )
+        self.usage_anomalies = Counter(
+            P + "usage_anomalies",
+            "Usage figures from a region that failed the edge's checks (the checked figure was billed).",
+            ["kind", "region"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            P + "upstream_errors",
+            "Requests a region failed, by the error the client got.",
+            ["code", "region"],
+            registry=r,
+        )
+
+    def add_cost(self, model: str, tenant: str, usd: float) -> None:
+        labels = (model, tenant) if self.tenant_labels else (model,)
+        self.cost.labels(*labels).inc(usd)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -12,16 +12,17 @@ from pathlib import Path
 
 from aiohttp import web
 
-from edge.app import EdgeState, create_app
+from edge.app import EdgeState, create_app, create_metrics_app
 from edge.billing import PriceTable
 from edge.config import EdgeConfig
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
 from edge.keys import KeyStore, refresh_keys
 from edge.ledger import Ledger
 from edge.limits import MemoryLimiter, RateLimiter, RedisLimiter
+from edge.metrics import EdgeMetrics
 from edge.token_count import make_counter
 from edge.upstream import UpstreamPool
-from nearshore.httpkit import install_uvloop, serve
+from nearshore.httpkit import PortInUse, install_uvloop, serve
 from nearshore.tls import ensure_dev_certificate, server_context
 
 log = logging.getLogger("nearshore.edge")
@@ -53,6 +54,19 @@ def check_config(config: EdgeConfig) -> None:
             raise ValueError(f"{key}: file not found: {path}")
     if bool(config.upstream.client_cert) != bool(config.upstream.client_key):
         raise ValueError("upstream.client_cert and upstream.client_key go together")
+    _check_prices(config)
+
+
+def _check_prices(config: EdgeConfig) -> None:
+    # A served name without a price would be billed $0 even on a budgeted key: say so at start instead.
+    for model in config.models:
+        price = config.prices.get(model)
+        if price is None:
+            raise ValueError(
+                f'prices."{model}": no price for a served model (input, cached_input, output; or free = true)'
+            )
+        if problem := price.problem():
+            raise ValueError(f'prices."{model}": {problem}')
 
 
 def make_limiter(config: EdgeConfig) -> RateLimiter:
@@ -73,11 +87,34 @@ def build_edge_app(config: EdgeConfig) -> web.Application:
         prices=PriceTable(config.prices),
         counter=make_counter(config.tokenizer.gguf),
         pool=UpstreamPool(config.regions, config.upstream),
+        metrics=EdgeMetrics(tenant_labels=config.metrics.tenant_labels),
     )
     app = create_app(state)
     app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
     app.cleanup_ctx.append(_key_refresher(state.keys, KEY_REFRESH_S))
+    if config.metrics.port:
+        app.cleanup_ctx.append(_metrics_listener(state))
     return app
+
+
+def _metrics_listener(state: EdgeState):
+    """Serve /metrics (and /health) for the operator on their own listener, loopback by default."""
+
+    async def lifetime(_app: web.Application) -> AsyncIterator[None]:
+        m = state.config.metrics
+        runner = web.AppRunner(create_metrics_app(state), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, m.host, m.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise PortInUse(m.host, m.port, exc, key="metrics.port") from None
+        log.info("metrics on http://%s:%d/metrics", m.host, m.port)
+        yield
+        await runner.cleanup()
+
+    return lifetime
 
 
 def _key_refresher(keys: KeyStore, interval_s: float):

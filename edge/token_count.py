@@ -1,9 +1,17 @@
-"""Prompt token counts at the edge, for TPM reservations before a request leaves.
+"""Prompt token counts at the edge, for TPM and budget reservations before a request leaves.
 
-With a GGUF configured (and llama-cpp-python installed) the count is exact for the Gemma turn format,
-from a vocabulary-only load (no weights). Otherwise it is an estimate: one token per 3 bytes of UTF-8,
-plus 4 tokens of framing per chat message. Either way the reservation is settled to the region's exact
-usage when the response ends, so an estimate only shifts when a tight TPM limit bites.
+Two figures per prompt:
+
+- the *ceiling*: a bound no choice of text can beat. Every token of plain text covers at least one byte of
+  its UTF-8 (a byte-fallback token covers exactly one), so a prompt has at most as many tokens as bytes, plus
+  the chat template's framing (its markers and role names: ``FRAMING_PER_MESSAGE`` per message and
+  ``FRAMING_FIXED`` per prompt cover the Gemma turn format, 5 and 4, and ChatML- or Llama-3-style templates).
+  Reservations use it, so digits (about a token a byte) cannot slip past a TPM limit, and it caps what a
+  region may report as prompt tokens.
+- the *estimate*: what is billed when a region reports no usage (a stream cut short): exact with a GGUF
+  configured (and llama-cpp-python installed), else one token per 3 bytes plus the framing.
+
+Either way the reservation is settled to the region's (checked) usage when the response ends.
 """
 
 from __future__ import annotations
@@ -16,7 +24,27 @@ from nearshore.protocol.chat_format import gemma_turns
 from nearshore.protocol.schemas import ChatMessage
 
 BYTES_PER_TOKEN = 3
-TOKENS_PER_MESSAGE = 4
+FRAMING_PER_MESSAGE = 8
+FRAMING_FIXED = 32
+# The estimate's framing: the Gemma turn format's own (5 tokens a message, 4 a prompt), rounded.
+ESTIMATED_FRAMING_PER_MESSAGE = 4
+ESTIMATED_FRAMING_FIXED = 2
+
+
+def chat_ceiling(messages: Sequence[ChatMessage]) -> int:
+    """The most tokens these messages can become, whatever their text."""
+    text_bytes = sum(_utf8_len(m.text()) + _utf8_len(m.name or "") for m in messages)
+    return text_bytes + FRAMING_PER_MESSAGE * len(messages) + FRAMING_FIXED
+
+
+def text_ceiling(text: str) -> int:
+    """The most tokens a raw completion prompt can become (it may hold special tokens: each is >= 1 byte)."""
+    return _utf8_len(text) + FRAMING_FIXED
+
+
+def _utf8_len(text: str) -> int:
+    # Lone surrogates cannot be UTF-8; count them as the replacement bytes a tokenizer would see.
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 class TokenCounter(Protocol):
@@ -31,10 +59,11 @@ class EstimatingCounter:
     exact = False
 
     def count_chat(self, messages: Sequence[ChatMessage]) -> int:
-        return sum(self.count_text(m.text()) + TOKENS_PER_MESSAGE for m in messages) + 2
+        framing = ESTIMATED_FRAMING_PER_MESSAGE * len(messages) + ESTIMATED_FRAMING_FIXED
+        return sum(math.ceil(_utf8_len(m.text()) / BYTES_PER_TOKEN) for m in messages) + framing
 
     def count_text(self, text: str) -> int:
-        return math.ceil(len(text.encode()) / BYTES_PER_TOKEN) + 1
+        return math.ceil(_utf8_len(text) / BYTES_PER_TOKEN) + 1
 
 
 class GgufCounter:

@@ -78,8 +78,7 @@ class UpstreamPool:
             async with region.session.get(
                 "/health", headers=self.headers, timeout=aiohttp.ClientTimeout(total=5)
             ) as r:
-                await r.read()
-                ok = r.status == 200
+                ok = r.status == 200 and await _read_small(r)
         except (TimeoutError, aiohttp.ClientError, OSError):
             ok = False
         if ok != region.up:
@@ -112,6 +111,20 @@ class UpstreamPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
         await asyncio.gather(*(r.session.close() for r in self.regions))
+
+
+_HEALTH_BYTES = 64 * 1024
+
+
+async def _read_small(response: aiohttp.ClientResponse) -> bool:
+    """Read a health answer to its end (so its connection is pooled), unless it is far too large."""
+    size = 0
+    while data := await response.content.readany():
+        size += len(data)
+        if size > _HEALTH_BYTES:
+            response.close()
+            return False
+    return True
 
 
 # Seconds the current request spent opening a new upstream connection (0 when a pooled one was used).

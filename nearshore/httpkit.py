@@ -29,6 +29,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 REQUEST_ID = "x-request-id"
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
+# The id a client chose for its own tracing; kept beside the server's id, never in its place.
+CLIENT_REQUEST_ID = "x-client-request-id"
+CLIENT_REQUEST_ID_KEY = web.RequestKey("client_request_id", str)
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
@@ -53,6 +56,23 @@ async def request_ids(request: web.Request, handler: Handler) -> web.StreamRespo
     response = await handler(request)
     if not response.prepared:
         response.headers[REQUEST_ID] = request[REQUEST_ID_KEY]
+    return response
+
+
+@web.middleware
+async def minted_request_ids(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every request gets an id of the server's own, unique, whatever the caller sent (two users choosing the
+    same ``x-request-id`` must never address each other's requests). The caller's id, from
+    ``x-client-request-id`` (or ``x-request-id``) when sane, is kept and echoed as ``x-client-request-id``."""
+    request[REQUEST_ID_KEY] = uuid.uuid4().hex
+    given = request.headers.get(CLIENT_REQUEST_ID) or request.headers.get(REQUEST_ID, "")
+    client_id = given if _VALID_REQUEST_ID.match(given) else ""
+    request[CLIENT_REQUEST_ID_KEY] = client_id
+    response = await handler(request)
+    if not response.prepared:
+        response.headers[REQUEST_ID] = request[REQUEST_ID_KEY]
+        if client_id:
+            response.headers[CLIENT_REQUEST_ID] = client_id
     return response
 
 
@@ -97,10 +117,11 @@ async def read_json(request: web.Request, decoder: msgspec.json.Decoder[T]) -> T
 
 
 class PortInUse(OSError):
-    """The address to listen on is taken (or not ours); the CLI reports it as a config error."""
+    """The address to listen on is taken (or not ours); the CLI reports it as an error in config ``key``."""
 
-    def __init__(self, host: str, port: int, cause: OSError) -> None:
+    def __init__(self, host: str, port: int, cause: OSError, key: str = "server.port") -> None:
         super().__init__(f"cannot listen on {host}:{port}: {cause.strerror or cause}")
+        self.key = key
 
 
 def install_uvloop() -> None:
@@ -119,9 +140,11 @@ async def serve(
     on_ready: Callable[[int], None] | None = None,
     ssl_context: ssl.SSLContext | None = None,
     runner: web.AppRunner | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Run ``app`` until SIGTERM or SIGINT (HTTPS with ``ssl_context``). The default runner cancels a
-    handler when its client disconnects; pass another to tune the server (the edge does)."""
+    """Run ``app`` until SIGTERM or SIGINT, or until ``stop`` is set (HTTPS with ``ssl_context``). The
+    default runner cancels a handler when its client disconnects; pass another to tune the server (the edge
+    does)."""
     if runner is None:
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -134,7 +157,7 @@ async def serve(
     bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port
     if on_ready is not None:
         on_ready(bound)
-    stop = asyncio.Event()
+    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)

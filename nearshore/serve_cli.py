@@ -30,7 +30,9 @@ def run_edge(args: argparse.Namespace) -> int:
     from edge.config import EdgeConfig
     from edge.node import build_edge_app, run_edge
 
-    return _run(args, EdgeConfig, build_edge_app, run_edge, lambda c: [c.upstream.shared_secret])
+    return _run(
+        args, EdgeConfig, build_edge_app, run_edge, lambda c: [c.upstream.shared_secret, c.metrics.token]
+    )
 
 
 def _run(args: argparse.Namespace, schema: type, build, run, secrets: Callable[[object], list[str]]) -> int:
@@ -45,5 +47,5 @@ def _run(args: argparse.Namespace, schema: type, build, run, secrets: Callable[[
     try:
         run(app, config, port=args.port)
     except PortInUse as exc:
-        raise ConfigError(f"{where}: server.port: {exc}") from None
+        raise ConfigError(f"{where}: {exc.key}: {exc}") from None
     return 0

@@ -39,7 +39,6 @@ def edge(tmp_path_factory: pytest.TempPathFactory, pacer: Pacer) -> Iterator[Edg
             "body_timeout_s": 1.0,
             "write_timeout_s": 2.0,
         },
-        prices={},
     )
     yield e
     e.stop()
@@ -210,14 +209,19 @@ async def test_rpm_limit_gives_429_with_headers(edge: Edge):
 
 
 async def test_tpm_reservation_is_settled_to_real_usage(edge: Edge):
-    # Each request reserves its prompt estimate + max_tokens 100; it really uses 10 + 12 tokens.
+    # Each request reserves its prompt ceiling (2 bytes + framing: 42) + max_tokens 100; it really uses
+    # 10 + 12 tokens (the pacer's usage).
     key = edge.new_key(tpm=250)
     payload = {**CHAT, "max_tokens": 100}
     assert (await call(edge, key, payload))[0] == 200
     await asyncio.sleep(0.2)  # the settlement happens just after the response
     assert (await call(edge, key, payload))[0] == 200  # fits only because the first was refunded
-    status, _headers, body = await call(edge, key, {**CHAT, "max_tokens": 300})
+    await asyncio.sleep(0.2)
+    status, _headers, body = await call(edge, key, {**CHAT, "max_tokens": 200})  # 242 > 250 - 44
     assert status == 429 and "tokens" in body["error"]["message"]
+    # A request bigger than the whole limit can never fit: 400, not a 429 that SDKs would retry forever.
+    status, headers, body = await call(edge, key, {**CHAT, "max_tokens": 10**30})
+    assert status == 400 and body["error"]["code"] == "request_exceeds_limit" and "Retry-After" not in headers
 
 
 async def test_budget_exhausted_is_429_insufficient_quota(edge: Edge):
@@ -302,7 +306,7 @@ async def test_failover_before_first_byte(tmp_path):
         assert headers["x-nearshore-region"] == "ok" and events[-1] == b"[DONE]"
         status, headers, _body = await call(edge, key, CHAT)
         assert status == 200 and headers["x-nearshore-region"] == "ok"
-        async with session(edge) as s, s.get(edge.url + "/metrics") as r:
+        async with aiohttp.ClientSession() as s, s.get(edge.metrics_url + "/metrics") as r:
             text = await r.text()
         assert 'nearshore_edge:upstream_failovers_total{region="busy"}' in text
     finally:

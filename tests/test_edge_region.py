@@ -92,8 +92,10 @@ async def test_request_id_travels_to_the_region(edge: Edge):
         ) as r,
     ):
         body = await r.json()
-    assert r.headers["x-request-id"] == "lagos-trace-42"
-    assert body["id"] == "chatcmpl-lagos-trace-42"  # the region built its id from the propagated one
+    # The edge's own id, unique, travels to the region; the client's is kept beside it and echoed.
+    edge_id = r.headers["x-request-id"]
+    assert edge_id != "lagos-trace-42" and r.headers["x-client-request-id"] == "lagos-trace-42"
+    assert body["id"] == f"chatcmpl-{edge_id}"  # the region built its id from the propagated one
     assert "prefill;dur=" in r.headers["Server-Timing"]  # the region's timing rides along
 
 

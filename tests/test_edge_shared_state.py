@@ -78,7 +78,7 @@ async def test_redis_outage_follows_the_fail_mode_and_recovers(tmp_path, fail_mo
             status = await post(s, edge, key)
             assert status == (200 if fail_mode == "open" else 503)
             assert (await health(edge))["limits"] == f"down ({fail_mode})"
-            async with s.get(edge.url + "/metrics") as r:
+            async with s.get(edge.metrics_url + "/metrics") as r:
                 assert "nearshore_edge:ratelimit_backend_up 0.0" in await r.text()
             redis.start()
             for _ in range(50):
@@ -124,7 +124,7 @@ async def test_sigkill_under_load_loses_no_completed_ledger_row(tmp_path):
             await asyncio.wait_for(asyncio.gather(killer(), *(client(s, n) for n in range(8))), timeout=60)
         edge.process.proc.wait()
         db = sqlite3.connect(edge.ledger_db)
-        stored = {row[0] for row in db.execute("SELECT request_id FROM usage")}
+        stored = {row[0] for row in db.execute("SELECT client_request_id FROM usage")}
         db.close()
         assert len(completed) >= 60
         missing = [rid for rid in completed if rid not in stored]

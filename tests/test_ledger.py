@@ -132,15 +132,27 @@ async def test_report_groups_by_key_and_utc_day(tmp_path: Path):
 
 def test_price_table_cost():
     table = PriceTable(
-        {"big": Price(input=1.0, cached_input=0.1, output=2.0)},
-        default=Price(input=0.5, cached_input=0.5, output=0.5),
+        {
+            "big": Price(input=1.0, cached_input=0.1, output=2.0),
+            "plain": Price(input=0.5, output=0.5),
+            "local": Price(free=True),
+        }
     )
     # (600 fresh * 1.0 + 400 cached * 0.1 + 500 out * 2.0) / 1e6
     assert table.cost("big", 1000, 400, 500) == pytest.approx(1640 / 1e6)
     assert table.cost("big", 0, 0, 0) == 0.0
-    assert table.cost("other", 1000, 0, 1000) == pytest.approx(1000 / 1e6)  # the default price
+    assert table.cost("plain", 1000, 400, 1000) == pytest.approx(1000 / 1e6)  # cached costs input
     assert table.cost("big", 10, 50, 0) == pytest.approx(10 * 0.1 / 1e6)  # cached is capped at the prompt
-    assert PriceTable({}).cost("free", 1000, 0, 1000) == 0.0  # no price, no default: free
+    assert table.cost("local", 1000, 0, 1000) == 0.0
+    assert table.worst_case("big", 100, 10) == pytest.approx(120 / 1e6)
+
+
+def test_a_price_needs_its_numbers_or_free():
+    assert Price(free=True).problem() is None
+    assert Price(input=1.0, output=2.0).problem() is None
+    assert "free = true" in (Price().problem() or "")
+    assert "free = true" in (Price(input=1.0).problem() or "")
+    assert Price(free=True, output=1.0).problem()
 
 
 CHILD = textwrap.dedent(

@@ -46,6 +46,11 @@ RATE_LIMITED = ErrorKind(429, "rate_limit_error", "rate_limit_exceeded")
 QUOTA_EXCEEDED = ErrorKind(429, "insufficient_quota", "insufficient_quota")
 REQUEST_TIMEOUT = ErrorKind(408, "invalid_request_error", "request_timeout")
 UPSTREAM_UNAVAILABLE = ErrorKind(503, "server_error", "upstream_unavailable")
+# A region answered something the edge will not pass on (malformed, oversized, cut short): 502.
+UPSTREAM_BAD_RESPONSE = ErrorKind(502, "server_error", "bad_upstream_response")
+UPSTREAM_TIMEOUT = ErrorKind(504, "server_error", "upstream_timeout")
+# A request that no wait can make fit (bigger than the key's whole TPM or budget): retrying is pointless.
+EXCEEDS_LIMIT = ErrorKind(400, "invalid_request_error", "request_exceeds_limit")
 INTERNAL = ErrorKind(500, "server_error", "internal_error")
 OVERLOADED = ErrorKind(503, "server_error", "overloaded")
 MODEL_LOADING = ErrorKind(503, "server_error", "model_loading")

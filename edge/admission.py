@@ -1,0 +1,127 @@
+"""Everything the edge decides before a request leaves: who is asking, is it well formed, may it run now.
+
+API key -> body (schema, size, time) -> model and parameters -> prompt ceiling -> budget hold -> RPM/TPM
+reservation. A request that can never fit the key's limits is a 400 (retrying cannot help); one that does not
+fit *now* is a 429 with ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+from aiohttp import web
+
+from edge.journey import Admission
+from edge.keys import ApiKey
+from edge.limits import Decision, LimiterUnavailable, LimitSpec, rate_limit_headers
+from edge.state import EdgeState
+from edge.token_count import chat_ceiling, text_ceiling
+from nearshore.httpkit import read_json
+from nearshore.protocol.errors import (
+    EXCEEDS_LIMIT,
+    INVALID_API_KEY,
+    INVALID_REQUEST,
+    MODEL_NOT_FOUND,
+    PERMISSION_DENIED,
+    RATE_LIMITED,
+    REQUEST_TIMEOUT,
+    UNSUPPORTED_PARAMETER,
+    UPSTREAM_UNAVAILABLE,
+    ApiError,
+)
+from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
+
+Body = ChatCompletionRequest | CompletionRequest
+
+_AUTH_MESSAGES = {
+    "missing": "You didn't provide an API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'.",
+    "revoked": "This API key has been revoked.",
+}
+
+
+def authenticate(request: web.Request, state: EdgeState) -> ApiKey:
+    presented = request.headers.get("x-api-key", "")
+    auth = request.headers.get("Authorization", "")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        presented = token.strip() if scheme.lower() == "bearer" else ""
+    result = state.keys.authenticate(presented)
+    if result.key is None or result.reason != "ok":
+        raise ApiError(INVALID_API_KEY, _AUTH_MESSAGES.get(result.reason, "Incorrect API key provided."))
+    return result.key
+
+
+async def read_body(request: web.Request, state: EdgeState, decoder: msgspec.json.Decoder) -> Body:
+    try:
+        async with asyncio.timeout(state.config.server.body_timeout_s):
+            return await read_json(request, decoder)
+    except TimeoutError:
+        raise ApiError(REQUEST_TIMEOUT, "The request body did not arrive in time.") from None
+
+
+def check_request(state: EdgeState, key: ApiKey, body: Body) -> None:
+    if body.model not in state.config.models:
+        raise ApiError(MODEL_NOT_FOUND, f"The model `{body.model}` does not exist.", param="model")
+    if not key.allows(body.model):
+        raise ApiError(
+            PERMISSION_DENIED, f"This API key may not use the model `{body.model}`.", param="model"
+        )
+    if body.n != 1:
+        raise ApiError(
+            UNSUPPORTED_PARAMETER, "Only n=1 is supported: send one request per choice.", param="n"
+        )
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(
+            INVALID_REQUEST, "stream_options is only allowed with stream=true.", param="stream_options"
+        )
+
+
+async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
+    """Hold the request's worst-case cost and reserve its tokens, or raise the refusal."""
+    if isinstance(body, ChatCompletionRequest):
+        ceiling = chat_ceiling(body.messages)
+        estimate = state.counter.count_chat(body.messages)
+    else:
+        ceiling = text_ceiling(body.prompt_text())
+        estimate = state.counter.count_text(body.prompt_text())
+    max_tokens = body.token_limit() or state.config.default_max_tokens
+    # An exact count cannot be beaten; an estimate can (digits are about a token a byte): reserve the ceiling.
+    prompt = min(estimate, ceiling) if state.counter.exact else ceiling
+    tokens = prompt + max_tokens
+    if key.tpm and tokens > key.tpm:
+        raise ApiError(
+            EXCEEDS_LIMIT,
+            f"This request may need {tokens} tokens ({prompt} for the prompt at most, {max_tokens} for the "
+            f"completion), more than this key's limit of {key.tpm} tokens per minute: it can never be "
+            "served. Lower max_tokens or shorten the prompt.",
+            param="max_tokens",
+        )
+    hold = await state.budget.hold(key, state.prices.worst_case(body.model, prompt, max_tokens))
+    try:
+        decision = await _reserve(state, key, tokens)
+    except BaseException:
+        state.budget.settle(hold, key.key_id, 0.0)
+        raise
+    return Admission(decision, hold, ceiling, min(estimate, ceiling), max_tokens)
+
+
+async def _reserve(state: EdgeState, key: ApiKey, tokens: int) -> Decision:
+    try:
+        decision = await state.limiter.admit(key.key_id, LimitSpec(key.rpm, key.tpm), tokens)
+    except LimiterUnavailable:
+        raise ApiError(
+            UPSTREAM_UNAVAILABLE, "Rate limits cannot be checked right now; retry shortly.", retry_after_s=1
+        ) from None
+    if not decision.allowed:
+        limit = decision.refused_by or "requests"
+        state.metrics.rate_limited.labels(limit).inc()
+        window = decision.requests if limit == "requests" else decision.tokens
+        raise ApiError(
+            RATE_LIMITED,
+            f"Rate limit reached for {limit} per minute: limit {window.limit}, this request needs "
+            f"{1 if limit == 'requests' else tokens}. Retry after {decision.retry_after_s:.1f}s.",
+            retry_after_s=decision.retry_after_s,
+            headers=rate_limit_headers(decision),
+        )
+    return decision

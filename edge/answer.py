@@ -1,0 +1,158 @@
+"""Reading a region's non-streamed answer (or its refusal) without trusting it.
+
+The body is read with a size bound and a deadline, then its shape is checked: a 200 must be a chat or
+completion object with choices; a refusal must be an OpenAI error object with a status worth passing on.
+Anything else becomes an :class:`UpstreamFault`, which the edge answers with a typed 502 or 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Literal
+
+import aiohttp
+import msgspec
+
+from nearshore.protocol.errors import (
+    UPSTREAM_BAD_RESPONSE,
+    UPSTREAM_TIMEOUT,
+    ApiError,
+    ErrorBody,
+    ErrorEnvelope,
+    ErrorKind,
+)
+
+# Region refusals a client may see as they are (its own request was wrong); any other status is the region's
+# problem, not the client's: a 401 from a region would tell the client its API key is bad.
+PASSED_ON = frozenset({400, 404, 413, 415, 422})
+MAX_ERROR_BYTES = 16 * 1024
+# No tokenizer's token spells more than this many bytes (the longest are runs of spaces or symbols).
+MAX_TOKEN_TEXT_BYTES = 256
+
+
+class UpstreamFault(Exception):
+    """The region answered something the edge will not pass on; ``error`` is what the client gets."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+    @classmethod
+    def bad(cls, message: str) -> UpstreamFault:
+        return cls(ApiError(UPSTREAM_BAD_RESPONSE, message))
+
+    @classmethod
+    def timeout(cls, message: str) -> UpstreamFault:
+        return cls(ApiError(UPSTREAM_TIMEOUT, message))
+
+
+async def read_bounded(response: aiohttp.ClientResponse, max_bytes: int, deadline_s: float) -> bytes:
+    """The whole body, or an :class:`UpstreamFault` past ``max_bytes``, ``deadline_s`` or a broken body."""
+    if response.content_length is not None and response.content_length > max_bytes:
+        raise UpstreamFault.bad(f"the region's answer is too large ({response.content_length} bytes)")
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(deadline_s):
+            while data := await response.content.readany():
+                size += len(data)
+                if size > max_bytes:
+                    raise UpstreamFault.bad(f"the region's answer is larger than {max_bytes} bytes")
+                parts.append(data)
+    except TimeoutError:
+        raise UpstreamFault.timeout(f"the region's answer did not finish within {deadline_s:g}s") from None
+    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError) as exc:
+        raise UpstreamFault.bad(f"the region's answer was cut short ({type(exc).__name__})") from None
+    return b"".join(parts)
+
+
+# A Raw field cannot be optional in msgspec: an absent (or null) usage reads as this.
+NO_USAGE = msgspec.Raw(b"null")
+
+
+def usage_bytes(raw: msgspec.Raw) -> bytes | None:
+    data = bytes(raw)
+    return None if data == b"null" else data
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+
+
+class _ChatChoice(msgspec.Struct):
+    message: _Message
+    finish_reason: str | None = None
+
+
+class _TextChoice(msgspec.Struct):
+    text: str
+    finish_reason: str | None = None
+
+
+class _ChatAnswer(msgspec.Struct):
+    choices: list[_ChatChoice]
+    usage: msgspec.Raw = NO_USAGE
+
+
+class _TextAnswer(msgspec.Struct):
+    choices: list[_TextChoice]
+    usage: msgspec.Raw = NO_USAGE
+
+
+_ANSWERS = {
+    "chat": msgspec.json.Decoder(_ChatAnswer),
+    "completions": msgspec.json.Decoder(_TextAnswer),
+}
+_error_decoder = msgspec.json.Decoder(ErrorEnvelope)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    body: bytes
+    usage: bytes | None  # the region's ``usage`` JSON, still to be audited
+
+
+def check_answer(
+    kind: Literal["chat", "completions"],
+    response: aiohttp.ClientResponse,
+    body: bytes,
+    max_text_bytes: int,
+) -> Answer:
+    """The region's 200 answer, checked: JSON, the right object, and no more text than its tokens allow."""
+    if response.content_type != "application/json":
+        raise UpstreamFault.bad(f"the region answered {response.content_type or 'no content type'}, not JSON")
+    try:
+        answer = _ANSWERS[kind].decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise UpstreamFault.bad(f"the region's answer is not a {kind} completion: {exc}") from None
+    if not answer.choices:
+        raise UpstreamFault.bad("the region's answer has no choices")
+    texts = (c.message.content or "" if isinstance(c, _ChatChoice) else c.text for c in answer.choices)
+    if sum(len(t.encode()) for t in texts) > max_text_bytes:
+        raise UpstreamFault.bad("the region's answer holds more text than max_tokens tokens can")
+    return Answer(body, usage_bytes(answer.usage))
+
+
+async def read_refusal(response: aiohttp.ClientResponse) -> tuple[ApiError, bool]:
+    """A region's non-200, non-retryable answer as the error the client gets, and whether it is the
+    region's own refusal of the request (passed on) rather than a 502 for a region that misbehaved."""
+    try:
+        body = await read_bounded(response, MAX_ERROR_BYTES, deadline_s=10)
+    except UpstreamFault as fault:
+        return fault.error, False
+    status = response.status
+    if status not in PASSED_ON:
+        return ApiError(UPSTREAM_BAD_RESPONSE, f"the region refused the request with HTTP {status}"), False
+    try:
+        envelope = _error_decoder.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        message = f"the region answered HTTP {status} without an error object"
+        return ApiError(UPSTREAM_BAD_RESPONSE, message), False
+    return passed_on(envelope.error, status), True
+
+
+def passed_on(error: ErrorBody, status: int) -> ApiError:
+    """The region's error as the edge's own: same status, type, code and param; re-encoded, never raw."""
+    kind = ErrorKind(status, error.type, error.code)
+    return ApiError(kind, error.message, param=error.param)

@@ -1,0 +1,47 @@
+"""What one edge process holds for all its requests: config, keys, limits, budgets, ledger, upstreams."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from edge.billing import PriceTable
+from edge.budget import BudgetBook
+from edge.config import EdgeConfig
+from edge.keys import KeyStore
+from edge.ledger import Ledger
+from edge.limits import RateLimiter
+from edge.metrics import EdgeMetrics
+from edge.token_count import TokenCounter
+from edge.upstream import UpstreamPool
+
+
+@dataclass(eq=False)
+class EdgeState:
+    config: EdgeConfig
+    keys: KeyStore
+    limiter: RateLimiter
+    ledger: Ledger
+    prices: PriceTable
+    counter: TokenCounter
+    pool: UpstreamPool
+    metrics: EdgeMetrics = field(default_factory=EdgeMetrics)
+    budget: BudgetBook = field(init=False)
+    background: set[asyncio.Task] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.budget = BudgetBook(self.ledger.spent_usd)
+
+    def in_background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
+        """Run ``coro`` to its end even if the request that started it is cancelled; awaited at shutdown."""
+        task = asyncio.create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
+
+
+EDGE = web.AppKey("edge", EdgeState)
