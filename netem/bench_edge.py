@@ -264,6 +264,7 @@ def _start_edge(logs: Path, name: str, region_url: str, tls: bool) -> Target:
         f'name = "{name}"\nkeys_db = "{keys_db}"\nledger_db = "{folder / "ledger.sqlite3"}"\n'
         f"[server]\nport = {port}\n"
         f'[tls]\nenabled = {"true" if tls else "false"}\ndev_cert_dir = "{folder / "tls"}"\n'
+        "[metrics]\nport = 0\n"
         f'[[regions]]\nname = "pacer"\nurl = "{region_url}"\n'
     )
     process = ManagedProcess(name, nearshore_argv("edge", "--config", str(config)), logs / f"{name}.log")

@@ -54,6 +54,7 @@ class RunningTopology:
     control_url: str  # the links' control API
     regions: list[RegionEndpoints] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
+    metrics_url: str = ""  # the edge's operator listener: /metrics and /health (loopback, plain HTTP)
 
     def save(self) -> Path:
         path = Path(self.run_dir) / "state.json"
@@ -188,6 +189,7 @@ class Launcher:
         api_key, _ = store.create(tenant="lagos-user", tier="demo", rpm=10_000, tpm=10_000_000)
         store.close()
         edge_config = self.run_dir / "edge.toml"
+        metrics_port = free_port()
         regions_toml = "".join(
             f'[[regions]]\nname = "{e.name}"\nurl = "{e.via_edge_link}"\n' for e in endpoints
         )
@@ -196,7 +198,7 @@ class Launcher:
             f'ledger_db = "{self.run_dir / "ledger.sqlite3"}"\n'
             f'[server]\nhost = "{HOST}"\nport = {edge_port}\n[tls]\ndev_cert_dir = "{self.run_dir / "tls"}"\n'
             f'[upstream]\nca = "{ca}"\nclient_cert = "{edge_cert}"\nclient_key = "{edge_key}"\n'
-            f"health_interval_s = 2\n" + regions_toml
+            f"health_interval_s = 2\n[metrics]\nport = {metrics_port}\n" + regions_toml
         )
         self.progress("[3/4] edge: TLS, keys, limits, warm pools to every region ...")
         edge = self._spawn("edge", nearshore_argv("edge", "--config", str(edge_config)))
@@ -220,6 +222,7 @@ class Launcher:
             control_url=control_url,
             regions=endpoints,
             pids=[p.proc.pid for p in self.processes if p.proc is not None],
+            metrics_url=f"http://{HOST}:{metrics_port}",
         )
         running.save()
         self.progress(f"[4/4] up in {time.monotonic() - started:.1f}s; logs in {self.run_dir / 'logs'}")
