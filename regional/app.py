@@ -159,17 +159,24 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """Liveness: always 200 while the process serves; says whether the model is in memory."""
+    """Liveness: 200 while the process serves; says whether the model is in memory. 503 once the engine
+    has failed for good (the process is about to exit), with the reason."""
     stats = request.app[SERVICE].engine.stats()
     payload = {"status": "ok", "model": stats.state, "running": stats.running, "waiting": stats.waiting}
-    return web.json_response(payload)
+    if stats.failure:
+        payload.update(status="failed", reason=stats.failure)
+    return web.json_response(payload, status=503 if stats.failure else 200)
 
 
 async def readiness(request: web.Request) -> web.Response:
-    """Readiness: 200 once requests can be served without waiting for a load, else 503."""
-    state = request.app[SERVICE].engine.stats().state
-    ready = state in ("ready", "unloaded")  # an idle-unloaded model reloads on demand
-    return web.json_response({"ready": ready, "model": state}, status=200 if ready else 503)
+    """Readiness: 200 once requests can be served without waiting for a load, else 503 (with the reason
+    when the engine has failed)."""
+    stats = request.app[SERVICE].engine.stats()
+    ready = stats.state in ("ready", "unloaded")  # an idle-unloaded model reloads on demand
+    payload: dict[str, object] = {"ready": ready, "model": stats.state}
+    if stats.failure:
+        payload["reason"] = stats.failure
+    return web.json_response(payload, status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -57,6 +57,11 @@ class EngineConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     load: Literal["eager", "lazy"] = "eager"
     # Unload the model after this many idle seconds (0: never); it reloads on the next request.
     idle_unload_s: Annotated[float, Meta(ge=0)] = 0.0
+    # A failed step fails its batch; this many failed steps in a row and the engine gives up for good:
+    # every request gets 503, /health/ready says why, and the process exits non-zero (its supervisor
+    # restarts it) after failed_exit_delay_s, so that probes and edges see the reason first.
+    max_failed_steps: Positive = 3
+    failed_exit_delay_s: Annotated[float, Meta(ge=0)] = 2.0
 
 
 class SafetyConfig(Struct, forbid_unknown_fields=True, kw_only=True):

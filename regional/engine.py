@@ -6,7 +6,7 @@ knows nothing about which one runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -14,8 +14,9 @@ import msgspec
 
 EngineState = Literal["loading", "ready", "unloaded", "failed"]
 # "stop": the model emitted an end-of-generation token; "length": max_tokens reached;
-# "abort": the request was aborted; "error": the engine failed this request.
-EngineFinish = Literal["stop", "length", "abort", "error"]
+# "abort": the request was aborted; "error": the engine failed this request; "failed": the engine failed
+# for good (generate() raises EngineFailed on it).
+EngineFinish = Literal["stop", "length", "abort", "error", "failed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ class EngineStats(msgspec.Struct):
     prefix_cache_hits: int
     steps: int
     model_load_s: float
+    failure: str = ""  # why the engine state is "failed"
 
 
 class EngineOverloaded(Exception):
@@ -81,9 +83,22 @@ class EngineOverloaded(Exception):
         self.retry_after_s = retry_after_s
 
 
+class EngineFailed(Exception):
+    """The engine cannot go on (its worker died, or its steps kept failing); the process should exit."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# Told once, on the event loop, when the engine fails for good; the node exits so its supervisor restarts it.
+FatalHandler = Callable[[str], None]
+
+
 class Engine(Protocol):
     model_name: str
     context_window: int
+    on_fatal: FatalHandler | None
 
     @property
     def state(self) -> EngineState: ...
@@ -93,7 +108,8 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
     async def ready(self) -> None:
-        """Return once the model is in memory, loading it first if it is not."""
+        """Return once the model is in memory, loading it first if it is not; raises
+        :class:`EngineFailed` once the engine has failed for good."""
         ...
 
     async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]: ...
@@ -109,7 +125,8 @@ class Engine(Protocol):
         ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        """Stream the request's tokens; raises :class:`EngineOverloaded` before the first event."""
+        """Stream the request's tokens; raises :class:`EngineOverloaded` before the first event, and
+        :class:`EngineFailed` (at any point) once the engine has failed for good."""
         ...
 
     def abort(self, request_id: str) -> None: ...

@@ -18,13 +18,15 @@ from collections.abc import AsyncIterator
 
 from regional.config import EngineConfig
 from regional.engine import (
+    EngineFailed,
     EngineOverloaded,
     EngineState,
     EngineStats,
+    FatalHandler,
     GenerationRequest,
     TokenEvent,
 )
-from regional.llama_model import ContextSettings, KvCacheFull, LlamaError, LlamaModel
+from regional.llama_model import ContextSettings, KvCacheFull, LlamaModel
 from regional.sampler import TokenSampler
 from regional.scheduler import Scheduler, Sequence
 
@@ -45,6 +47,10 @@ class LlamaCppEngine:
             n_threads=threads,
         )
         self._state: EngineState = "unloaded"
+        # Set once, when the engine gives up for good: it never reloads after that, the process exits.
+        self._failure: str | None = None
+        self.on_fatal: FatalHandler | None = None
+        self._failed_steps = 0  # consecutive
         self._model: LlamaModel | None = None
         self._lifecycle = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -72,6 +78,11 @@ class LlamaCppEngine:
 
     @property
     def state(self) -> EngineState:
+        thread = self._thread
+        if self._state == "ready" and thread is not None and not thread.is_alive() and not self._stopping:
+            self._fail_engine(
+                "the engine's worker thread is gone"
+            )  # cannot happen; never go silent if it does
         return self._state
 
     async def start(self) -> None:
@@ -96,6 +107,8 @@ class LlamaCppEngine:
         if self._state == "ready":
             return
         async with self._lifecycle:
+            if self._failure is not None:
+                raise EngineFailed(self._failure)
             if self._state == "ready":
                 return
             self._state = "loading"
@@ -179,6 +192,8 @@ class LlamaCppEngine:
             events=asyncio.Queue(),
         )
         with self._cv:
+            if self._failure is not None:
+                raise EngineFailed(self._failure)
             if self._queued_beyond_free_slots() >= self.config.max_waiting:
                 raise EngineOverloaded(self._retry_after_s())
             self._by_id[request.request_id] = seq
@@ -191,6 +206,8 @@ class LlamaCppEngine:
             while not finished:
                 event = await seq.events.get()
                 finished = event.finish_reason is not None
+                if event.finish_reason == "failed":
+                    raise EngineFailed(event.error or "the engine failed")
                 yield event
         finally:
             if not finished:
@@ -213,10 +230,11 @@ class LlamaCppEngine:
         return max(1.0, len(self._scheduler.waiting) / max(1, self.config.max_sequences))
 
     def stats(self) -> EngineStats:
+        state = self.state
         with self._cv:
             sched = self._scheduler
             return EngineStats(
-                state=self._state,
+                state=state,
                 running=len(sched.running),
                 waiting=len(sched.waiting) + len(self._inbox),
                 kv_tokens_used=sched.kv_tokens_used(),
@@ -225,30 +243,52 @@ class LlamaCppEngine:
                 prefix_cache_hits=self._prefix_hits,
                 steps=self._steps,
                 model_load_s=self.model_load_s,
+                failure=self._failure or "",
             )
 
     # --- the worker thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._step_until_stopped()
+        except BaseException as exc:  # the worker must never die silently: the engine fails, loudly
+            log.critical("the engine's worker died; failing every request", exc_info=True)
+            self._fail_engine(f"the engine's worker died: {exc!r}")
+            return
+        if self._failure is None:  # stopped: wake anyone still waiting, the engine is going away
+            self._deliver(self._take_everyone(TokenEvent(finish_reason="error", error="engine stopped")))
+
+    def _step_until_stopped(self) -> None:
         sched = self._scheduler
         while True:
             with self._cv:
                 while not self._stopping and not self._inbox and not self._aborts and not sched.has_work:
                     self._cv.wait()
                 if self._stopping:
-                    break
+                    return
                 events = self._take_inbox_and_aborts()
-            now = time.perf_counter()
-            admitted = sched.admit(now)
-            self._apply_memory_changes(admitted)
-            if sched.running:
-                events += self._step()
+            try:
+                events += self._admit_and_step()
+            except Exception as exc:
+                # What failed mid-step leaves the KV memory unknown: the batch fails, as a unit.
+                self._failed_steps += 1
+                log.error(
+                    "engine step failed (%d in a row), failing %d sequences",
+                    self._failed_steps,
+                    len(sched.running),
+                    exc_info=True,
+                )
+                events += self._fail_running(f"the engine step failed: {exc}")
+                if self._failed_steps >= self.config.max_failed_steps:
+                    self._fail_engine(f"{self._failed_steps} engine steps failed in a row: {exc}", events)
+                    return
             self._deliver(events)
-        # Wake anyone still waiting: the engine is going away.
-        with self._cv:
-            leftover = list(self._inbox) + list(sched.waiting) + list(sched.running)
-            self._inbox.clear()
-        self._deliver([(seq, TokenEvent(finish_reason="error", error="engine stopped")) for seq in leftover])
+
+    def _admit_and_step(self) -> list[tuple[Sequence, TokenEvent]]:
+        sched = self._scheduler
+        admitted = sched.admit(time.perf_counter())
+        self._apply_memory_changes(admitted)
+        return self._step() if sched.running else []
 
     def _take_inbox_and_aborts(self) -> list[tuple[Sequence, TokenEvent]]:
         sched = self._scheduler
@@ -284,23 +324,26 @@ class LlamaCppEngine:
         assert model is not None
         plan = sched.plan_step()
         try:
-            try:
-                model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
-            except KvCacheFull:
-                # Idle prefix caches may hold the cells (or split the free ones): drop them and retry once.
-                for slot in sched.drop_idle_caches():
-                    model.forget(slot, 0)
-                model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
-        except LlamaError as exc:
-            log.error("decode step failed, failing %d sequences: %s", len(sched.running), exc)
-            return self._fail_all(str(exc))
+            model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
+        except KvCacheFull:
+            # Idle prefix caches may hold the cells (or split the free ones): drop them and retry once.
+            for slot in sched.drop_idle_caches():
+                model.forget(slot, 0)
+            model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
         self._steps += 1
+        self._failed_steps = 0
         now = time.perf_counter()
         for seq, n in plan.advances:
             seq.num_computed += n
         events = []
         for seq, index in plan.samples:
-            token = seq.sampler.sample(model.logits(index))
+            try:
+                token = seq.sampler.sample(model.logits(index))
+            except Exception as exc:  # this sequence's sampling alone: the others' tokens stand
+                log.error("sampling failed for request %s", seq.request_id, exc_info=True)
+                self._retire(seq, now)
+                events.append((seq, TokenEvent(finish_reason="error", error=f"sampling failed: {exc}")))
+                continue
             seq.output.append(token)
             events.append((seq, self._token_event(seq, token, now)))
         return events
@@ -333,7 +376,7 @@ class LlamaCppEngine:
             self._aborts.discard(seq.request_id)
             self._last_active = time.monotonic()
 
-    def _fail_all(self, message: str) -> list[tuple[Sequence, TokenEvent]]:
+    def _fail_running(self, message: str) -> list[tuple[Sequence, TokenEvent]]:
         sched = self._scheduler
         failed = list(sched.running)
         now = time.perf_counter()
@@ -343,6 +386,42 @@ class LlamaCppEngine:
         assert self._model is not None
         self._model.clear()
         return [(seq, TokenEvent(finish_reason="error", error=message)) for seq in failed]
+
+    def _take_everyone(self, event: TokenEvent) -> list[tuple[Sequence, TokenEvent]]:
+        """Every sequence the engine holds (new, waiting, running) with ``event``; none is left behind."""
+        sched = self._scheduler
+        with self._cv:
+            # _by_id also holds a sequence caught between the inbox and the scheduler when the worker died.
+            held = [*self._by_id.values(), *self._inbox, *sched.waiting, *sched.running]
+            everyone = list({id(seq): seq for seq in held}.values())
+            self._inbox.clear()
+            sched.waiting.clear()
+            sched.running.clear()
+            self._by_id.clear()
+            self._aborts.clear()
+        return [(seq, event) for seq in everyone]
+
+    def _fail_engine(self, reason: str, pending: list[tuple[Sequence, TokenEvent]] | None = None) -> None:
+        """Give up for good: every request, now and later, gets ``reason``; the node is told to exit.
+
+        ``pending`` holds the last step's events: the requests that step failed get the engine's failure too.
+        """
+        with self._cv:
+            if self._failure is not None:
+                return
+            self._failure = reason
+            self._state = "failed"
+        failed = TokenEvent(finish_reason="failed", error=reason)
+        last_step = [(seq, failed if e.finish_reason == "error" else e) for seq, e in pending or []]
+        self._deliver(last_step + self._take_everyone(failed))
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed under us at shutdown
+                self._loop.call_soon_threadsafe(self._report_fatal, reason)
+
+    def _report_fatal(self, reason: str) -> None:
+        log.critical("engine failed: %s", reason)
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
     def _deliver(self, events: list[tuple[Sequence, TokenEvent]]) -> None:
         if events and self._loop is not None:

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from nearshore.httpkit import install_uvloop, serve
 from nearshore.tls import server_context
-from regional.app import create_app
+from regional.app import SERVICE, create_app
 from regional.config import RegionConfig
 from regional.llama_engine import LlamaCppEngine
 from regional.model_store import resolve_model_path
@@ -94,4 +94,44 @@ def run_region(app: web.Application, config: RegionConfig, port: int | None = No
     # Bodies are inflated by read_json, within max_body_bytes, so that a bad or unknown Content-Encoding
     # is an OpenAI-shaped error instead of aiohttp's plain-text 400 and a logged traceback.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
-    asyncio.run(serve(app, host, bound_port, on_ready=announce, ssl_context=ssl_context, runner=runner))
+    exit_on_failure = ExitOnEngineFailure(config.engine.failed_exit_delay_s)
+    app[SERVICE].engine.on_fatal = exit_on_failure
+    asyncio.run(
+        serve(
+            app,
+            host,
+            bound_port,
+            on_ready=announce,
+            ssl_context=ssl_context,
+            runner=runner,
+            stop=exit_on_failure.stop,
+        )
+    )
+    if exit_on_failure.reason is not None:
+        log.critical(
+            "region %s exits with status %d: %s", config.name, EXIT_ENGINE_FAILED, exit_on_failure.reason
+        )
+        raise SystemExit(EXIT_ENGINE_FAILED)
+
+
+# EX_SOFTWARE: the node cannot serve any more; its supervisor should start it again.
+EXIT_ENGINE_FAILED = 70
+
+
+class ExitOnEngineFailure:
+    """The engine's fatal handler: stop serving ``delay_s`` after the engine fails for good.
+
+    Until then every request already gets 503 and /health/ready says why, so that probes and edges learn
+    the reason before the process goes away.
+    """
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.stop = asyncio.Event()
+        self.reason: str | None = None
+
+    def __call__(self, reason: str) -> None:  # on the event loop
+        if self.reason is None:
+            self.reason = reason
+            log.critical("engine failed: %s; exiting in %.1fs", reason, self.delay_s)
+            asyncio.get_running_loop().call_later(self.delay_s, self.stop.set)

@@ -12,6 +12,17 @@ import numpy as np
 
 from regional.engine import SamplingParams
 
+SEED_SPACE = 1 << 64
+
+
+def numpy_seed(seed: int) -> int:
+    """Any integer is a valid seed: numpy wants one in [0, 2**64), so seeds are taken modulo 2**64.
+
+    The same seed always gives the same draws; seeds that differ by a multiple of 2**64 are the same seed
+    (-1 draws what 2**64 - 1 draws), so int64 seeds are all distinct, as are uint64 seeds.
+    """
+    return seed % SEED_SPACE
+
 
 class TokenSampler:
     """Per-sequence sampling state: its random generator and the counts of tokens it produced."""
@@ -29,7 +40,7 @@ class TokenSampler:
         # (milliseconds here), which would sit in every request's queue time.
         if self._rng is None:
             seed = self.params.seed if self.params.seed is not None else random.getrandbits(64)
-            self._rng = np.random.default_rng(seed)
+            self._rng = np.random.default_rng(numpy_seed(seed))
         return self._rng
 
     def sample(self, logits: np.ndarray) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from nearshore.protocol.errors import (
     CONTEXT_LENGTH_EXCEEDED,
+    ENGINE_FAILED,
     INTERNAL,
     MODEL_NOT_FOUND,
     OVERLOADED,
@@ -23,7 +24,7 @@ from nearshore.protocol.errors import (
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, FinishReason, Usage
 from regional.chat_template import ChatFormatter, ChatTemplateError
 from regional.config import RegionConfig
-from regional.engine import Engine, EngineOverloaded, GenerationRequest, SamplingParams
+from regional.engine import Engine, EngineFailed, EngineOverloaded, GenerationRequest, SamplingParams
 from regional.metrics import RegionMetrics
 from regional.output_gate import OutputGate
 from regional.safety import SafetyFilter
@@ -94,7 +95,7 @@ class RegionService:
 
     async def prepare_chat(self, body: ChatCompletionRequest, request_id: str, timings: Timings) -> Prepared:
         self._check_common(body.model, body.n)
-        await self.engine.ready()  # the template comes from the model file
+        await self._ready()  # the template comes from the model file
         try:
             prompt = self.formatter().render(body.messages)
         except ChatTemplateError as exc:
@@ -106,6 +107,7 @@ class RegionService:
         self, body: CompletionRequest, request_id: str, timings: Timings
     ) -> Prepared:
         self._check_common(body.model, body.n)
+        await self._ready()
         text = body.prompt_text()
         tokens = await self._tokenize(text, timings)
         prepared = self._prepared(request_id, body.model, tokens, body.token_limit(), body, "prompt")
@@ -118,6 +120,12 @@ class RegionService:
             raise ApiError(
                 UNSUPPORTED_PARAMETER, "Only n=1 is supported: send one request per choice.", param="n"
             )
+
+    async def _ready(self) -> None:
+        try:
+            await self.engine.ready()
+        except EngineFailed as exc:
+            raise engine_failed(exc) from None
 
     async def _tokenize(self, text: str, timings: Timings) -> list[int]:
         started = time.perf_counter()
@@ -166,6 +174,14 @@ class RegionService:
 
     def run(self, prepared: Prepared, timings: Timings) -> Generation:
         return Generation(self, prepared, timings)
+
+
+def engine_failed(exc: EngineFailed) -> ApiError:
+    return ApiError(
+        ENGINE_FAILED,
+        f"This node's engine failed ({exc.reason}); the node is restarting. Retry on another node.",
+        retry_after_s=5,
+    )
 
 
 class Generation:
@@ -222,6 +238,9 @@ class Generation:
             raise ApiError(
                 OVERLOADED, "The node's queue is full; retry shortly.", retry_after_s=exc.retry_after_s
             ) from None
+        except EngineFailed as exc:
+            m.request_errors.labels("503").inc()
+            raise engine_failed(exc) from None
         finally:
             t.finished_at = time.perf_counter()
             self._record(model)

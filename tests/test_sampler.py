@@ -65,3 +65,15 @@ def test_seed_makes_draws_repeatable_and_distribution_is_right():
     assert draws_a == draws_b and a[0] == draws_a[0]
     share = draws_a.count(1) / len(draws_a)
     assert abs(share - np.e / (np.e + 1)) < 0.04  # softmax(1, 0)
+
+
+def test_any_integer_is_a_seed_taken_modulo_2_64():
+    logits = row({1: 1.0, 2: 0.9, 3: 0.8, 4: 0.7})
+
+    def draws(seed: int) -> list[int]:
+        sampler = TokenSampler(SamplingParams(temperature=1.0, seed=seed))
+        return [sampler.sample(logits) for _ in range(64)]
+
+    assert draws(-1) == draws(-1) == draws(2**64 - 1)  # the documented rule: seed mod 2**64
+    assert draws(-(2**63)) == draws(2**63) and draws(2**70 + 5) == draws(5)
+    assert draws(-1) != draws(1)
