@@ -20,7 +20,8 @@ import math
 from collections.abc import Sequence
 from typing import Protocol
 
-from nearshore.protocol.chat_format import gemma_turns
+from nearshore.protocol.chat_format import gemma_segments
+from nearshore.protocol.prompt_segments import text_pieces
 from nearshore.protocol.schemas import ChatMessage
 
 BYTES_PER_TOKEN = 3
@@ -84,16 +85,26 @@ class GgufCounter:
         if not self._model:
             raise ValueError(f"cannot load the vocabulary of {path}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
+        self._bos = 1 if llama_cpp.llama_vocab_get_add_bos(self._vocab) else 0
+
+    # Counted as the region tokenizes (regional/prompt_tokens.py): BOS once, message content as plain text,
+    # the turn markers and a completions prompt with control tokens, long texts in the same pieces.
 
     def count_chat(self, messages: Sequence[ChatMessage]) -> int:
-        return self.count_text(gemma_turns(messages))
+        return self._bos + sum(self._count(s.text, s.special) for s in gemma_segments(messages))
 
     def count_text(self, text: str) -> int:
-        data = text.encode()
+        return self._bos + self._count(text, True)
+
+    def _count(self, text: str, parse_special: bool) -> int:
         # With n_tokens_max = 0, llama_tokenize returns minus the number of tokens it would write.
         buf = (self._llama.llama_token * 1)()
-        n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, 0, True, True)
-        return -n if n < 0 else n
+        total = 0
+        for piece in text_pieces(text):
+            data = piece.encode()
+            n = self._llama.llama_tokenize(self._vocab, data, len(data), buf, 0, False, parse_special)
+            total += -n if n < 0 else n
+        return total
 
 
 def make_counter(gguf: str) -> TokenCounter:

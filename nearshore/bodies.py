@@ -33,11 +33,15 @@ DECODED = ("gzip", "x-gzip", "deflate")
 async def read_body(request: web.Request) -> bytes:
     """The request's body, decoded, at most ``request.client_max_size`` bytes."""
     encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
-    inflated_by_aiohttp = request.content.total_compressed_bytes is not None
+    # An empty body comes as aiohttp's EmptyStreamReader, which has no such counter.
+    inflated_by_aiohttp = getattr(request.content, "total_compressed_bytes", None) is not None
     if encoding in IDENTITY or inflated_by_aiohttp:
         try:
             return await request.read()  # raises 413 past client_max_size
         except (ContentEncodingError, RequestPayloadError) as exc:
+            # Mark the broken body read to its end, or aiohttp drains it after our 400 and logs the same
+            # error again as an unhandled exception with a traceback.
+            request.content.feed_eof()
             raise _unreadable(exc, encoding) from None
     if encoding not in DECODED:
         raise ApiError(

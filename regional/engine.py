@@ -6,11 +6,13 @@ knows nothing about which one runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import msgspec
+
+from nearshore.protocol.prompt_segments import Segment
 
 EngineState = Literal["loading", "ready", "unloaded", "failed"]
 # "stop": the model emitted an end-of-generation token; "length": max_tokens reached;
@@ -83,6 +85,14 @@ class EngineOverloaded(Exception):
         self.retry_after_s = retry_after_s
 
 
+class PromptTooLong(Exception):
+    """The prompt has more tokens than allowed; counting stopped once that was certain."""
+
+    def __init__(self, at_least_tokens: int) -> None:
+        super().__init__(f"the prompt has at least {at_least_tokens} tokens")
+        self.at_least_tokens = at_least_tokens
+
+
 class EngineFailed(Exception):
     """The engine cannot go on (its worker died, or its steps kept failing); the process should exit."""
 
@@ -113,6 +123,12 @@ class Engine(Protocol):
         ...
 
     async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]: ...
+
+    async def tokenize_prompt(self, segments: Sequence[Segment], limit_tokens: int) -> list[int]:
+        """BOS, then the segments' tokens (content as plain text, special segments with control tokens),
+        off the event loop; raises :class:`PromptTooLong` as soon as the prompt is sure to exceed
+        ``limit_tokens``, before tokenizing at all when its length in bytes says so."""
+        ...
 
     def detokenize(self, tokens: list[int]) -> str: ...
 

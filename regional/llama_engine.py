@@ -13,9 +13,10 @@ import logging
 import os
 import threading
 import time
-from collections import deque
+from collections import abc, deque
 from collections.abc import AsyncIterator
 
+from nearshore.protocol.prompt_segments import Segment
 from regional.config import EngineConfig
 from regional.engine import (
     EngineFailed,
@@ -27,6 +28,7 @@ from regional.engine import (
     TokenEvent,
 )
 from regional.llama_model import ContextSettings, KvCacheFull, LlamaModel
+from regional.prompt_tokens import PromptTokenizer
 from regional.sampler import TokenSampler
 from regional.scheduler import Scheduler, Sequence
 
@@ -52,6 +54,7 @@ class LlamaCppEngine:
         self.on_fatal: FatalHandler | None = None
         self._failed_steps = 0  # consecutive
         self._model: LlamaModel | None = None
+        self._prompts: PromptTokenizer | None = None
         self._lifecycle = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -114,7 +117,7 @@ class LlamaCppEngine:
             self._state = "loading"
             started = time.perf_counter()
             try:
-                self._model = await asyncio.to_thread(self._load_model)
+                self._model, self._prompts = await asyncio.to_thread(self._load_model)
             except Exception as exc:
                 self._state = "failed"
                 self._load_error = str(exc)
@@ -129,7 +132,7 @@ class LlamaCppEngine:
             self._last_active = time.monotonic()
             self._state = "ready"
 
-    def _load_model(self) -> LlamaModel:
+    def _load_model(self) -> tuple[LlamaModel, PromptTokenizer]:
         shown = [-1]
 
         def progress(fraction: float) -> None:
@@ -138,7 +141,8 @@ class LlamaCppEngine:
                 shown[0] = tenth
                 log.info("loading %s: %d%%", os.path.basename(self.model_path), tenth * 10)
 
-        return LlamaModel(self.model_path, self._settings, progress)
+        model = LlamaModel(self.model_path, self._settings, progress)
+        return model, PromptTokenizer(model)
 
     async def _unload_when_idle(self) -> None:
         while True:
@@ -162,6 +166,7 @@ class LlamaCppEngine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._prompts = None
         if self._model is not None:
             self._model.close()
             self._model = None
@@ -172,6 +177,12 @@ class LlamaCppEngine:
         await self.ready()
         assert self._model is not None
         return await asyncio.to_thread(self._model.tokenize, text, add_special)
+
+    async def tokenize_prompt(self, segments: abc.Sequence[Segment], limit_tokens: int) -> list[int]:
+        await self.ready()
+        assert self._prompts is not None
+        self._last_active = time.monotonic()  # the idle unloader leaves a model that is in use
+        return await asyncio.to_thread(self._prompts.tokenize, segments, limit_tokens)
 
     def detokenize(self, tokens: list[int]) -> str:
         assert self._model is not None

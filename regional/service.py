@@ -21,10 +21,18 @@ from nearshore.protocol.errors import (
     UNSUPPORTED_PARAMETER,
     ApiError,
 )
+from nearshore.protocol.prompt_segments import Segment
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, FinishReason, Usage
 from regional.chat_template import ChatFormatter, ChatTemplateError
 from regional.config import RegionConfig
-from regional.engine import Engine, EngineFailed, EngineOverloaded, GenerationRequest, SamplingParams
+from regional.engine import (
+    Engine,
+    EngineFailed,
+    EngineOverloaded,
+    GenerationRequest,
+    PromptTooLong,
+    SamplingParams,
+)
 from regional.metrics import RegionMetrics
 from regional.output_gate import OutputGate
 from regional.safety import SafetyFilter
@@ -97,10 +105,10 @@ class RegionService:
         self._check_common(body.model, body.n)
         await self._ready()  # the template comes from the model file
         try:
-            prompt = self.formatter().render(body.messages)
+            segments = self.formatter().segments(body.messages)
         except ChatTemplateError as exc:
             raise ApiError(UNSUPPORTED_PARAMETER, str(exc), param="messages") from None
-        tokens = await self._tokenize(prompt, timings)
+        tokens = await self._tokenize(segments, timings, "messages")
         return self._prepared(request_id, body.model, tokens, body.token_limit(), body, "messages")
 
     async def prepare_completion(
@@ -109,7 +117,9 @@ class RegionService:
         self._check_common(body.model, body.n)
         await self._ready()
         text = body.prompt_text()
-        tokens = await self._tokenize(text, timings)
+        # The caller owns the whole prompt (no roles to forge), so its control tokens are parsed: prompts
+        # pre-rendered in the turn format keep their meaning. The cost is bounded as for chats.
+        tokens = await self._tokenize([Segment(text, special=True)], timings, "prompt")
         prepared = self._prepared(request_id, body.model, tokens, body.token_limit(), body, "prompt")
         prepared.prompt_text = text if body.echo else ""
         return prepared
@@ -127,10 +137,23 @@ class RegionService:
         except EngineFailed as exc:
             raise engine_failed(exc) from None
 
-    async def _tokenize(self, text: str, timings: Timings) -> list[int]:
+    async def _tokenize(self, segments: list[Segment], timings: Timings, prompt_param: str) -> list[int]:
+        """The prompt's tokens, counted no further than the context window."""
+        window = self.engine.context_window
         started = time.perf_counter()
-        tokens = await self.engine.tokenize(text)
-        timings.tokenize_s = time.perf_counter() - started
+        try:
+            tokens = await self.engine.tokenize_prompt(segments, window)
+        except PromptTooLong as exc:
+            raise ApiError(
+                CONTEXT_LENGTH_EXCEEDED,
+                f"This model's maximum context length is {window} tokens. However, your prompt is at least "
+                f"{exc.at_least_tokens} tokens, leaving no room for a completion. Please shorten the prompt.",
+                param=prompt_param,
+            ) from None
+        except EngineFailed as exc:
+            raise engine_failed(exc) from None
+        finally:
+            timings.tokenize_s = time.perf_counter() - started
         return tokens
 
     def _prepared(

@@ -90,11 +90,13 @@ async def test_edge_answers_a_bad_encoding_with_a_400(tmp_path):
         body = json.dumps(GOOD).encode()
         async with aiohttp.ClientSession(auto_decompress=False) as s:
             await _until_key_is_known(s, edge.url, headers, edge.ssl_context())
-            for encoding, data, status in [
-                ("gzip", body, 400),
-                ("deflate", body, 400),
-                ("gzip", gzip.compress(body)[:20], 400),
-                ("gzip", gzip.compress(body), 200),
+            # aiohttp's own inflater (the edge's runner uses it) does not report a stream cut short: what
+            # it inflated is then not JSON. Still a 400; the region, which inflates itself, says why.
+            for encoding, data, status, code in [
+                ("gzip", body, 400, "invalid_content_encoding"),
+                ("deflate", body, 400, "invalid_content_encoding"),
+                ("gzip", gzip.compress(body)[:20], 400, "invalid_json"),
+                ("gzip", gzip.compress(body), 200, None),
             ]:
                 async with s.post(
                     edge.url + "/v1/chat/completions",
@@ -104,8 +106,9 @@ async def test_edge_answers_a_bad_encoding_with_a_400(tmp_path):
                 ) as r:
                     payload = await r.json(content_type=None)
                 assert r.status == status, (encoding, payload)
-                if status == 400:
-                    assert payload["error"]["code"] == "invalid_content_encoding"
+                if code:
+                    assert payload["error"]["code"] == code, (encoding, data[:20])
+        assert "Traceback" not in edge.process.log_tail(200)
     finally:
         edge.stop()
 

@@ -1,21 +1,25 @@
 """The Gemma turn format: how chat messages become one prompt for models without a template of their own.
 
-Shared by the regional node (which renders prompts) and the edge (which counts their tokens).
+Shared by the regional node (which tokenizes prompts) and the edge (which counts their tokens). Only the
+turn markers are control tokens; what the messages say is plain text (see ``prompt_segments``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from nearshore.protocol.prompt_segments import Segment, joined, merged
 from nearshore.protocol.schemas import ChatMessage
 
 # Gemma has no system role: system (and developer) text opens the first user turn.
 _GEMMA_ROLE = {"user": "user", "assistant": "model"}
+START_OF_TURN = "<start_of_turn>"
+END_OF_TURN = "<end_of_turn>"
 
 
-def gemma_turns(messages: Sequence[ChatMessage]) -> str:
+def gemma_segments(messages: Sequence[ChatMessage]) -> list[Segment]:
     system = "\n\n".join(m.text() for m in messages if m.role in ("system", "developer"))
-    parts: list[str] = []
+    parts: list[Segment] = []
     for message in messages:
         role = _GEMMA_ROLE.get(message.role)
         if role is None:
@@ -23,8 +27,25 @@ def gemma_turns(messages: Sequence[ChatMessage]) -> str:
         text = message.text()
         if system and role == "user":
             text, system = f"{system}\n\n{text}", ""
-        parts.append(f"<start_of_turn>{role}\n{text}<end_of_turn>\n")
+        parts += _turn(role, text)
     if system:  # only system messages: they become the user's turn
-        parts.append(f"<start_of_turn>user\n{system}<end_of_turn>\n")
-    parts.append("<start_of_turn>model\n")
-    return "".join(parts)
+        parts += _turn("user", system)
+    parts += [Segment(START_OF_TURN, True), Segment("model\n", False)]
+    # The role names and newlines hold no control token: as plain text they join the content beside them,
+    # so a prompt without control text in it tokenizes exactly as the joined string does.
+    return merged(parts)
+
+
+def _turn(role: str, text: str) -> list[Segment]:
+    return [
+        Segment(START_OF_TURN, True),
+        Segment(f"{role}\n", False),
+        Segment(text, False),
+        Segment(END_OF_TURN, True),
+        Segment("\n", False),
+    ]
+
+
+def gemma_turns(messages: Sequence[ChatMessage]) -> str:
+    """The prompt as one string, for callers that show or send it whole (benchmarks)."""
+    return joined(gemma_segments(messages))

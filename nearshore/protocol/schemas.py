@@ -72,8 +72,12 @@ class _SamplingFields(Struct, forbid_unknown_fields=True, kw_only=True):
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
 
+# OpenAI's API caps a request at 2048 messages; the cap also bounds the work of rendering and tokenizing.
+MAX_MESSAGES = 2048
+
+
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
-    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: MaxTokens | None = None
 
     def token_limit(self) -> int | None:
