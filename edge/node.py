@@ -161,6 +161,8 @@ def run_edge(app: web.Application, config: EdgeConfig, port: int | None = None) 
         settings=settings,
         handler_cancellation=True,
         access_log=None,
+        # Bodies are inflated by nearshore.bodies, bounded, with OpenAI-shaped errors for every encoding.
+        auto_decompress=False,
         keepalive_timeout=server.keepalive_timeout_s,
         shutdown_timeout=server.shutdown_timeout_s,
     )

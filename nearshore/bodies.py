@@ -4,9 +4,9 @@ A body whose bytes are not the encoding it names is the client's error (400, nev
 an encoding we do not decode is 415; a body that inflates past the limit is 413, found while inflating it
 in pieces of at most the limit, so a small "bomb" never costs its inflated size in memory.
 
-Two server set-ups reach here. A runner built with ``auto_decompress=False`` (the region's) hands us the
-raw bytes and we inflate them. aiohttp's default runner inflates gzip and deflate itself (bounded per read
-since aiohttp 3.12) and reports a bad stream as ``ContentEncodingError``, which we turn into the same 400.
+Both Nearshore servers run with ``auto_decompress=False`` and hand us the raw bytes, which we inflate. A
+server on aiohttp's default (it inflates gzip and deflate itself, bounded per read since aiohttp 3.12) is
+served too: its ``ContentEncodingError`` becomes the same 400.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from nearshore.protocol.errors import (
 )
 
 IDENTITY = frozenset({"", "identity"})
+# Set on a request whose body could not be read to its end: its answer closes the connection, because
+# whatever follows on the wire is not the start of a next request (keeping it alive hung the next one).
+BROKEN_BODY = web.RequestKey("broken_body", bool)
 # "x-gzip" is gzip (RFC 9110, 8.4.1.3).
 DECODED = ("gzip", "x-gzip", "deflate")
 
@@ -42,6 +45,7 @@ async def read_body(request: web.Request) -> bytes:
             # Mark the broken body read to its end, or aiohttp drains it after our 400 and logs the same
             # error again as an unhandled exception with a traceback.
             request.content.feed_eof()
+            request[BROKEN_BODY] = True
             raise _unreadable(exc, encoding) from None
     if encoding not in DECODED:
         raise ApiError(

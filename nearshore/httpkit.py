@@ -14,7 +14,7 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
-from nearshore.bodies import read_body
+from nearshore.bodies import BROKEN_BODY, read_body
 from nearshore.protocol.errors import (
     INTERNAL,
     UNSUPPORTED_MEDIA_TYPE,
@@ -83,7 +83,10 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc, request_id)
+        response = error_response(exc, request_id)
+        if request.get(BROKEN_BODY):
+            response.force_close()
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
