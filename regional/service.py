@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -83,6 +84,12 @@ class RegionService:
         self.metrics = RegionMetrics(engine)
         self.model_names = {config.model.name, *config.model.aliases}
         self._formatter: ChatFormatter | None = None
+        # The engine keys sequences by these, never by a caller's id: two callers sending the same
+        # x-request-id must not be able to abort each other.
+        self._sequence_numbers = itertools.count()
+
+    def sequence_id(self, request_id: str) -> str:
+        return f"{request_id}#{next(self._sequence_numbers)}"
 
     def check_model(self, model: str) -> None:
         if model not in self.model_names:
@@ -227,7 +234,8 @@ class Generation:
     async def __aiter__(self) -> AsyncIterator[tuple[str, FinishReason | None]]:
         p, t, m = self.prepared, self.timings, self.service.metrics
         model = self.service.config.model.name
-        request = GenerationRequest(p.request_id, p.prompt_tokens, p.max_tokens, p.sampling)
+        sequence_id = self.service.sequence_id(p.request_id)
+        request = GenerationRequest(sequence_id, p.prompt_tokens, p.max_tokens, p.sampling)
         last_token_at = 0.0
         events = self.service.engine.generate(request)
         try:

@@ -23,10 +23,15 @@ async def post(url: str, payload: dict) -> tuple[int, dict, dict]:
         return r.status, r.headers.copy(), await r.json(content_type=None)
 
 
-async def stream(url: str, payload: dict) -> tuple[list[dict], list[float], dict]:
+async def stream(
+    url: str, payload: dict, headers: dict[str, str] | None = None
+) -> tuple[list[dict], list[float], dict]:
     """All SSE payloads of one streamed answer, with their arrival times."""
     chunks, times = [], []
-    async with aiohttp.ClientSession() as s, s.post(url, json={**payload, "stream": True}) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(url, json={**payload, "stream": True}, headers=headers) as r,
+    ):
         assert r.status == 200, await r.text()
         assert r.headers["Content-Type"].startswith("text/event-stream")
         async for data in iter_data(r.content):
@@ -97,6 +102,19 @@ async def test_chat_answer_has_usage_and_headers(region: Node):
 async def test_request_id_is_propagated(region: Node):
     _, headers, body = await post_with_id(region, "trace-abc.123")
     assert headers["x-request-id"] == "trace-abc.123" and body["id"] == "chatcmpl-trace-abc.123"
+
+
+async def test_a_callers_id_never_addresses_another_request(region: Node):
+    """Two callers chose the same x-request-id; the first leaving must not abort the second's generation."""
+    payload = {"model": MODEL, "messages": QUESTION, "max_tokens": 24, "temperature": 0, "stream": True}
+    headers = {"x-request-id": "everyone-uses-this"}
+    async with aiohttp.ClientSession() as s:
+        survivor = asyncio.create_task(stream(region.url + "/v1/chat/completions", payload, headers=headers))
+        async with s.post(region.url + "/v1/chat/completions", json=payload, headers=headers) as leaver:
+            await leaver.content.readline()  # it has started; now it leaves
+        chunks, _, _ = await survivor
+    assert chunks[-1] == {"done": True}
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"  # all 24 tokens, not an abort
 
 
 async def post_with_id(node: Node, request_id: str) -> tuple[int, dict, dict]:
