@@ -32,6 +32,7 @@ class Edge:
     ca: Path  # the development certificate the edge serves: clients trust it as their CA
     metrics_url: str = ""  # the operator's listener: /metrics and /health, plain HTTP on loopback
     extra: list[ManagedProcess] = field(default_factory=list)
+    issued: list[str] = field(default_factory=list)  # every key made through new_key, for the log check
 
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca))
@@ -43,8 +44,19 @@ class Edge:
             plaintext, _ = store.create(**{"tenant": "test", **fields})
         finally:
             store.close()
+        self.issued.append(plaintext)
         self.wait_for_key(plaintext)
         return plaintext
+
+    def assert_no_secret_in_logs(self) -> None:
+        """No key's secret part appears in any log the edge or its regions wrote (issue 7, item 10)."""
+        logs = [p for p in self.folder.parent.rglob("*.log") if p.is_file()]
+        assert logs
+        secrets = [key.rsplit("-", 1)[1] for key in self.issued]
+        for log in logs:
+            text = log.read_text(errors="replace")
+            leaked = [secret for secret in secrets if secret in text]
+            assert not leaked, f"{log} holds the secret of {len(leaked)} key(s)"
 
     def wait_for_key(self, plaintext: str, timeout_s: float = 5.0) -> None:
         """Wait until the edge accepts the key (GET /v1/models costs no rate limit), then one more refresh
@@ -72,20 +84,18 @@ class Edge:
 
 
 def start_pacer(folder: Path, name: str = "pacer", **flags: object) -> Pacer:
-    port = free_port()
-    args = ["pacer", "--port", str(port), "--name", name]
-    for flag, value in flags.items():
-        args += [f"--{flag.replace('_', '-')}", str(value)]
-    process = ManagedProcess(name, nearshore_argv(*args), folder / f"{name}.log").start()
-    url = f"http://127.0.0.1:{port}"
-    process.wait_http(url + "/health", timeout_s=30)
-    return Pacer(url, process)
+    """A stand-in region that streams at a fixed pace (``nearshore pacer``), e.g. ``tokens=12``."""
+    return _stand_in("pacer", folder, name, flags)
 
 
 def start_hostile(folder: Path, name: str = "hostile", **flags: object) -> Pacer:
     """A hostile region (``nearshore hostile``): its flags as for the pacer, e.g. ``mode="hang"``."""
+    return _stand_in("hostile", folder, name, flags)
+
+
+def _stand_in(command: str, folder: Path, name: str, flags: dict[str, object]) -> Pacer:
     port = free_port()
-    args = ["hostile", "--port", str(port), "--name", name]
+    args = [command, "--port", str(port), "--name", name]
     for flag, value in flags.items():
         args += [f"--{flag.replace('_', '-')}", str(value)]
     process = ManagedProcess(name, nearshore_argv(*args), folder / f"{name}.log").start()

@@ -159,3 +159,8 @@ def test_free_models_say_so_and_the_defaults_are_priced():
             EdgeConfig,
         )
     )
+
+
+@pytest.mark.slow
+def test_no_key_reached_any_log(edge: Edge):
+    edge.assert_no_secret_in_logs()

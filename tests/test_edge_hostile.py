@@ -287,3 +287,8 @@ async def test_a_stream_that_fails_before_its_first_byte_is_billed_and_refunded(
             assert (row["status"], row["http_status"], row["completion_tokens"]) == ("error", 503, 0)
     finally:
         edge.stop()
+
+
+def test_no_key_reached_any_log(edge: Edge):
+    """Last in this module: every key used above, against every log the processes wrote."""
+    edge.assert_no_secret_in_logs()

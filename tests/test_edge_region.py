@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import aiohttp
@@ -79,6 +80,25 @@ def test_openai_client_gets_typed_errors(edge: Edge):
             model=MODEL, messages=[{"role": "user", "content": "word " * 700}]
         )
     assert too_long.value.code == "context_length_exceeded"
+
+
+async def test_a_prompt_the_region_refuses_still_costs_its_sender(edge: Edge):
+    """A region's 400 (too long for its context) keeps the request in the RPM window and its prompt's
+    share of the TPM window, so refused prompts cannot be sent for free (issue 7, item 3)."""
+    key = edge.new_key(rpm=10, tpm=50_000)
+    headers = {"Authorization": f"Bearer {key}"}
+    too_long = {"model": MODEL, "messages": [{"role": "user", "content": "word " * 700}], "max_tokens": 8}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=edge.ssl_context())) as s:
+        async with s.post(edge.url + "/v1/chat/completions", json=too_long, headers=headers) as r:
+            assert r.status == 400 and (await r.json())["error"]["code"] == "context_length_exceeded"
+        await asyncio.sleep(0.2)  # settled just after the answer
+        small = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+        async with s.post(edge.url + "/v1/chat/completions", json=small, headers=headers) as r:
+            assert r.status == 200
+            assert r.headers["x-ratelimit-remaining-requests"] == "8"
+            held = 50_000 - int(r.headers["x-ratelimit-remaining-tokens"])
+    # The refused prompt (~1,200 tokens by the edge's estimate) still counts; its max_tokens does not.
+    assert held > 1000
 
 
 async def test_request_id_travels_to_the_region(edge: Edge):

@@ -119,3 +119,8 @@ def test_a_broken_body_does_not_hang_the_next_request_on_its_connection(fuzz_edg
             assert client.post("/v1/chat/completions", good, headers)[0] == 200
         finally:
             client.close()
+
+
+def test_no_key_reached_any_log(fuzz_edge: Edge):
+    """The fuzzer's keys (valid, cut, padded) against every log written: none holds a secret."""
+    fuzz_edge.assert_no_secret_in_logs()
