@@ -128,6 +128,13 @@ BENCHMARKS = [
         "the same model, threads and prompts; report TTFT, inter-token latency and tokens/s side by side.",
     ),
     Command(
+        "hostile",
+        "netem.bench_hostile",
+        "what a hostile region costs the edge, beside an honest one",
+        "Closed-loop load through an edge in front of `nearshore hostile` (every mode at once) and one in "
+        "front of the pacer: /health latency, peak RSS, statuses, and one ledger row per request.",
+    ),
+    Command(
         "edge",
         "netem.bench_edge",
         "what the edge adds, beside nginx and LiteLLM's proxy",

@@ -58,7 +58,7 @@ class Exchange:
     @property
     def honest_tokens(self) -> int:
         """The tokens a correct region would send: ``--tokens``, capped by max_tokens as the pacer does."""
-        asked = self.body.get("max_tokens") or self.body.get("max_completion_tokens")
+        asked = self.body.get("max_completion_tokens") or self.body.get("max_tokens")
         if isinstance(asked, int) and asked > 0:
             return min(self.settings.tokens, asked)
         return self.settings.tokens

@@ -84,7 +84,9 @@ async def _answer(request: web.Request) -> web.StreamResponse:
             status=settings.fail_status,
         )
     chat = request.path.endswith("chat/completions")
-    n = min(settings.tokens, int(body.get("max_tokens") or settings.tokens))
+    # As the region: max_completion_tokens, when sent, is the limit (OpenAI's newer name wins).
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    n = min(settings.tokens, int(asked or settings.tokens))
     prompt_tokens = 10
     usage = Usage.of(prompt_tokens, n)
     rid = request.headers.get("x-request-id", "pacer")

@@ -454,3 +454,12 @@ async def test_client_leaving_a_non_streamed_request_still_leaves_a_ledger_row(t
         assert len(rows) == 1 and rows[0]["status"] == "aborted"
     finally:
         edge.stop()
+
+
+async def test_max_completion_tokens_is_the_limit_when_sent(edge: Edge):
+    """Found by the fuzzer: the pacer ignored max_completion_tokens, and the edge (rightly) cut its stream."""
+    key = edge.new_key()
+    events, _, _ = await stream(edge, key, {**CHAT, "max_completion_tokens": 2, "max_tokens": 9})
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert sum(1 for c in chunks if c["choices"][0]["delta"].get("content")) == 2
+    assert all("error" not in c for c in chunks)
