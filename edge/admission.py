@@ -18,15 +18,14 @@ from edge.limits import Decision, LimiterUnavailable, LimitSpec, rate_limit_head
 from edge.state import EdgeState
 from edge.token_count import chat_ceiling, text_ceiling
 from nearshore.httpkit import read_json
+from nearshore.protocol.checks import check_supported
 from nearshore.protocol.errors import (
     EXCEEDS_LIMIT,
     INVALID_API_KEY,
-    INVALID_REQUEST,
     MODEL_NOT_FOUND,
     PERMISSION_DENIED,
     RATE_LIMITED,
     REQUEST_TIMEOUT,
-    UNSUPPORTED_PARAMETER,
     UPSTREAM_UNAVAILABLE,
     ApiError,
 )
@@ -67,14 +66,7 @@ def check_request(state: EdgeState, key: ApiKey, body: Body) -> None:
         raise ApiError(
             PERMISSION_DENIED, f"This API key may not use the model `{body.model}`.", param="model"
         )
-    if body.n != 1:
-        raise ApiError(
-            UNSUPPORTED_PARAMETER, "Only n=1 is supported: send one request per choice.", param="n"
-        )
-    if body.stream_options is not None and not body.stream:
-        raise ApiError(
-            INVALID_REQUEST, "stream_options is only allowed with stream=true.", param="stream_options"
-        )
+    check_supported(body)
 
 
 async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:

@@ -24,14 +24,14 @@ from edge.journey import Journey, close_journey
 from edge.limits import rate_limit_headers
 from edge.state import EDGE, EdgeState
 from nearshore.httpkit import (
-    CLIENT_REQUEST_ID,
     CLIENT_REQUEST_ID_KEY,
-    REQUEST_ID,
+    metrics_response,
     minted_request_ids,
     openai_errors,
     request_id_of,
 )
 from nearshore.protocol.errors import INTERNAL, NOT_FOUND, ApiError
+from nearshore.protocol.headers import CLIENT_REQUEST_ID, REQUEST_ID
 from nearshore.protocol.schemas import (
     CompletionRequest,
     ModelCard,
@@ -43,7 +43,6 @@ from nearshore.protocol.schemas import (
 )
 
 log = logging.getLogger("nearshore.edge")
-PROMETHEUS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 __all__ = ["EDGE", "EdgeState", "create_app", "create_metrics_app"]
 
@@ -128,7 +127,7 @@ async def metrics(request: web.Request) -> web.Response:
     state.metrics.limiter_up.set(1 if state.limiter.backend_up() else 0)
     for region in state.pool.regions:
         state.metrics.region_up.labels(region.name).set(1 if region.up else 0)
-    return web.Response(body=state.metrics.render(), headers={"Content-Type": PROMETHEUS_TYPE})
+    return metrics_response(state.metrics.render())
 
 
 # --- the proxy ---------------------------------------------------------------------------------------

@@ -28,9 +28,8 @@ from edge.state import EdgeState
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError
+from nearshore.protocol.headers import REGION as REGION_HEADER
 from nearshore.protocol.schemas import Usage, json_encoder
-
-REGION_HEADER = "x-nearshore-region"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +145,7 @@ class StreamReply:
             await self.commit()
             outcome = self.relay.outcome
             if self.failure is not None:
-                await self.relay.write(b"data: " + self.failure.to_json() + b"\n\n")
+                await self.relay.write(sse.error(self.failure))
             elif self.keep_usage and outcome.usage_event is not None:
                 event = outcome.usage_event
                 if audited is not None and audited.anomalies:

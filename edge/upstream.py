@@ -19,10 +19,10 @@ from typing import Any
 import aiohttp
 
 from edge.config import RegionEndpoint, UpstreamConfig
+from nearshore.protocol.headers import EDGE_SECRET
 from nearshore.tls import client_context
 
 log = logging.getLogger("nearshore.edge.upstream")
-EDGE_SECRET_HEADER = "x-nearshore-edge-secret"
 
 
 @dataclass(eq=False)
@@ -42,7 +42,7 @@ class UpstreamPool:
         self._health_task: asyncio.Task | None = None
         self.headers: dict[str, str] = {}
         if config.shared_secret:
-            self.headers[EDGE_SECRET_HEADER] = config.shared_secret
+            self.headers[EDGE_SECRET] = config.shared_secret
 
     def _ssl(self, url: str) -> ssl.SSLContext | bool:
         if not url.startswith("https://"):

@@ -10,6 +10,8 @@ from typing import TypeVar
 
 import msgspec
 
+from nearshore.protocol.errors import split_error_path
+
 T = TypeVar("T")
 
 
@@ -36,8 +38,8 @@ def load_config(path: str | Path | None, schema: type[T]) -> T:
 
 def _with_key(message: str) -> str:
     """Turn msgspec's "... - at `$.engine.port`" into "engine.port: ..."."""
-    text, sep, path = message.partition(" - at `$.")
-    key = path.rstrip("`") if sep else ""
+    text, path = split_error_path(message)
+    key = path or ""
     if text.startswith("Object contains unknown field"):
         field = text.split("`")[1]
         return f"{key}.{field}: unknown key" if key else f"{field}: unknown key"

@@ -22,21 +22,24 @@ from nearshore.protocol.errors import (
     from_validation_error,
     kind_for_status,
 )
+from nearshore.protocol.headers import CLIENT_REQUEST_ID, PROMETHEUS_CONTENT_TYPE, REQUEST_ID
 
 log = logging.getLogger("nearshore.http")
 T = TypeVar("T")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-REQUEST_ID = "x-request-id"
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
-# The id a client chose for its own tracing; kept beside the server's id, never in its place.
-CLIENT_REQUEST_ID = "x-client-request-id"
 CLIENT_REQUEST_ID_KEY = web.RequestKey("client_request_id", str)
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def request_id_of(request: web.Request) -> str:
     return request[REQUEST_ID_KEY]
+
+
+def metrics_response(body: bytes) -> web.Response:
+    """A Prometheus scrape's answer."""
+    return web.Response(body=body, headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
 
 def error_response(error: ApiError, request_id: str | None = None) -> web.Response:

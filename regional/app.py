@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from nearshore.httpkit import Handler, openai_errors, read_json, request_id_of, request_ids
+from nearshore.httpkit import Handler, metrics_response, openai_errors, read_json, request_id_of, request_ids
 from nearshore.protocol import sse
 from nearshore.protocol.errors import INVALID_API_KEY, ApiError
+from nearshore.protocol.headers import EDGE_SECRET
 from nearshore.protocol.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -38,7 +39,6 @@ SERVICE = web.AppKey("service", RegionService)
 EDGE_NAME = web.RequestKey("edge", str)
 STARTED_AT = int(time.time())
 
-EDGE_SECRET_HEADER = "x-nearshore-edge-secret"
 # Probes and scrapes come from the operator's monitoring, not from edges.
 OPEN_PATHS = frozenset({"/health", "/health/ready", "/metrics"})
 
@@ -96,11 +96,11 @@ def edges_only(server: ServerConfig) -> Middleware | None:
                 )
             request[EDGE_NAME] = edge
         if secret:
-            given = request.headers.get(EDGE_SECRET_HEADER, "").encode("utf-8", "surrogateescape")
+            given = request.headers.get(EDGE_SECRET, "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, secret):
                 raise ApiError(
                     INVALID_API_KEY,
-                    f"Only Nearshore edges may call this node: missing or incorrect {EDGE_SECRET_HEADER}.",
+                    f"Only Nearshore edges may call this node: missing or incorrect {EDGE_SECRET}.",
                 )
         return await handler(request)
 
@@ -181,7 +181,7 @@ async def readiness(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     body = request.app[SERVICE].metrics.render()
-    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+    return metrics_response(body)
 
 
 # --- answers -----------------------------------------------------------------------------------------
@@ -280,7 +280,7 @@ async def _stream(
     except ApiError as exc:
         if not response.prepared:
             raise
-        await response.write(b"data: " + exc.to_json() + b"\n\n")
+        await response.write(sse.error(exc))
     if chunks.include_usage:
         await response.write(chunks.usage(generation))
     await response.write(sse.DONE)

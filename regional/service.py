@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from nearshore.protocol.checks import check_supported
 from nearshore.protocol.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     ENGINE_FAILED,
@@ -109,7 +110,7 @@ class RegionService:
         return self._formatter
 
     async def prepare_chat(self, body: ChatCompletionRequest, request_id: str, timings: Timings) -> Prepared:
-        self._check_common(body.model, body.n)
+        self._check_common(body)
         await self._ready()  # the template comes from the model file
         try:
             segments = self.formatter().segments(body.messages)
@@ -121,7 +122,7 @@ class RegionService:
     async def prepare_completion(
         self, body: CompletionRequest, request_id: str, timings: Timings
     ) -> Prepared:
-        self._check_common(body.model, body.n)
+        self._check_common(body)
         await self._ready()
         text = body.prompt_text()
         # The caller owns the whole prompt (no roles to forge), so its control tokens are parsed: prompts
@@ -131,12 +132,9 @@ class RegionService:
         prepared.prompt_text = text if body.echo else ""
         return prepared
 
-    def _check_common(self, model: str, n: int) -> None:
-        self.check_model(model)
-        if n != 1:
-            raise ApiError(
-                UNSUPPORTED_PARAMETER, "Only n=1 is supported: send one request per choice.", param="n"
-            )
+    def _check_common(self, body: ChatCompletionRequest | CompletionRequest) -> None:
+        self.check_model(body.model)
+        check_supported(body)
 
     async def _ready(self) -> None:
         try:

@@ -113,13 +113,15 @@ def kind_for_status(status: int) -> ErrorKind:
     return INTERNAL if status >= 500 else INVALID_REQUEST
 
 
+def split_error_path(message: str) -> tuple[str, str | None]:
+    """msgspec's ``"... - at `$.messages[0].role`"`` as ``("...", "messages[0].role")``; no path: None."""
+    text, sep, path = message.partition(" - at `$.")
+    return (text, path.rstrip("`")) if sep else (message, None)
+
+
 def from_validation_error(exc: msgspec.ValidationError | msgspec.DecodeError) -> ApiError:
     """Map msgspec's message (``... - at `$.messages[0].role```) to an error with ``param``."""
-    text = str(exc)
-    param = None
-    if " - at `$." in text:
-        text, _, path = text.partition(" - at `$.")
-        param = path.rstrip("`")
+    text, param = split_error_path(str(exc))
     if isinstance(exc, msgspec.ValidationError):
         if text.startswith("Object contains unknown field"):
             field = text.split("`")[1] if "`" in text else param

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterable, AsyncIterator
 
 import msgspec
 
+from nearshore.protocol.errors import ApiError
 from nearshore.protocol.schemas import json_encoder
 
 DONE = b"data: [DONE]\n\n"
@@ -14,6 +15,11 @@ HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-
 
 def event(payload: msgspec.Struct) -> bytes:
     return b"data: " + json_encoder.encode(payload) + b"\n\n"
+
+
+def error(exc: ApiError) -> bytes:
+    """An error as a stream's event, once its head (status 200) has gone: ``data: {"error": {...}}``."""
+    return b"data: " + exc.to_json() + b"\n\n"
 
 
 def comment(text: str = "") -> bytes:
