@@ -1,8 +1,10 @@
 """The llama.cpp engine: continuous batching of many sequences in one ``llama_decode`` per step.
 
-One worker thread owns the model and runs the step loop: take new requests and aborts, admit, decode,
-sample, hand the tokens to the event loop. Requests join and leave between steps; nothing holds a
-global lock across a generation. The event loop never waits on llama.cpp.
+One worker thread owns the model and runs the step loop: take new requests and aborts, then one step
+in three verbs: the scheduler plans it (``schedule``), the engine applies the plan's memory changes, runs
+the model and samples, the scheduler advances and retires (``postprocess``). The engine turns tokens into
+events and moves work and events across the thread boundary. Requests join and leave between steps;
+nothing holds a global lock across a generation. The event loop never waits on llama.cpp.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from regional.engine import (
     GenerationRequest,
     TokenEvent,
 )
+from regional.kv_slots import SlotMemory
 from regional.llama_model import ContextSettings, KvCacheFull, LlamaModel
 from regional.prompt_tokens import PromptTokenizer
 from regional.sampler import TokenSampler
-from regional.scheduler import Scheduler, Sequence
+from regional.scheduler import Scheduler, Sequence, StepPlan
 
 log = logging.getLogger("nearshore.engine")
 
@@ -64,7 +67,7 @@ class LlamaCppEngine:
         self._inbox: deque[Sequence] = deque()
         self._aborts: set[str] = set()
         self._by_id: dict[str, Sequence] = {}
-        self._scheduler = self._new_scheduler()
+        self._scheduler = self._new_scheduler(_never_ends)  # no model yet: it only answers stats()
         self._steps = 0
         self._prefix_queries = 0
         self._prefix_hits = 0
@@ -73,9 +76,10 @@ class LlamaCppEngine:
         self._load_error: str | None = None
         self._idle_task: asyncio.Task | None = None
 
-    def _new_scheduler(self) -> Scheduler:
+    def _new_scheduler(self, is_end_of_generation: abc.Callable[[int], bool]) -> Scheduler:
         c = self.config
-        return Scheduler(c.max_sequences, c.kv_cache_tokens, c.batch_tokens, c.prefill_chunk)
+        memory = SlotMemory(c.max_sequences, c.kv_cache_tokens)
+        return Scheduler(memory, c.max_sequences, c.batch_tokens, c.prefill_chunk, is_end_of_generation)
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -126,7 +130,7 @@ class LlamaCppEngine:
             self.model_load_s = time.perf_counter() - started
             log.info("model %s loaded in %.2fs", self.model_name, self.model_load_s)
             self._stopping = False
-            self._scheduler = self._new_scheduler()
+            self._scheduler = self._new_scheduler(self._model.is_end_of_generation)
             self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
             self._thread.start()
             self._last_active = time.monotonic()
@@ -233,8 +237,7 @@ class LlamaCppEngine:
     def _queued_beyond_free_slots(self) -> int:
         """Requests that will have to wait for a slot (new arrivals count until the worker admits them)."""
         sched = self._scheduler
-        free = sum(1 for slot in sched.slots if slot.owner is None)
-        return max(0, len(self._inbox) + len(sched.waiting) - free)
+        return max(0, len(self._inbox) + len(sched.waiting) - sched.free_sequences())
 
     def _retry_after_s(self) -> float:
         # Roughly how long until the queue drains by one batch's worth.
@@ -248,8 +251,8 @@ class LlamaCppEngine:
                 state=state,
                 running=len(sched.running),
                 waiting=len(sched.waiting) + len(self._inbox),
-                kv_tokens_used=sched.kv_tokens_used(),
-                kv_tokens_total=sched.kv_tokens,
+                kv_tokens_used=sched.memory.used_tokens(),
+                kv_tokens_total=sched.memory.total_tokens,
                 prefix_cache_queries=self._prefix_queries,
                 prefix_cache_hits=self._prefix_hits,
                 steps=self._steps,
@@ -279,7 +282,8 @@ class LlamaCppEngine:
                     return
                 events = self._take_inbox_and_aborts()
             try:
-                events += self._admit_and_step()
+                if sched.has_work:
+                    events += self._step()
             except Exception as exc:
                 # What failed mid-step leaves the KV memory unknown: the batch fails, as a unit.
                 self._failed_steps += 1
@@ -295,12 +299,6 @@ class LlamaCppEngine:
                     return
             self._deliver(events)
 
-    def _admit_and_step(self) -> list[tuple[Sequence, TokenEvent]]:
-        sched = self._scheduler
-        admitted = sched.admit(time.perf_counter())
-        self._apply_memory_changes(admitted)
-        return self._step() if sched.running else []
-
     def _take_inbox_and_aborts(self) -> list[tuple[Sequence, TokenEvent]]:
         sched = self._scheduler
         while self._inbox:
@@ -309,18 +307,30 @@ class LlamaCppEngine:
         for request_id in self._aborts:
             seq = self._by_id.pop(request_id, None)
             if seq is not None:
-                sched.finish(seq, time.perf_counter())
+                sched.abort(seq, time.perf_counter())
                 events.append((seq, TokenEvent(finish_reason="abort")))
         self._aborts.clear()
         return events
 
-    def _apply_memory_changes(self, admitted: list) -> None:
+    def _step(self) -> list[tuple[Sequence, TokenEvent]]:
+        """schedule -> apply the memory changes, run the model, sample -> postprocess -> events."""
+        sched = self._scheduler
+        plan = sched.schedule(time.perf_counter())
+        self._apply_memory_changes(plan)
+        if not plan.tokens:  # nobody runs: the waiting ones wait for room
+            return []
+        self._run_model(plan)
+        sampled, failures = self._sample(plan)
+        now = time.perf_counter()
+        self._untrack(sched.postprocess(plan, sampled, now))
+        return self._events(plan, sampled, failures, now)
+
+    def _apply_memory_changes(self, plan: StepPlan) -> None:
         model = self._model
         assert model is not None
-        for slot in self._scheduler.evicted:
-            model.forget(slot, 0)
-        self._scheduler.evicted.clear()
-        for a in admitted:
+        for a in plan.admissions:
+            for slot in a.evicted:
+                model.forget(slot, 0)
             if a.source == a.slot:
                 model.forget(a.slot, a.prefix_len)
             else:
@@ -330,70 +340,70 @@ class LlamaCppEngine:
             self._prefix_queries += len(a.sequence.prompt)
             self._prefix_hits += a.prefix_len
 
-    def _step(self) -> list[tuple[Sequence, TokenEvent]]:
-        sched, model = self._scheduler, self._model
+    def _run_model(self, plan: StepPlan) -> None:
+        model = self._model
         assert model is not None
-        plan = sched.plan_step()
         try:
             model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
         except KvCacheFull:
             # Idle prefix caches may hold the cells (or split the free ones): drop them and retry once.
-            for slot in sched.drop_idle_caches():
+            for slot in self._scheduler.evict_idle_caches():
                 model.forget(slot, 0)
             model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
         self._steps += 1
         self._failed_steps = 0
-        now = time.perf_counter()
-        for seq, n in plan.advances:
-            seq.num_computed += n
-        events = []
-        for seq, index in plan.samples:
+
+    def _sample(self, plan: StepPlan) -> tuple[list[int | None], dict[Sequence, str]]:
+        """One token per sampling sequence (None where its sampling failed, with the reason)."""
+        model = self._model
+        assert model is not None
+        sampled: list[int | None] = []
+        failures: dict[Sequence, str] = {}
+        for seq, row in plan.samples:
             try:
-                token = seq.sampler.sample(model.logits(index))
+                sampled.append(seq.sampler.sample(model.logits(row)))
             except Exception as exc:  # this sequence's sampling alone: the others' tokens stand
                 log.error("sampling failed for request %s", seq.request_id, exc_info=True)
-                self._retire(seq, now)
-                events.append((seq, TokenEvent(finish_reason="error", error=f"sampling failed: {exc}")))
-                continue
-            seq.output.append(token)
-            events.append((seq, self._token_event(seq, token, now)))
+                sampled.append(None)
+                failures[seq] = f"sampling failed: {exc}"
+        return sampled, failures
+
+    def _events(
+        self, plan: StepPlan, sampled: list[int | None], failures: dict[Sequence, str], now: float
+    ) -> list[tuple[Sequence, TokenEvent]]:
+        events = []
+        for (seq, _row), token in zip(plan.samples, sampled, strict=True):
+            if token is None:
+                events.append((seq, TokenEvent(finish_reason="error", error=failures[seq])))
+            else:
+                events.append((seq, self._token_event(seq, token, now)))
         return events
 
     def _token_event(self, seq: Sequence, token: int, now: float) -> TokenEvent:
         model = self._model
         assert model is not None
-        event = TokenEvent(token_id=token)
+        event = TokenEvent(token_id=token, finish_reason=seq.finish_reason)
         if len(seq.output) == 1:
             seq.first_token_at = now
             event.cached_tokens = seq.num_cached_tokens
             event.queue_s = seq.admitted_at - seq.arrived_at
             event.prefill_s = now - seq.admitted_at
-        if model.is_end_of_generation(token):
-            event.text = seq.text_decoder.decode(b"", final=True)
-            event.finish_reason = "stop"
-        else:
-            event.text = seq.text_decoder.decode(model.token_bytes(token))
-            if len(seq.output) >= seq.request.max_tokens:
-                event.text += seq.text_decoder.decode(b"", final=True)
-                event.finish_reason = "length"
-        if event.finish_reason is not None:
-            self._retire(seq, now)
+        # The end-of-generation token has no text; a finish flushes a character left incomplete.
+        piece = b"" if seq.finish_reason == "stop" else model.token_bytes(token)
+        event.text = seq.text_decoder.decode(piece, final=seq.finish_reason is not None)
         return event
 
-    def _retire(self, seq: Sequence, now: float) -> None:
-        self._scheduler.finish(seq, now)
+    def _untrack(self, finished: list[Sequence]) -> None:
+        """The scheduler retired these: the engine stops tracking them."""
         with self._cv:
-            self._by_id.pop(seq.request_id, None)
-            self._aborts.discard(seq.request_id)
+            for seq in finished:
+                self._by_id.pop(seq.request_id, None)
+                self._aborts.discard(seq.request_id)
             self._last_active = time.monotonic()
 
     def _fail_running(self, message: str) -> list[tuple[Sequence, TokenEvent]]:
-        sched = self._scheduler
-        failed = list(sched.running)
-        now = time.perf_counter()
-        for seq in failed:
-            self._retire(seq, now)
-        sched.forget_all()
+        failed = self._scheduler.fail_running()
+        self._untrack(failed)
         assert self._model is not None
         self._model.clear()
         return [(seq, TokenEvent(finish_reason="error", error=message)) for seq in failed]
@@ -403,11 +413,9 @@ class LlamaCppEngine:
         sched = self._scheduler
         with self._cv:
             # _by_id also holds a sequence caught between the inbox and the scheduler when the worker died.
-            held = [*self._by_id.values(), *self._inbox, *sched.waiting, *sched.running]
+            held = [*self._by_id.values(), *self._inbox, *sched.drain()]
             everyone = list({id(seq): seq for seq in held}.values())
             self._inbox.clear()
-            sched.waiting.clear()
-            sched.running.clear()
             self._by_id.clear()
             self._aborts.clear()
         return [(seq, event) for seq in everyone]
@@ -444,3 +452,7 @@ def _put_all(events: list[tuple[Sequence, TokenEvent]]) -> None:
     for seq, event in events:
         if seq.events is not None:
             seq.events.put_nowait(event)
+
+
+def _never_ends(_token: int) -> bool:
+    return False

@@ -1,7 +1,7 @@
 """Prometheus metrics of a regional node, named after vLLM's (``vllm:x`` becomes ``nearshore:x``).
 
-Per-request histograms are observed by the HTTP layer; engine gauges and counters are read from
-``Engine.stats()`` at scrape time, so the engine itself knows nothing of Prometheus.
+Per-request histograms are observed by the request service (``regional.service``); engine gauges and
+counters are read from ``Engine.stats()`` at scrape time, so the engine itself knows nothing of Prometheus.
 """
 
 from __future__ import annotations

@@ -1,22 +1,30 @@
-"""Continuous batching over llama.cpp sequence slots: who runs this step, and with which tokens.
+"""Continuous batching: who runs this step, with which tokens, and who has finished after it.
 
-Pure bookkeeping, no model calls, so it can be tested on its own. The engine applies what it decides:
-each step it asks :meth:`Scheduler.admit` which waiting requests join (and which cached prefix each
-reuses), then :meth:`Scheduler.plan_step` for the tokens of one ``llama_decode``.
+Pure bookkeeping, no model calls, so it can be tested on its own. One engine step is three verbs:
 
-Every running sequence owns one slot (a llama.cpp sequence id). A slot keeps its KV cells after its
-sequence finishes, so a later prompt with the same beginning (a shared system prompt) starts from there;
-prefixes of running sequences are shared too, by reference, in the unified KV pool.
+    plan = scheduler.schedule(now)                      # admissions, evictions, the batch
+    ...the engine applies the plan's memory changes, runs the model on plan.batch, samples...
+    finished = scheduler.postprocess(plan, sampled, now)
+
+Failure paths are verbs of their own: :meth:`Scheduler.abort` (one request leaves),
+:meth:`Scheduler.evict_idle_caches` (the model's memory is full: free what only caches hold, then retry),
+:meth:`Scheduler.fail_running` (a failed step: the model's memory is unknown, so every running sequence
+fails and every cache is dropped).
+
+Where the KV cells live is a :class:`KvMemory`'s decision (llama.cpp slots with prefix reuse in
+:mod:`regional.kv_slots`); the scheduler decides the order, the batch and the finish.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
-from collections import deque
+from collections import abc, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from regional.engine import GenerationRequest
+from regional.engine import EngineFinish, GenerationRequest
 from regional.sampler import TokenSampler
 
 
@@ -26,10 +34,11 @@ class Sequence:
     arrived_at: float
     sampler: TokenSampler
     events: asyncio.Queue | None = None
-    slot: int = -1
+    slot: int = -1  # the KV memory's id for this sequence (a llama.cpp sequence id)
     num_computed: int = 0  # tokens whose KV cells exist (prompt first, then fed-back outputs)
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
     output: list[int] = field(default_factory=list)
+    finish_reason: EngineFinish | None = None
     admitted_at: float = 0.0
     first_token_at: float = 0.0
     text_decoder: codecs.IncrementalDecoder = field(
@@ -57,41 +66,69 @@ class Sequence:
         return (self.prompt + self.output)[: self.num_computed]
 
 
-@dataclass(eq=False)
-class Slot:
-    index: int
-    owner: Sequence | None = None
-    cached: list[int] = field(default_factory=list)  # tokens in KV while the slot is idle
-    released_at: float = 0.0
-
-    def tokens(self) -> list[int]:
-        return self.owner.computed_tokens() if self.owner is not None else self.cached
-
-
 @dataclass(frozen=True, slots=True)
 class Admission:
     """A sequence joins the batch in ``slot``, reusing the first ``prefix_len`` KV cells of ``source``.
 
-    ``source == slot`` means the slot's own idle cache is trimmed to the prefix; otherwise the slot is
-    cleared and then shares the source's cells.
+    First the idle caches of the ``evicted`` slots are cleared (to make room for it). Then, when
+    ``source == slot``, the slot's own idle cache is trimmed to the prefix; otherwise the slot is cleared
+    and then shares the source's cells.
     """
 
     sequence: Sequence
     slot: int
     source: int
     prefix_len: int
+    evicted: tuple[int, ...] = ()
+
+
+class KvMemory(Protocol):
+    """Where the sequences' KV cells live, and which cached prefix a newcomer reuses.
+
+    It only keeps books; what the model's memory must do comes back as values that the plan carries.
+    """
+
+    total_tokens: int
+
+    def used_tokens(self) -> int: ...
+
+    def allocate(self, seq: Sequence) -> Admission | None:
+        """Place ``seq`` (its ``slot``) with the longest cached prefix it can reuse, dropping idle caches
+        if that makes room; None, with nothing changed, when it must wait."""
+        ...
+
+    def release(self, seq: Sequence, now: float) -> None:
+        """``seq`` left; what it computed stays cached for a later prompt that starts the same way."""
+        ...
+
+    def evict_idle(self) -> list[int]:
+        """Drop every idle cache; returns the slots whose cells must be cleared."""
+        ...
+
+    def reset(self) -> None:
+        """The model's memory was wiped: every slot is free and empty."""
+        ...
 
 
 @dataclass(slots=True)
 class StepPlan:
+    """Everything one step needs: memory changes first, then one model call over the batch."""
+
+    admissions: list[Admission] = field(default_factory=list)
+    # The batch: one row per token.
     tokens: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     seq_ids: list[int] = field(default_factory=list)
     want_logits: list[bool] = field(default_factory=list)
-    # (sequence, batch index of its logits row): sequences that sample a token after this step
+    # (sequence, batch row of its logits): the sequences that sample a token after this step
     samples: list[tuple[Sequence, int]] = field(default_factory=list)
     # (sequence, tokens it adds to its KV this step)
     advances: list[tuple[Sequence, int]] = field(default_factory=list)
+
+    @property
+    def evictions(self) -> list[int]:
+        """Slots whose idle caches were dropped this step: their cells must be cleared."""
+        return [slot for a in self.admissions for slot in a.evicted]
 
     def add(self, seq: Sequence, tokens: list[int], sample: bool) -> None:
         start = seq.num_computed
@@ -106,97 +143,60 @@ class StepPlan:
         self.advances.append((seq, len(tokens)))
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class Scheduler:
-    def __init__(self, max_sequences: int, kv_tokens: int, batch_tokens: int, prefill_chunk: int) -> None:
-        self.kv_tokens = kv_tokens
+    def __init__(
+        self,
+        memory: KvMemory,
+        max_sequences: int,
+        batch_tokens: int,
+        prefill_chunk: int,
+        is_end_of_generation: Callable[[int], bool],
+    ) -> None:
+        self.memory = memory
+        self.max_sequences = max_sequences
         self.batch_tokens = batch_tokens
         self.prefill_chunk = prefill_chunk
-        self.slots = [Slot(i) for i in range(max_sequences)]
+        self.is_end_of_generation = is_end_of_generation
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        # Idle slots whose cache was dropped to make room; the engine clears their cells.
-        self.evicted: list[int] = []
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def free_sequences(self) -> int:
+        return self.max_sequences - len(self.running)
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def kv_tokens_used(self) -> int:
-        idle = sum(len(s.cached) for s in self.slots if s.owner is None)
-        return idle + sum(seq.reserved_tokens for seq in self.running)
+    def schedule(self, now: float) -> StepPlan:
+        """Admit waiting sequences while there is room, then build one batch over everyone running."""
+        plan = StepPlan(admissions=self._admit(now))
+        self._batch(plan)
+        return plan
 
-    def admit(self, now: float) -> list[Admission]:
-        """Move waiting sequences into free slots, first come first served, while KV room lasts."""
+    def _admit(self, now: float) -> list[Admission]:
+        """First come first served, while a sequence and its KV room are free."""
         admitted: list[Admission] = []
-        while self.waiting:
+        while self.waiting and len(self.running) < self.max_sequences:
             seq = self.waiting[0]
-            admission = self._place(seq)
+            admission = self.memory.allocate(seq)
             if admission is None:
                 break
             self.waiting.popleft()
-            slot = self.slots[admission.slot]
-            slot.owner, slot.cached = seq, []
-            seq.slot = admission.slot
             seq.num_computed = seq.num_cached_tokens = admission.prefix_len
             seq.admitted_at = now
             self.running.append(seq)
             admitted.append(admission)
         return admitted
 
-    def _place(self, seq: Sequence) -> Admission | None:
-        free = [s for s in self.slots if s.owner is None]
-        if not free:
-            return None
-        # The last prompt token is always computed again: its logits pick the first output token.
-        limit = len(seq.prompt) - 1
-        source, prefix = max(
-            ((s, min(limit, common_prefix_len(s.tokens(), seq.prompt))) for s in self.slots),
-            key=lambda sp: (sp[1], sp[0].owner is None),
-        )
-        # Reuse the source's own slot when it is idle; otherwise the free slot whose cache matters least.
-        if source.owner is None and prefix > 0:
-            slot = source
-        else:
-            slot = min(
-                free, key=lambda s: (common_prefix_len(s.cached, seq.prompt), len(s.cached), s.released_at)
-            )
-        keep = {slot.index, source.index} if prefix else {slot.index}
-        if not self._make_room(seq.reserved_tokens, keep=keep, target=slot):
-            return None
-        return Admission(seq, slot.index, source.index, prefix)
-
-    def _make_room(self, need: int, keep: set[int], target: Slot) -> bool:
-        # The target's idle cache is replaced by the new sequence, so it does not count against the room.
-        used = self.kv_tokens_used() - len(target.cached)
-        idle = sorted(
-            (s for s in self.slots if s.owner is None and s.cached and s.index not in keep),
-            key=lambda s: s.released_at,
-        )
-        while used + need > self.kv_tokens and idle:
-            victim = idle.pop(0)
-            used -= len(victim.cached)
-            victim.cached = []
-            self.evicted.append(victim.index)
-        return used + need <= self.kv_tokens
-
-    def plan_step(self) -> StepPlan:
-        """One llama_decode: one token for every decoding sequence, then prompt chunks in the room left.
+    def _batch(self, plan: StepPlan) -> None:
+        """One token for every decoding sequence, then prompt chunks in the room left.
 
         While anyone is decoding, prompts advance by at most ``prefill_chunk`` tokens a step, so a long
         prompt costs the others a slightly longer step, never a frozen stream.
         """
-        plan = StepPlan()
         prefilling = []
         for seq in self.running:
             if seq.is_prefilling:
@@ -212,27 +212,58 @@ class Scheduler:
             chunk = seq.prompt[seq.num_computed : seq.num_computed + room]
             plan.add(seq, chunk, sample=seq.num_computed + len(chunk) == len(seq.prompt))
             room -= len(chunk)
-        return plan
 
-    def finish(self, seq: Sequence, now: float) -> None:
-        """Retire a sequence; its slot keeps the computed tokens' cells for prefix reuse."""
+    def postprocess(self, plan: StepPlan, sampled: abc.Sequence[int | None], now: float) -> list[Sequence]:
+        """The model ran ``plan``: advance its sequences, append the sampled tokens, retire the finished.
+
+        ``sampled`` follows ``plan.samples``; None is a sampling that failed, which finishes that sequence
+        alone with "error". Returns the sequences that finished, each with its ``finish_reason``.
+        """
+        for seq, num_tokens in plan.advances:
+            seq.num_computed += num_tokens
+        finished = []
+        for (seq, _row), token in zip(plan.samples, sampled, strict=True):
+            if token is None:
+                seq.finish_reason = "error"
+            else:
+                seq.output.append(token)
+                if self.is_end_of_generation(token):
+                    seq.finish_reason = "stop"
+                elif len(seq.output) >= seq.request.max_tokens:
+                    seq.finish_reason = "length"
+            if seq.finish_reason is not None:
+                self._retire(seq, now)
+                finished.append(seq)
+        return finished
+
+    def _retire(self, seq: Sequence, now: float) -> None:
+        self.running.remove(seq)
+        self.memory.release(seq, now)  # its slot keeps the computed tokens' cells for prefix reuse
+
+    def abort(self, seq: Sequence, now: float) -> None:
+        """The request left; between steps, so no plan holds it."""
+        seq.finish_reason = "abort"
         if seq in self.running:
-            self.running.remove(seq)
-            slot = self.slots[seq.slot]
-            slot.owner = None
-            slot.cached = seq.computed_tokens()
-            slot.released_at = now
+            self._retire(seq, now)
         elif seq in self.waiting:
             self.waiting.remove(seq)
 
-    def drop_idle_caches(self) -> list[int]:
-        """Forget every idle slot's cached prefix; returns the slots whose cells must be cleared."""
-        dropped = [s.index for s in self.slots if s.owner is None and s.cached]
-        for index in dropped:
-            self.slots[index].cached = []
-        return dropped
+    def evict_idle_caches(self) -> list[int]:
+        """The model's memory is full: forget every idle cache; returns the slots whose cells to clear."""
+        return self.memory.evict_idle()
 
-    def forget_all(self) -> None:
-        """After a failed step the KV contents are unknown: drop every cache."""
-        for slot in self.slots:
-            slot.cached = []
+    def fail_running(self) -> list[Sequence]:
+        """A step failed and left the model's memory unknown: every running sequence fails, every cache
+        is dropped (the engine wipes the model's memory). Waiting sequences stay."""
+        failed, self.running = self.running, []
+        for seq in failed:
+            seq.finish_reason = "error"
+        self.memory.reset()
+        return failed
+
+    def drain(self) -> list[Sequence]:
+        """Every waiting and running sequence, removed: the engine is going away."""
+        everyone = [*self.waiting, *self.running]
+        self.waiting.clear()
+        self.running = []
+        return everyone
