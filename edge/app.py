@@ -1,9 +1,7 @@
-"""The edge proxy's HTTP app: authenticate, validate, limit, forward, relay, meter.
+"""The edge proxy's HTTP surface: routes, the health and metrics endpoints, and one journey per request.
 
-One request's journey (DESIGN.md, steps 1, 4 and 7): API key -> schema -> model, budget and RPM/TPM
-reservation (:mod:`edge.admission`) -> forward over a warm connection, failover before the first byte, relay
-(:mod:`edge.forward`) -> one exit that settles the reservation and writes the ledger row
-(:mod:`edge.journey`), and only then the answer's last bytes (a stream's ``[DONE]``).
+What happens to a request lives in the journey's stages (:mod:`edge.stages`) and its one exit
+(:mod:`edge.pipeline`).
 """
 
 from __future__ import annotations
@@ -13,15 +11,13 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Literal
 
-import msgspec
 from aiohttp import web
 
-from edge.admission import admit, authenticate, check_request, read_body
-from edge.forward import Call, StreamReply, UnaryReply, forward_stream, forward_unary
-from edge.journey import Journey, close_journey
-from edge.limits import rate_limit_headers
+from edge.admission import authenticate
+from edge.journey import Journey, Kind
+from edge.pipeline import Pipeline, run_journey
+from edge.stages import default_pipeline
 from edge.state import EDGE, EdgeState
 from nearshore.httpkit import (
     CLIENT_REQUEST_ID_KEY,
@@ -30,28 +26,22 @@ from nearshore.httpkit import (
     openai_errors,
     request_id_of,
 )
-from nearshore.protocol.errors import INTERNAL, NOT_FOUND, ApiError
-from nearshore.protocol.headers import CLIENT_REQUEST_ID, REQUEST_ID
-from nearshore.protocol.schemas import (
-    CompletionRequest,
-    ModelCard,
-    ModelList,
-    StreamOptions,
-    chat_request_decoder,
-    completion_request_decoder,
-    json_encoder,
-)
+from nearshore.protocol.errors import NOT_FOUND, ApiError
+from nearshore.protocol.schemas import ModelCard, ModelList, json_encoder
 
 log = logging.getLogger("nearshore.edge")
 
-__all__ = ["EDGE", "EdgeState", "create_app", "create_metrics_app"]
+__all__ = ["EDGE", "PIPELINE", "EdgeState", "create_app", "create_metrics_app"]
+PIPELINE = web.AppKey("pipeline", Pipeline)
 
 
-def create_app(state: EdgeState) -> web.Application:
+def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Application:
+    """The edge's app; ``pipeline`` replaces the default stages (a test adds one, say)."""
     app = web.Application(
         middlewares=[minted_request_ids, openai_errors], client_max_size=state.config.server.max_body_bytes
     )
     app[EDGE] = state
+    app[PIPELINE] = pipeline or default_pipeline()
     app.cleanup_ctx.append(_lifetime)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -133,59 +123,13 @@ async def metrics(request: web.Request) -> web.Response:
 # --- the proxy ---------------------------------------------------------------------------------------
 
 
-async def _proxy(request: web.Request, kind: Literal["chat", "completions"]) -> web.StreamResponse:
-    started = time.perf_counter()
-    state = request.app[EDGE]
-    key = authenticate(request, state)
-    decoder = chat_request_decoder if kind == "chat" else completion_request_decoder
-    body = await read_body(request, state, decoder)
-    check_request(state, key, body)
-    admission = await admit(state, key, body)
+async def _proxy(request: web.Request, kind: Kind) -> web.StreamResponse:
     journey = Journey(
+        request,
+        request.app[EDGE],
         kind,
+        time.perf_counter(),
         request_id_of(request),
         request[CLIENT_REQUEST_ID_KEY],
-        key,
-        body.model,
-        started,
-        admission,
     )
-    # Ids go on every answer, also on a stream whose head is sent before the middleware sees it.
-    client_headers = {**rate_limit_headers(admission.decision), REQUEST_ID: journey.request_id}
-    if journey.client_request_id:
-        client_headers[CLIENT_REQUEST_ID] = journey.client_request_id
-    keep_usage = body.wants_usage_chunk()
-    if body.stream:  # the edge always asks for usage; the client gets the chunk only if it asked too
-        body = msgspec.structs.replace(body, stream_options=StreamOptions(include_usage=True))
-    call = Call(
-        path="/v1/chat/completions" if kind == "chat" else "/v1/completions",
-        body=json_encoder.encode(body),  # what was validated is what leaves, re-encoded
-        headers={"Content-Type": "application/json", REQUEST_ID: journey.request_id, **state.pool.headers},
-        client_headers=client_headers,
-        echo=isinstance(body, CompletionRequest) and body.echo,
-    )
-    reply: UnaryReply | StreamReply
-    try:
-        if body.stream:
-            reply = await forward_stream(request, state, journey, call, keep_usage)
-        else:
-            reply = await forward_unary(request, state, journey, call)
-    except asyncio.CancelledError:
-        # The client left. Its row is written although this task is being cancelled.
-        if not journey.recorded:
-            journey.left()
-        state.in_background(close_journey(state, journey))
-        raise
-    except ApiError as exc:
-        if not journey.recorded:
-            journey.failed(exc)
-        await close_journey(state, journey)
-        raise
-    except Exception:
-        if not journey.recorded:
-            journey.failed(ApiError(INTERNAL, "internal error"))
-        await close_journey(state, journey)
-        raise
-    # The one exit: the ledger row is committed before the answer's end, so a client that saw it was billed.
-    audited = await close_journey(state, journey)
-    return await reply.finish(audited)
+    return await run_journey(request.app[PIPELINE], journey)

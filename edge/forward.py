@@ -1,8 +1,11 @@
-"""Forward one admitted request to a region and bring its answer back, recording the outcome on its journey.
+"""The forward and relay stages: send an admitted request to a region, bring its answer back, and record
+the outcome on the journey.
 
-:func:`forward_unary` and :func:`forward_stream` return a reply whose ``finish`` sends the last part once the
-journey is closed (the ledger row committed): the whole body of a unary answer, or a stream's usage chunk,
-error event and ``[DONE]``. Errors before anything reached the client are raised as :class:`ApiError`.
+forward: a stream's client side starts first (its watchdog sends heartbeats while the region prefills), then
+the request goes to the first region that answers in time (failover before the first byte). relay: a unary
+answer is read with its bounds and checked; a stream is relayed event by event. Each returns a reply whose
+``finish`` sends the last part once the journey is billed. Errors before anything reached the client are
+raised as :class:`ApiError`; after, they end the stream as an error event.
 """
 
 from __future__ import annotations
@@ -14,38 +17,20 @@ from dataclasses import dataclass
 import msgspec
 from aiohttp import web
 
-from edge.answer import (
-    MAX_TOKEN_TEXT_BYTES,
-    Answer,
-    UpstreamFault,
-    check_answer,
-    read_bounded,
-    read_refusal,
-)
-from edge.journey import Journey
+from edge.answer import MAX_TOKEN_TEXT_BYTES, Answer, UpstreamFault, check_answer, read_bounded, read_refusal
+from edge.journey import Journey, Reply
 from edge.relay import Opened, SseRelay, StreamLimits, StreamWatchdog, open_upstream
-from edge.state import EdgeState
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError
-from nearshore.protocol.headers import REGION as REGION_HEADER
+from nearshore.protocol.headers import REGION, SERVER_TIMING
 from nearshore.protocol.schemas import Usage, json_encoder
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
-    """What goes to the region, and the headers every answer to the client carries."""
-
-    path: str
-    body: bytes
-    headers: dict[str, str]
-    client_headers: dict[str, str]
-    echo: bool = False  # /v1/completions with echo: the first streamed text is the prompt
-
-
-def _response_budget(state: EdgeState, journey: Journey) -> int:
-    up = state.config.upstream
-    return up.response_base_bytes + up.response_bytes_per_token * journey.admission.max_tokens
+def _response_budget(journey: Journey) -> int:
+    up, admission = journey.state.config.upstream, journey.admission
+    assert admission is not None
+    return up.response_base_bytes + up.response_bytes_per_token * admission.max_tokens
 
 
 def _with_usage(payload: bytes, usage: Usage) -> bytes:
@@ -53,6 +38,58 @@ def _with_usage(payload: bytes, usage: Usage) -> bytes:
     data = msgspec.json.decode(payload)
     data["usage"] = usage
     return json_encoder.encode(data)
+
+
+async def forward(journey: Journey) -> Reply | None:
+    state, call, admission = journey.state, journey.call, journey.admission
+    assert call is not None and admission is not None and journey.body is not None
+    up = state.config.upstream
+    if journey.body.stream:
+        stream = _start_stream(journey)
+        first_byte_s = up.first_byte_timeout_s
+    else:
+        stream = None
+        # A unary answer's first byte is its whole answer: allow for the tokens it may have to generate.
+        first_byte_s = up.first_byte_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
+    state.metrics.overhead.observe(time.perf_counter() - journey.started)
+    try:
+        opened = await open_upstream(
+            state.pool, call.path, call.body, call.headers, state.metrics, first_byte_s
+        )
+    except ApiError as exc:
+        return _failed_before_first_byte(journey, stream, exc)
+    journey.opened, journey.region = opened, opened.region.name
+    journey.cleanups.append(_release(opened))
+    return None
+
+
+def _release(opened: Opened):
+    async def release() -> None:
+        opened.response.close()  # no-op once read to its end and released; else the connection goes
+
+    return release
+
+
+async def relay(journey: Journey) -> Reply:
+    if isinstance(journey.stream, StreamReply):
+        return await _relay_stream(journey, journey.stream)
+    return await _read_unary(journey)
+
+
+def _failed_before_first_byte(
+    journey: Journey, stream: StreamReply | None, error: ApiError, refused: bool = False
+) -> Reply:
+    """No token reached the client: a plain HTTP error if nothing did, else an error event (a heartbeat
+    already committed the stream)."""
+    journey.failed(error, refused=refused)
+    if stream is None or not stream.client.prepared:
+        assert journey.call is not None
+        error.extra_headers.update(journey.call.client_headers)
+        if journey.region:
+            error.extra_headers[REGION] = journey.region
+        raise error
+    stream.failure = error
+    return stream
 
 
 # --- unary ---------------------------------------------------------------------------------------------
@@ -70,34 +107,28 @@ class UnaryReply:
         return web.Response(body=body, content_type="application/json", headers=self.headers)
 
 
-async def forward_unary(request: web.Request, state: EdgeState, journey: Journey, call: Call) -> UnaryReply:
+async def _read_unary(journey: Journey) -> Reply:
+    state, opened, admission, call = journey.state, journey.opened, journey.admission, journey.call
+    assert opened is not None and admission is not None and call is not None
     up = state.config.upstream
-    forwarded = time.perf_counter()
-    state.metrics.overhead.observe(forwarded - journey.started)
-    # The whole answer is its first byte: allow for the tokens it may have to generate.
-    deadline_s = up.first_byte_timeout_s + up.unary_timeout_per_token_s * journey.admission.max_tokens
-    opened = await open_upstream(state.pool, call.path, call.body, call.headers, state.metrics, deadline_s)
-    journey.region = opened.region.name
-    headers = {**call.client_headers, REGION_HEADER: journey.region}
     async with opened.response as upstream:
         if upstream.status != 200:
             error, refused = await read_refusal(upstream)
-            journey.failed(error, refused=refused)
-            error.extra_headers.update(headers)
-            raise error
+            return _failed_before_first_byte(journey, None, error, refused)
         try:
-            max_bytes = min(up.max_unary_bytes, _response_budget(state, journey))
-            body = await read_bounded(upstream, max_bytes, up.idle_timeout_s)
-            a = journey.admission
-            # Completions with echo carry the prompt too.
-            max_text = a.max_tokens * MAX_TOKEN_TEXT_BYTES + (a.prompt_ceiling if call.echo else 0)
+            body = await read_bounded(
+                upstream, min(up.max_unary_bytes, _response_budget(journey)), up.idle_timeout_s
+            )
+            # No tokenizer spells a token in more bytes than this; completions with echo carry the prompt too.
+            max_text = admission.max_tokens * MAX_TOKEN_TEXT_BYTES + (
+                admission.prompt_ceiling if call.echo else 0
+            )
             answer = check_answer(journey.kind, upstream, body, max_text)
         except UpstreamFault as fault:
-            journey.failed(fault.error)
-            fault.error.extra_headers.update(headers)
-            raise fault.error from None
+            return _failed_before_first_byte(journey, None, fault.error)
     journey.answered(answer.usage)
-    headers["Server-Timing"] = opened.timing.header(forwarded - journey.started)
+    edge_s = opened.timing.forwarded_at - journey.started
+    headers = {**call.client_headers, REGION: journey.region, SERVER_TIMING: opened.timing.header(edge_s)}
     state.metrics.e2e.observe(time.perf_counter() - journey.started)
     return UnaryReply(answer, headers)
 
@@ -108,16 +139,13 @@ async def forward_unary(request: web.Request, state: EdgeState, journey: Journey
 class StreamReply:
     """The client's side of one stream: committed by the first heartbeat or the region's answer."""
 
-    def __init__(
-        self, request: web.Request, state: EdgeState, journey: Journey, call: Call, relay: SseRelay
-    ) -> None:
-        self.request = request
-        self.state = state
+    def __init__(self, journey: Journey, relay: SseRelay) -> None:
+        assert journey.call is not None
         self.journey = journey
-        self.call = call
+        self.request = journey.request
         self.client = relay.client
         self.relay = relay
-        self.keep_usage = False
+        self.keep_usage = journey.call.keep_usage
         self.failure: ApiError | None = None
         self.cut = False  # the client stopped reading or went away: no end to send
         self._prepare_lock = asyncio.Lock()
@@ -128,9 +156,9 @@ class StreamReply:
             if self.client.prepared:
                 return
             if opened is not None:
-                self.client.headers[REGION_HEADER] = opened.region.name
+                self.client.headers[REGION] = opened.region.name
                 edge_s = opened.timing.forwarded_at - self.journey.started
-                self.client.headers["Server-Timing"] = opened.timing.header(edge_s)
+                self.client.headers[SERVER_TIMING] = opened.timing.header(edge_s)
             await self.client.prepare(self.request)
 
     def cut_off(self) -> None:
@@ -155,85 +183,66 @@ class StreamReply:
             await self.client.write_eof()
         except (ConnectionError, RuntimeError):
             self.cut_off()  # the client left after its row was committed: nothing more to send
-        self.state.metrics.e2e.observe(time.perf_counter() - self.journey.started)
+        self.journey.state.metrics.e2e.observe(time.perf_counter() - self.journey.started)
         return self.client
 
 
-async def forward_stream(
-    request: web.Request, state: EdgeState, journey: Journey, call: Call, keep_usage: bool
-) -> StreamReply:
+def _start_stream(journey: Journey) -> StreamReply:
+    state, call, admission = journey.state, journey.call, journey.admission
+    assert call is not None and admission is not None
     up = state.config.upstream
     client = web.StreamResponse(headers={**sse.HEADERS, **call.client_headers})
-    max_tokens = journey.admission.max_tokens
-    limits = StreamLimits(up.max_event_bytes, _response_budget(state, journey), max_tokens)
-    relay = SseRelay(client, limits, echo=call.echo)
-    reply = StreamReply(request, state, journey, call, relay)
-    reply.keep_usage = keep_usage
+    limits = StreamLimits(up.max_event_bytes, _response_budget(journey), admission.max_tokens)
+    stream = StreamReply(journey, SseRelay(client, limits, echo=call.echo))
     watchdog = StreamWatchdog(
-        relay,
+        stream.relay,
         up.heartbeat_s,
         state.config.server.write_timeout_s,
         up.idle_timeout_s,
-        reply.commit,
-        reply.cut_off,
+        stream.commit,
+        stream.cut_off,
     )
-    state.metrics.overhead.observe(time.perf_counter() - journey.started)
     watchdog.start()
-    opened: Opened | None = None
+    journey.stream = stream
+    journey.cleanups.append(watchdog.stop)
+    return stream
+
+
+async def _relay_stream(journey: Journey, stream: StreamReply) -> Reply:
+    state, opened = journey.state, journey.opened
+    assert opened is not None
+    relay = stream.relay
     try:
-        try:
-            opened = await open_upstream(
-                state.pool, call.path, call.body, call.headers, state.metrics, up.first_byte_timeout_s
-            )
-        except ApiError as exc:
-            return _failed_before_first_byte(reply, exc)
-        journey.region = opened.region.name
         async with opened.response as upstream:
             if upstream.status != 200:
                 error, refused = await read_refusal(upstream)
-                return _failed_before_first_byte(reply, error, refused=refused)
+                return _failed_before_first_byte(journey, stream, error, refused)
             if upstream.content_type != "text/event-stream":
                 fault = UpstreamFault.bad(f"the region answered a stream with {upstream.content_type!r}")
-                return _failed_before_first_byte(reply, fault.error)
-            await reply.commit(opened)
+                return _failed_before_first_byte(journey, stream, fault.error)
+            await stream.commit(opened)
             outcome = await relay.relay(upstream)
         if relay.first_write_at:
             state.metrics.ttft.observe(relay.first_write_at - journey.started)
         if outcome.failure is not None:
             journey.failed(outcome.failure)
-            reply.failure = outcome.failure
+            stream.failure = outcome.failure
         else:
             journey.answered(outcome.usage)
-        return reply
+        return stream
     except (ConnectionError, TimeoutError):
         # The client stopped reading (write timeout) or its socket broke: it is cut off, billed what it got.
         journey.left()
-        reply.cut = True
-        if opened is not None:
-            state.in_background(state.pool.replenish(opened.region))
-        return reply
+        stream.cut = True
+        state.in_background(state.pool.replenish(opened.region))
+        return stream
     except asyncio.CancelledError:
         # The client left: leaving the block above closed the upstream request, so the region aborts.
-        if opened is not None:
-            state.in_background(state.pool.replenish(opened.region))
+        state.in_background(state.pool.replenish(opened.region))
         raise
     finally:
-        await watchdog.stop()
         outcome = relay.outcome
         journey.relayed_events = outcome.content_events
         journey.produced = journey.produced or outcome.content_events > 0
         if journey.usage is None:
             journey.usage = outcome.usage
-
-
-def _failed_before_first_byte(reply: StreamReply, error: ApiError, refused: bool = False) -> StreamReply:
-    """No token reached the client: a plain HTTP error if nothing did, else an error event (a heartbeat
-    already committed the response)."""
-    reply.journey.failed(error, refused=refused)
-    if not reply.client.prepared:
-        error.extra_headers.update(reply.call.client_headers)
-        if reply.journey.region:
-            error.extra_headers[REGION_HEADER] = reply.journey.region
-        raise error
-    reply.failure = error
-    return reply

@@ -1,35 +1,36 @@
-"""One admitted request's record as it moves through the edge, and its one exit: settle, bill, count.
+"""One request's record as it moves through the edge's stages (:mod:`edge.pipeline`).
 
-Whatever happens to a request after admission (answered, refused by the region, failed by a region that broke
-a rule, left by its client), the handler records the outcome on its :class:`Journey` and calls
-:func:`close_journey` exactly once: the usage is audited, the TPM reservation and the budget hold are settled
-to it, one ledger row is committed and the metrics are counted.
+Stages fill it in (who asked, what, what was reserved, which region answered) and record the outcome on it;
+the pipeline's one exit bills from it (:mod:`edge.settle`). Values flow through it as fields, never through
+module-level context.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from aiohttp import web
 
 from edge.budget import Hold
 from edge.keys import ApiKey
-from edge.ledger import UsageRecord
 from edge.limits import Decision
+from edge.relay import Opened
 from edge.state import EdgeState
-from edge.usage_audit import AuditedUsage, UsageBounds, audit_usage
+from edge.usage_audit import AuditedUsage, UsageBounds
 from nearshore.protocol.errors import ApiError
+from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
 
-log = logging.getLogger("nearshore.edge")
-
+Kind = Literal["chat", "completions"]
 Status = Literal["ok", "error", "aborted"]
+Body = ChatCompletionRequest | CompletionRequest
 CLIENT_LEFT = 499  # nginx's code for a client that closed the connection before the answer
 
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """What admission decided and reserved for a request."""
+    """What admission decided and reserved for a request; from then on it is billed."""
 
     decision: Decision
     hold: Hold | None
@@ -38,17 +39,41 @@ class Admission:
     max_tokens: int  # the completion tokens it may produce (and reserved)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class Call:
+    """What goes to the region, and the headers every answer to the client carries."""
+
+    path: str
+    body: bytes
+    headers: dict[str, str]
+    client_headers: dict[str, str]
+    echo: bool = False  # /v1/completions with echo: the first streamed text is the prompt
+    keep_usage: bool = False  # the client asked for the usage chunk
+
+
+class Reply(Protocol):
+    """What a stage hands back to end the journey: its ``finish`` sends the answer's last part once the
+    request is billed (a unary body, or a stream's usage chunk, error event and ``[DONE]``)."""
+
+    async def finish(self, audited: AuditedUsage | None) -> web.StreamResponse: ...
+
+
+@dataclass(slots=True, eq=False)
 class Journey:
-    kind: Literal["chat", "completions"]
-    request_id: str
-    client_request_id: str
-    key: ApiKey
-    model: str
-    started: float
-    admission: Admission
+    request: web.Request
+    state: EdgeState
+    kind: Kind
+    started: float  # perf_counter at arrival
+    request_id: str  # the edge's own, unique
+    client_request_id: str = ""
+    key: ApiKey | None = None
+    body: Body | None = None
+    admission: Admission | None = None
+    call: Call | None = None
+    opened: Opened | None = None  # the region's answer, once its head arrived
+    stream: Reply | None = None  # a stream's client side, from the forward stage on
     region: str = ""
-    # The outcome, as the handler records it; until then the request counts as left by its client.
+    # The outcome, as the stages record it; until then the request counts as left by its client.
     status: Status = "aborted"
     http_status: int = CLIENT_LEFT
     error_code: str = ""
@@ -57,7 +82,9 @@ class Journey:
     relayed_events: int | None = None  # streams: content events that reached the client
     refused: bool = False  # the region refused the request itself (a 4xx)
     recorded: bool = False  # an outcome was recorded
-    closed: bool = False
+    settled: bool = False
+    # Run at the exit whatever happened (stop a stream's watchdog, release an unread answer).
+    cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def answered(self, usage: bytes | None) -> None:
         self.status, self.http_status, self.usage, self.produced = "ok", 200, usage, True
@@ -76,77 +103,5 @@ class Journey:
     @property
     def bounds(self) -> UsageBounds:
         a = self.admission
+        assert a is not None
         return UsageBounds(a.prompt_ceiling, a.prompt_estimate, a.max_tokens, self.relayed_events)
-
-
-async def close_journey(state: EdgeState, journey: Journey) -> AuditedUsage | None:
-    """Settle and bill the request once; later calls do nothing (and return None)."""
-    if journey.closed:
-        return None
-    journey.closed = True
-    audited = audit_usage(journey.usage, journey.bounds, journey.produced)
-    usage = audited.usage
-    if audited.anomalies:
-        _report_anomalies(state, journey, audited)
-    cached = usage.prompt_tokens_details.cached_tokens
-    cost = state.prices.cost(journey.model, usage.prompt_tokens, cached, usage.completion_tokens)
-    # A prompt the region refused (too long, ...) still cost it work: it keeps its share of the TPM window.
-    tpm_tokens = journey.admission.prompt_estimate if journey.refused else usage.total_tokens
-    reservation = journey.admission.decision.reservation
-    if reservation is not None:
-        state.in_background(_settle_limit(state, journey, reservation, tpm_tokens))
-    state.budget.settle(journey.admission.hold, journey.key.key_id, cost)
-    record = UsageRecord(
-        request_id=journey.request_id,
-        ts=time.time(),
-        key_id=journey.key.key_id,
-        tenant=journey.key.tenant,
-        model=journey.model,
-        region=journey.region,
-        prompt_tokens=usage.prompt_tokens,
-        cached_tokens=cached,
-        completion_tokens=usage.completion_tokens,
-        cache_status="bypass",
-        cost_usd=cost,
-        status=journey.status,
-        http_status=journey.http_status,
-        client_request_id=journey.client_request_id,
-        error_code=journey.error_code,
-    )
-    try:
-        await state.ledger.record(record)
-    except Exception:
-        state.metrics.ledger_errors.inc()
-        log.exception("usage record %s could not be written", journey.request_id)
-    m = state.metrics
-    m.requests.labels(journey.status, journey.region or "none").inc()
-    if journey.error_code and journey.status == "error" and not journey.refused:
-        m.upstream_errors.labels(journey.error_code, journey.region or "none").inc()
-    m.prompt_tokens.labels(journey.model).inc(usage.prompt_tokens)
-    m.cached_tokens.labels(journey.model).inc(cached)
-    m.generation_tokens.labels(journey.model).inc(usage.completion_tokens)
-    m.add_cost(journey.model, journey.key.tenant, cost)
-    return audited
-
-
-def _report_anomalies(state: EdgeState, journey: Journey, audited: AuditedUsage) -> None:
-    region = journey.region or "none"
-    for kind in audited.anomalies:
-        state.metrics.usage_anomalies.labels(kind, region).inc()
-    reported = (journey.usage or b"")[:300]
-    log.warning(
-        "request %s: region %s reported usage %r (%s); billed prompt=%d completion=%d",
-        journey.request_id,
-        region,
-        reported,
-        ", ".join(audited.anomalies),
-        audited.usage.prompt_tokens,
-        audited.usage.completion_tokens,
-    )
-
-
-async def _settle_limit(state: EdgeState, journey: Journey, reservation: str, tokens: int) -> None:
-    try:
-        await state.limiter.settle(journey.key.key_id, reservation, tokens)
-    except Exception:  # a failed refund only makes the limit stricter for a minute
-        log.warning("could not settle the reservation of %s", journey.request_id, exc_info=True)

@@ -1,0 +1,96 @@
+"""The edge's journey as named stages, and its one exit.
+
+A request passes through the stages in order (authenticate, parse, admit, [route], [cache], forward,
+relay; see :mod:`edge.stages`); each reads and fills in the :class:`~edge.journey.Journey`, and may end
+it by returning a reply (a cache hit would) or raising an :class:`ApiError`. Whatever happens,
+:func:`run_journey` leaves by one door: it records an outcome if no stage did, runs the cleanups, bills
+the request once (:func:`edge.settle.settle_journey`), and only then sends the answer's last bytes. A new
+concern is a new stage, added with :meth:`Pipeline.with_stage`, without touching the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from edge.journey import Journey, Reply
+from edge.settle import settle_journey
+from nearshore.protocol.errors import INTERNAL, ApiError
+
+log = logging.getLogger("nearshore.edge")
+
+Step = Callable[[Journey], Awaitable[Reply | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    run: Step
+
+
+class Pipeline:
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        names = [s.name for s in stages]
+        if len(set(names)) != len(names):
+            raise ValueError(f"stage names must be unique: {names}")
+        self.stages = tuple(stages)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def with_stage(self, stage: Stage, *, before: str) -> Pipeline:
+        """A pipeline with ``stage`` inserted before the stage named ``before``."""
+        at = self.names.index(before)
+        return Pipeline([*self.stages[:at], stage, *self.stages[at:]])
+
+    def without(self, name: str) -> Pipeline:
+        return Pipeline([s for s in self.stages if s.name != name])
+
+
+async def run_journey(pipeline: Pipeline, journey: Journey) -> web.StreamResponse:
+    state = journey.state
+    reply: Reply | None = None
+    try:
+        for stage in pipeline.stages:
+            reply = await stage.run(journey)
+            if reply is not None:
+                break
+        else:
+            raise RuntimeError(f"no stage answered ({pipeline.names})")
+    except asyncio.CancelledError:
+        # The client left. Its row is written although this task is being cancelled.
+        if not journey.recorded:
+            journey.left()
+        await _clean_up(journey)
+        state.in_background(settle_journey(journey))
+        raise
+    except ApiError as exc:
+        if not journey.recorded:
+            journey.failed(exc)
+        await _clean_up(journey)
+        await settle_journey(journey)
+        raise
+    except Exception:
+        if not journey.recorded:
+            journey.failed(ApiError(INTERNAL, "internal error"))
+        await _clean_up(journey)
+        await settle_journey(journey)
+        raise
+    await _clean_up(journey)
+    # The one exit: the ledger row is committed before the answer's end, so a client that saw it was billed.
+    audited = await settle_journey(journey)
+    return await reply.finish(audited)
+
+
+async def _clean_up(journey: Journey) -> None:
+    cleanups, journey.cleanups = journey.cleanups, []
+    for cleanup in reversed(cleanups):
+        try:
+            await cleanup()
+        except Exception:  # a cleanup must never stand between a request and its bill
+            log.exception("cleanup failed for request %s", journey.request_id)

@@ -1,0 +1,90 @@
+"""The journey's one bill: audit the usage, settle the reservation and the budget hold, write the ledger row,
+count the metrics. Called once per admitted request by the pipeline's exit (:mod:`edge.pipeline`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from edge.journey import Journey
+from edge.ledger import UsageRecord
+from edge.usage_audit import AuditedUsage, audit_usage
+
+log = logging.getLogger("nearshore.edge")
+
+
+async def settle_journey(journey: Journey) -> AuditedUsage | None:
+    """Bill the request once; a request refused before admission reserved nothing and has no row."""
+    admission = journey.admission
+    if journey.settled or admission is None or journey.key is None:
+        return None
+    journey.settled = True
+    state, key = journey.state, journey.key
+    model = journey.body.model if journey.body is not None else ""
+    audited = audit_usage(journey.usage, journey.bounds, journey.produced)
+    usage = audited.usage
+    if audited.anomalies:
+        _report_anomalies(journey, audited)
+    cached = usage.prompt_tokens_details.cached_tokens
+    cost = state.prices.cost(model, usage.prompt_tokens, cached, usage.completion_tokens)
+    # A prompt the region refused (too long, ...) still cost it work: it keeps its share of the TPM window.
+    tpm_tokens = admission.prompt_estimate if journey.refused else usage.total_tokens
+    if admission.decision.reservation is not None:
+        state.in_background(_settle_limit(journey, admission.decision.reservation, tpm_tokens))
+    state.budget.settle(admission.hold, key.key_id, cost)
+    record = UsageRecord(
+        request_id=journey.request_id,
+        ts=time.time(),
+        key_id=key.key_id,
+        tenant=key.tenant,
+        model=model,
+        region=journey.region,
+        prompt_tokens=usage.prompt_tokens,
+        cached_tokens=cached,
+        completion_tokens=usage.completion_tokens,
+        cache_status="bypass",
+        cost_usd=cost,
+        status=journey.status,
+        http_status=journey.http_status,
+        client_request_id=journey.client_request_id,
+        error_code=journey.error_code,
+    )
+    try:
+        await state.ledger.record(record)
+    except Exception:
+        state.metrics.ledger_errors.inc()
+        log.exception("usage record %s could not be written", journey.request_id)
+    m = state.metrics
+    region = journey.region or "none"
+    m.requests.labels(journey.status, region).inc()
+    if journey.error_code and journey.status == "error" and not journey.refused:
+        m.upstream_errors.labels(journey.error_code, region).inc()
+    m.prompt_tokens.labels(model).inc(usage.prompt_tokens)
+    m.cached_tokens.labels(model).inc(cached)
+    m.generation_tokens.labels(model).inc(usage.completion_tokens)
+    m.add_cost(model, key.tenant, cost)
+    return audited
+
+
+def _report_anomalies(journey: Journey, audited: AuditedUsage) -> None:
+    region = journey.region or "none"
+    for kind in audited.anomalies:
+        journey.state.metrics.usage_anomalies.labels(kind, region).inc()
+    reported = (journey.usage or b"")[:300]
+    log.warning(
+        "request %s: region %s reported usage %r (%s); billed prompt=%d completion=%d",
+        journey.request_id,
+        region,
+        reported,
+        ", ".join(audited.anomalies),
+        audited.usage.prompt_tokens,
+        audited.usage.completion_tokens,
+    )
+
+
+async def _settle_limit(journey: Journey, reservation: str, tokens: int) -> None:
+    try:
+        await journey.state.limiter.settle(journey.key.key_id if journey.key else "", reservation, tokens)
+    except Exception:  # a failed refund only makes the limit stricter for a minute
+        log.warning("could not settle the reservation of %s", journey.request_id, exc_info=True)

@@ -1,0 +1,73 @@
+"""The edge's stages, in order, and the pipeline they make (DESIGN.md, "the journey of one request").
+
+authenticate -> parse (schema, size, model) -> admit (budget hold, RPM/TPM reservation; from here the request
+is billed) -> forward (failover before the first byte) -> relay. Geo-routing and the response cache come in as
+stages of their own, before forward.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from edge.admission import admit, authenticate, check_request, read_body
+from edge.forward import forward, relay
+from edge.journey import Call, Journey, Reply
+from edge.limits import rate_limit_headers
+from edge.pipeline import Pipeline, Stage
+from nearshore.protocol.headers import CLIENT_REQUEST_ID, REQUEST_ID
+from nearshore.protocol.schemas import (
+    CompletionRequest,
+    StreamOptions,
+    chat_request_decoder,
+    completion_request_decoder,
+    json_encoder,
+)
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+async def authenticate_stage(journey: Journey) -> Reply | None:
+    journey.key = authenticate(journey.request, journey.state)
+    return None
+
+
+async def parse_stage(journey: Journey) -> Reply | None:
+    assert journey.key is not None
+    decoder = chat_request_decoder if journey.kind == "chat" else completion_request_decoder
+    journey.body = await read_body(journey.request, journey.state, decoder)
+    check_request(journey.state, journey.key, journey.body)
+    return None
+
+
+async def admit_stage(journey: Journey) -> Reply | None:
+    state, key, body = journey.state, journey.key, journey.body
+    assert key is not None and body is not None
+    journey.admission = await admit(state, key, body)
+    # Ids go on every answer, also on a stream whose head is sent before the middleware sees it.
+    client_headers = {**rate_limit_headers(journey.admission.decision), REQUEST_ID: journey.request_id}
+    if journey.client_request_id:
+        client_headers[CLIENT_REQUEST_ID] = journey.client_request_id
+    upstream = body
+    if body.stream:  # the edge always asks for usage; the client gets the chunk only if it asked too
+        upstream = msgspec.structs.replace(body, stream_options=StreamOptions(include_usage=True))
+    journey.call = Call(
+        path=PATHS[journey.kind],
+        body=json_encoder.encode(upstream),  # what was validated is what leaves
+        headers={"Content-Type": "application/json", REQUEST_ID: journey.request_id, **state.pool.headers},
+        client_headers=client_headers,
+        echo=isinstance(body, CompletionRequest) and body.echo,
+        keep_usage=body.wants_usage_chunk(),
+    )
+    return None
+
+
+def default_pipeline() -> Pipeline:
+    return Pipeline(
+        [
+            Stage("authenticate", authenticate_stage),
+            Stage("parse", parse_stage),
+            Stage("admit", admit_stage),
+            Stage("forward", forward),
+            Stage("relay", relay),
+        ]
+    )
