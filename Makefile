@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine:
-#   make demo   the main job: a regional node on the embedded model streams an answer
+#   make demo   the main job: brings up the Lagos topology (two regions on the embedded model, emulated
+#               links, an edge), streams one answer as a Lagos user would, and stops it all
 #   make test   lint, format check and the whole test suite
 PYTHON ?= python3
 VENV := .venv

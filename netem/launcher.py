@@ -20,7 +20,7 @@ from pathlib import Path
 
 from edge.config import DATA_DIR
 from edge.keys import KeyStore
-from nearshore import tls
+from nearshore import tls, tomlw
 from nearshore.procs import ManagedProcess, free_port, nearshore_argv
 from netem.leftovers import RunRecord, stop_orphans
 from netem.topology import Topology
@@ -144,11 +144,14 @@ class Launcher:
         for region in t.regions:
             cert, key = tls.issue_certificate(ca_dir, region.name, certs, server=True)
             config = self.run_dir / f"region-{region.name}.toml"
-            engine = "\n".join(f"{k} = {v}" for k, v in self.engine.items())
-            config.write_text(
-                f'name = "{region.name}"\n[server]\nhost = "{HOST}"\nport = {ports[region.name]}\n'
-                f'tls_cert = "{cert}"\ntls_key = "{key}"\nclient_ca = "{ca}"\n[engine]\n{engine}\n'
-            )
+            server = {
+                "host": HOST,
+                "port": ports[region.name],
+                "tls_cert": cert,
+                "tls_key": key,
+                "client_ca": ca,
+            }
+            config.write_text(tomlw.dumps({"name": region.name, "server": server, "engine": self.engine}))
             self._spawn(f"region-{region.name}", nearshore_argv("region", "--config", str(config)))
         context = tls.client_context(ca=ca, cert=edge_cert, key=edge_key)
         for region in t.regions:
@@ -190,15 +193,24 @@ class Launcher:
         store.close()
         edge_config = self.run_dir / "edge.toml"
         metrics_port = free_port()
-        regions_toml = "".join(
-            f'[[regions]]\nname = "{e.name}"\nurl = "{e.via_edge_link}"\n' for e in endpoints
-        )
         edge_config.write_text(
-            f'name = "{t.name}-edge"\nkeys_db = "{keys_db}"\n'
-            f'ledger_db = "{self.run_dir / "ledger.sqlite3"}"\n'
-            f'[server]\nhost = "{HOST}"\nport = {edge_port}\n[tls]\ndev_cert_dir = "{self.run_dir / "tls"}"\n'
-            f'[upstream]\nca = "{ca}"\nclient_cert = "{edge_cert}"\nclient_key = "{edge_key}"\n'
-            f"health_interval_s = 2\n[metrics]\nport = {metrics_port}\n" + regions_toml
+            tomlw.dumps(
+                {
+                    "name": f"{t.name}-edge",
+                    "keys_db": keys_db,
+                    "ledger_db": self.run_dir / "ledger.sqlite3",
+                    "server": {"host": HOST, "port": edge_port},
+                    "tls": {"dev_cert_dir": self.run_dir / "tls"},
+                    "upstream": {
+                        "ca": ca,
+                        "client_cert": edge_cert,
+                        "client_key": edge_key,
+                        "health_interval_s": 2,
+                    },
+                    "metrics": {"port": metrics_port},
+                    "regions": [{"name": e.name, "url": e.via_edge_link} for e in endpoints],
+                }
+            )
         )
         self.progress("[3/4] edge: TLS, keys, limits, warm pools to every region ...")
         edge = self._spawn("edge", nearshore_argv("edge", "--config", str(edge_config)))

@@ -10,27 +10,24 @@ Nagle delay adds to the emulated one.
 Faults: ``reset`` cuts every open connection with RST; ``blackhole`` holds all data (connections are
 accepted and stall; held data flows again on ``clear``, as TCP would retransmit it); ``slow_close`` delays
 each end of stream by N ms; ``down`` refuses new connections and resets open ones; ``up`` and ``clear``
-undo them. Several links run in one process as a :class:`LinkSet`, changed through netem/control.py.
+undo them. Several links run in one process as a :class:`LinkSet`, changed through netem/control.py;
+``nearshore link`` (nearshore/cli/link.py) runs them from flags or a file (netem/link_config.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import struct
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Literal, get_args
 
 import msgspec
 
-from nearshore.config import ConfigError, load_config
 from netem import geo_floor
-from netem.profiles import WAYS, LinkOverride, Profile, apply_override, check_profile, load_profile
+from netem.profiles import WAYS, LinkOverride, Profile, apply_override, check_profile
 from netem.toxics import Chunk, Lane, Pipeline, build_chain, now
 
 log = logging.getLogger("nearshore.link")
@@ -437,133 +434,3 @@ class LinkSet:
 
     def state(self) -> list[LinkState]:
         return [link.state() for link in self.links.values()]
-
-
-# -- the ``nearshore link`` command
-
-
-class LinkEntry(msgspec.Struct, forbid_unknown_fields=True):
-    name: str
-    listen: str
-    target: str
-    profile: str
-    reverse: bool = False  # the client sits at the profile's "b"
-
-
-class LinksConfig(msgspec.Struct, forbid_unknown_fields=True):
-    """``nearshore link --config FILE``: the links of a topology in one TOML file."""
-
-    control: str = "127.0.0.1:0"
-    seed: int = 0
-    handshake: bool = True
-    links: list[LinkEntry] = msgspec.field(default_factory=list)
-
-
-def parse_link_spec(spec: str) -> LinkEntry:
-    """``NAME=LISTEN_HOST:PORT->TARGET_HOST:PORT@PROFILE`` (PROFILE: a shipped name or a path)."""
-    name, eq, rest = spec.partition("=")
-    addresses, at, profile = rest.rpartition("@")
-    listen, arrow, target = addresses.partition("->")
-    if not (eq and at and arrow and name and profile):
-        raise ValueError(f"expected NAME=HOST:PORT->HOST:PORT@PROFILE, got {spec!r}")
-    parse_hostport(listen), parse_hostport(target)
-    return LinkEntry(name, listen, target, profile)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--link",
-        action="append",
-        default=[],
-        metavar="NAME=HOST:PORT->HOST:PORT@PROFILE",
-        help="a link: listen on the first address, forward to the second, shaped by PROFILE "
-        "(a name in configs/netem/ or a path); repeat for more links; port 0 picks one",
-    )
-    parser.add_argument("--config", metavar="FILE", help="a TOML file listing links, control and seed")
-    parser.add_argument("--control", metavar="HOST:PORT", help="the control API (default 127.0.0.1:0)")
-    parser.add_argument("--seed", type=int, help="seed for jitter and loss draws (default 0)")
-    parser.add_argument(
-        "--no-handshake",
-        action="store_true",
-        help="let a new connection's first byte go at once (default: it waits one RTT, as TCP's handshake)",
-    )
-
-
-def links_from_args(args: argparse.Namespace) -> tuple[LinkSet, tuple[str, int]]:
-    config = load_config(args.config, LinksConfig) if args.config else LinksConfig()
-    where = args.config or "--link"
-    entries = list(config.links)
-    try:
-        entries += [parse_link_spec(spec) for spec in args.link]
-        control = parse_hostport(args.control or config.control)
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-    if not entries:
-        raise ConfigError("nearshore link: no links (give --link or --config)")
-    seed = config.seed if args.seed is None else args.seed
-    handshake = config.handshake and not args.no_handshake
-    links = []
-    for entry in entries:
-        profile = load_profile(_profile_ref(entry.profile, args.config))
-        try:
-            links.append(
-                LinkEmulator(
-                    entry.name,
-                    entry.listen,
-                    entry.target,
-                    profile.reversed() if entry.reverse else profile,
-                    seed,
-                    handshake=handshake,
-                )
-            )
-        except ValueError as exc:
-            raise ConfigError(f"{where}: link {entry.name}: {exc}") from None
-    try:
-        return LinkSet(links), control
-    except ValueError as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def _profile_ref(profile: str, config: str | None) -> str | Path:
-    """A relative profile path in a config file is relative to that file."""
-    if config and ("/" in profile or profile.endswith(".toml")) and not Path(profile).is_absolute():
-        return Path(config).parent / profile
-    return profile
-
-
-def main(args: argparse.Namespace) -> int:
-    from nearshore.httpkit import install_uvloop
-
-    links, control = links_from_args(args)
-    install_uvloop()
-    asyncio.run(_run(links, control))
-    return 0
-
-
-async def _run(links: LinkSet, control: tuple[str, int]) -> None:
-    from nearshore.httpkit import serve
-    from netem.control import create_control_app
-
-    await links.start()
-    try:
-        await serve(
-            create_control_app(links), *control, on_ready=lambda port: _print_ready(links, control[0], port)
-        )
-    finally:
-        await links.stop()
-
-
-def _print_ready(links: LinkSet, host: str, port: int) -> None:
-    """One line per link, then one ``ready {json}`` line a launcher can parse."""
-    for link in links.links.values():
-        p = link.profile
-        print(
-            f"link {link.name}: {link.listen} -> {link.target} ({p.name}: RTT {p.rtt_ms:g} ms, "
-            f"floor {p.floor_rtt_ms:.1f} ms)",
-            flush=True,
-        )
-    ready = {
-        "control": f"http://{host}:{port}",
-        "links": {name: {"listen": link.listen, "target": link.target} for name, link in links.links.items()},
-    }
-    print("ready " + json.dumps(ready), flush=True)

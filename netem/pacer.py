@@ -8,13 +8,11 @@ error status, or drop the connection after a number of tokens.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import time
 
 from aiohttp import web
 
-from nearshore.httpkit import install_uvloop, serve
 from nearshore.protocol import sse
 from nearshore.protocol.schemas import (
     ChatChunkChoice,
@@ -176,30 +174,3 @@ def _chunks(chat: bool, rid: str, model: str, n: int, usage: Usage) -> _Chunks:
         sse.event(Completion(cid, created, model, [CompletionChoice(0, "", "length")])),
         sse.event(Completion(cid, created, model, [], usage=usage)),
     )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8200)
-    parser.add_argument("--tokens", type=int, default=16, help="tokens per answer (default 16)")
-    parser.add_argument("--interval-ms", type=float, default=20.0, help="gap between tokens (default 20 ms)")
-    parser.add_argument("--fail-status", type=int, default=0, help="answer every request with this status")
-    parser.add_argument("--break-after", type=int, default=0, help="drop the connection after N tokens")
-    parser.add_argument(
-        "--eof-delay-ms", type=float, default=0.0, help="end the response this long after [DONE]"
-    )
-    parser.add_argument("--name", default="pacer")
-
-
-def main(args: argparse.Namespace) -> int:
-    install_uvloop()
-    settings = PacerSettings(
-        args.tokens,
-        args.interval_ms / 1000,
-        args.fail_status,
-        args.break_after,
-        args.name,
-        args.eof_delay_ms / 1000,
-    )
-    asyncio.run(serve(create_app(settings), args.host, args.port))
-    return 0

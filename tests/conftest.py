@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nearshore.procs import ManagedProcess, free_port, nearshore_argv
+from nearshore.tomlw import dumps
 
 MODEL = "gemma-3-270m"
 
@@ -19,24 +20,9 @@ class Node:
     process: ManagedProcess
 
 
-def _toml_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    return str(value)
-
-
 def write_region_config(path: Path, port: int, sections: dict[str, dict[str, object]]) -> Path:
-    lines = [f'name = "test"\n[server]\nport = {port}']
-    for key, value in sections.pop("server", {}).items():
-        lines.append(f"{key} = {_toml_value(value)}")
-    for section, values in sections.items():
-        lines.append(f"[{section}]")
-        lines.extend(f"{k} = {_toml_value(v)}" for k, v in values.items())
-    path.write_text("\n".join(lines) + "\n")
+    server = {"port": port, **sections.pop("server", {})}
+    path.write_text(dumps({"name": "test", "server": server, **sections}))
     return path
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from edge.keys import KeyStore
 from edge.node import KEY_REFRESH_S
 from nearshore.procs import ManagedProcess, free_port, nearshore_argv
-from tests.conftest import _toml_value
+from nearshore.tomlw import dumps
 
 
 @dataclass
@@ -118,19 +118,24 @@ def start_edge(
     # The edge reads keys created before it starts; make sure the file exists.
     KeyStore(keys_db).close()
     top = sections.pop("top", {})
-    lines = [f'keys_db = "{keys_db}"', f'ledger_db = "{ledger_db}"']
-    lines += [f"{k} = {_toml_value(v)}" for k, v in top.items()]
     server = {"port": port, **sections.pop("server", {})}
     metrics = {"port": free_port(), **sections.pop("metrics", {})}
-    sections["metrics"] = metrics
     tls = {"dev_cert_dir": str(folder / "tls"), **sections.pop("tls", {})}
-    for name, values in {"server": server, "tls": tls, **sections}.items():
-        lines.append(f"[{name}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
-    for name, url in regions:
-        lines += ["[[regions]]", f'name = "{name}"', f'url = "{url}"']
     config = folder / "edge.toml"
-    config.write_text("\n".join(lines) + "\n")
+    config.write_text(
+        dumps(
+            {
+                "keys_db": keys_db,
+                "ledger_db": ledger_db,
+                **top,
+                "server": server,
+                "tls": tls,
+                "metrics": metrics,
+                **sections,
+                "regions": [{"name": name, "url": url} for name, url in regions],
+            }
+        )
+    )
     process = ManagedProcess(
         "edge", nearshore_argv("edge", "--config", str(config)), folder / "edge.log"
     ).start()

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from netem.bench_edge import add_arguments, main
+from nearshore.cli.bench import add_edge_arguments, run_edge
 
 
 @pytest.mark.slow
 def test_bench_edge_tiny_run(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    add_edge_arguments(parser)
     out = tmp_path / "bench.json"
     args = parser.parse_args(
         [
@@ -32,7 +32,7 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
             "--logs", str(tmp_path / "logs"),
         ]
     )  # fmt: skip
-    assert main(args) == 0
+    assert run_edge(args) == 0
     report = json.loads(out.read_text())
 
     rows = {row["path"]: row for row in report["streams"]}

@@ -24,10 +24,12 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from nearshore.cli.link import links_from_args
 from nearshore.config import ConfigError
 from netem.control import create_control_app
 from netem.fidelity import fidelity_check
-from netem.link import LinkEmulator, LinkSet, links_from_args, make_lanes, parse_link_spec
+from netem.link import LinkEmulator, LinkSet, make_lanes
+from netem.link_config import parse_link_spec
 from netem.profiles import Direction, Loss, Profile, Source, load_profile
 from netem.tc import TcLink, choose_backend, netem_args, tbf_args, tc_netem_available
 from netem.toxics import draw_jitter
@@ -470,7 +472,7 @@ def test_links_from_a_config_file(tmp_path):
 async def test_link_command_prints_ready_and_serves():
     async with server(echo) as port:
         code = (
-            "import argparse, sys; from netem.link import add_arguments, main; "
+            "import argparse, sys; from nearshore.cli.link import add_arguments, main; "
             "p = argparse.ArgumentParser(); add_arguments(p); sys.exit(main(p.parse_args()))"
         )
         argv = [sys.executable, "-c", code, "--link", f"metro=127.0.0.1:0->127.0.0.1:{port}@lagos-metro"]

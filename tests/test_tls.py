@@ -25,7 +25,8 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from nearshore import ca_cli, tls
+from nearshore import tls
+from nearshore.cli import ca as ca_cli
 from nearshore.procs import ManagedProcess, free_port, nearshore_argv
 from regional.config import RegionConfig
 from regional.node import check_config, server_ssl_context

@@ -1,46 +1,58 @@
 """One request on a brand-new connection, timed phase by phase: TCP handshake, TLS handshake, first token.
 
-A hand-rolled HTTP/1.1 exchange over asyncio streams, so nothing (pooling, DNS, retries) hides a phase.
+A hand-rolled HTTP/1.1 exchange over asyncio streams, so nothing (pooling, DNS, retries) hides a phase;
+the answer's head and its token stream are read by the benchmarks' own client (netem/bench/client.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 import socket
 import ssl
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-_FIRST_TOKEN = re.compile(rb'"content":"[^"]')
+from multidict import CIMultiDict
+
+from netem.bench.client import Stream, read_events, read_head
 
 
 @dataclass
 class Phases:
     tcp_s: float = 0.0
     tls_s: float = 0.0
-    first_token_s: float = 0.0  # from the request's last byte sent to the first token's arrival
-    status: int = 0
-    region: str = ""
-    server_timing: dict[str, float] = field(default_factory=dict)  # milliseconds, by name
+    stream: Stream = field(default_factory=Stream)  # timed from the request's last byte sent
+
+    @property
+    def first_token_s(self) -> float:
+        return self.stream.ttft_s
 
     @property
     def ttft_s(self) -> float:
         return self.tcp_s + self.tls_s + self.first_token_s
 
+    @property
+    def status(self) -> int:
+        return self.stream.status
 
-def parse_server_timing(header: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for part in header.split(","):
-        name, _, rest = part.strip().partition(";")
-        if "dur=" in rest:
-            try:
-                out[name] = float(rest.split("dur=")[1].split(";")[0])
-            except ValueError:
-                continue
-    return out
+    @property
+    def server_timing(self) -> dict[str, float]:
+        """Milliseconds, by name."""
+        return self.stream.server_timing_ms
+
+
+async def _body(reader: asyncio.StreamReader, chunked: bool) -> AsyncIterator[bytes]:
+    """The response body as it arrives, its chunked framing taken off."""
+    if not chunked:
+        while data := await reader.read(65536):
+            yield data
+        return
+    while size := int((await reader.readline()).split(b";")[0].strip() or b"0", 16):
+        yield await reader.readexactly(size)
+        await reader.readexactly(2)  # the CRLF after each chunk
 
 
 async def probe(
@@ -72,25 +84,15 @@ async def probe(
         await writer.drain()
         sent = time.perf_counter()
         try:
-            raw_head = await reader.readuntil(b"\r\n\r\n")
-            lines = raw_head.decode(errors="replace").split("\r\n")
-            phases.status = int(lines[0].split()[1])
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                if name.lower() == "server-timing":
-                    phases.server_timing.update(parse_server_timing(value))
-                elif name.lower() == "x-nearshore-region":
-                    phases.region = value.strip()
-            seen = b""
-            while phases.status == 200:
-                chunk = await reader.read(65536)
-                if not chunk:
-                    break
-                seen += chunk
-                if not phases.first_token_s and _FIRST_TOKEN.search(seen):
-                    phases.first_token_s = time.perf_counter() - sent
-                if b"data: [DONE]" in seen:
-                    break  # read to the end, as a user would: leaving early would abort the stream
+            lines = (await reader.readuntil(b"\r\n\r\n")).decode(errors="replace").split("\r\n")
+            answer = CIMultiDict(
+                (k.strip(), v.strip()) for k, _, v in (x.partition(":") for x in lines[1:] if x)
+            )
+            read_head(phases.stream, int(lines[0].split()[1]), answer)
+            if phases.status == 200:
+                # Read to [DONE], as a user would: leaving early would abort the stream.
+                chunked = "chunked" in answer.get("Transfer-Encoding", "").lower()
+                await read_events(_body(reader, chunked), phases.stream, sent)
         finally:
             writer.close()
     return phases

@@ -9,6 +9,7 @@ region after the first byte); every request that had not started must be served 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import statistics
 import time
@@ -19,7 +20,7 @@ from typing import ClassVar
 import aiohttp
 
 from nearshore import tls
-from nearshore.protocol.sse import iter_data
+from netem.bench.client import Stream, stream_once
 from netem.scenarios.base import ScenarioContext, ScenarioResult
 
 CLIENTS = 4
@@ -55,14 +56,15 @@ class RegionOutage:
             "temperature": 0,
             "stream": True,
         }
-        headers = {"Authorization": f"Bearer {running.api_key}"}
+        body = json.dumps(payload).encode()
+        headers = {"Authorization": f"Bearer {running.api_key}", "Content-Type": "application/json"}
         async with aiohttp.ClientSession(connector=connector) as session:
 
             async def client() -> None:
                 while time.perf_counter() < stop_at:
                     attempt = Attempt(time.perf_counter())
                     attempts.append(attempt)
-                    await self._one(session, running.edge_url, payload, headers, attempt)
+                    await self._one(session, running.edge_url, body, headers, attempt)
 
             killed_at = 0.0
 
@@ -79,28 +81,15 @@ class RegionOutage:
 
     @staticmethod
     async def _one(
-        session: aiohttp.ClientSession, url: str, payload: dict, headers: dict, attempt: Attempt
+        session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, attempt: Attempt
     ) -> None:
-        try:
-            async with session.post(url + "/v1/chat/completions", json=payload, headers=headers) as r:
-                attempt.region = r.headers.get("x-nearshore-region", "")
-                if r.status != 200:
-                    attempt.outcome = "failed-before-first-byte"
-                    return
-                got_token = False
-                async for data in iter_data(r.content):
-                    if data.startswith(b'{"error"'):
-                        attempt.outcome = "failed-mid-stream" if got_token else "failed-before-first-byte"
-                        return
-                    if not got_token and b'"content":"' in data and b'"content":""' not in data:
-                        got_token = True
-                        attempt.ttft_s = time.perf_counter() - attempt.started
-                    if data == b"[DONE]":
-                        attempt.outcome = "ok" if got_token else "failed-before-first-byte"
-                        return
-                attempt.outcome = "failed-mid-stream" if got_token else "failed-before-first-byte"
-        except (aiohttp.ClientError, ConnectionError, TimeoutError):
-            attempt.outcome = "failed-mid-stream" if attempt.ttft_s else "failed-before-first-byte"
+        url += "/v1/chat/completions"
+        answer = await stream_once(session, url, body, headers, Stream(), started=attempt.started)
+        attempt.region, attempt.ttft_s = answer.region, answer.ttft_s
+        if not answer.tokens:
+            attempt.outcome = "failed-before-first-byte"
+        else:
+            attempt.outcome = "failed-mid-stream" if answer.error else "ok"
 
     def _result(
         self, ctx: ScenarioContext, victim: str, attempts: list[Attempt], killed_at: float

@@ -1,4 +1,10 @@
-"""The ``nearshore`` command: one table of subcommands, each a module with an argument adder and a runner."""
+"""The ``nearshore`` command: one table of subcommands, each a module with an argument adder and a runner.
+
+The command modules (this package) sit above every layer: they may import edge, regional and netem, and
+nothing imports them, so the base package ``nearshore`` stays below all the rest. Building the parser
+imports each command module; a command that needs a heavy service (the region's llama.cpp) imports it in
+its runner.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ class Command:
 COMMANDS = [
     Command(
         "region",
-        "nearshore.serve_cli",
+        "nearshore.cli.serve",
         "run a regional serving node (OpenAI-compatible API over llama.cpp)",
         "Serve the configured model (the embedded Gemma 3 270M by default) over an OpenAI-compatible HTTP "
         "API with continuous batching.",
@@ -33,7 +39,7 @@ COMMANDS = [
     ),
     Command(
         "edge",
-        "nearshore.serve_cli",
+        "nearshore.cli.serve",
         "run an edge proxy (TLS, API keys, rate limits, streaming relay, billing)",
         "Serve users near them: authenticate, validate, rate-limit and meter each request, and "
         "relay it over warm connections to the configured regions, failing over before the first byte.",
@@ -41,7 +47,7 @@ COMMANDS = [
     ),
     Command(
         "keys",
-        "edge.admin_cli",
+        "nearshore.cli.keys",
         "create, list and revoke API keys",
         "API keys, stored hashed in SQLite.",
         add="add_keys_arguments",
@@ -49,7 +55,7 @@ COMMANDS = [
     ),
     Command(
         "usage",
-        "edge.admin_cli",
+        "nearshore.cli.keys",
         "usage and cost per key and day",
         "A report from the edge's ledger.",
         add="add_usage_arguments",
@@ -57,48 +63,46 @@ COMMANDS = [
     ),
     Command(
         "ca",
-        "nearshore.ca_cli",
+        "nearshore.cli.ca",
         "a cluster CA and certificates for mutual TLS between edges and regions",
         "Create the cluster CA and issue server and client certificates.",
         run="run",
     ),
     Command(
         "up",
-        "netem.up",
+        "nearshore.cli.up",
         "bring a topology up: regions, emulated links, edge (Ctrl-C stops it all)",
         "Start every process of a topology behind emulated links, readiness-checked, and print the URL, an "
         "API key and examples. Ctrl-C stops everything.",
     ),
     Command(
         "chat",
-        "netem.chat",
+        "nearshore.cli.chat",
         "stream an answer through the running topology's edge, as its user would",
         "Ask the topology started by `nearshore up`, through the user's emulated last mile.",
     ),
     Command(
         "scenario",
-        "netem.scenario_cli",
+        "nearshore.cli.scenario",
         "run a latency scenario on a fresh topology (table + PNG chart)",
         "Bring a topology up, run the scenario, print its table and write its chart.",
     ),
     Command(
         "link",
-        "netem.link",
+        "nearshore.cli.link",
         "run emulated links (userspace TCP proxies with delay, jitter, loss, rate, faults)",
         "Run one or more emulated links in this process, with an HTTP control API.",
     ),
     Command(
         "fidelity",
-        "netem.fidelity",
+        "nearshore.cli.fidelity",
         "check that emulated links deliver their profiles' delay and rate",
         "Measure RTT and bandwidth through a userspace link built from each profile (all by default): "
         "RTT p50 within 2 ms or 3%, rate within 5%.",
-        add="add_fidelity_arguments",
-        run="run_fidelity",
     ),
     Command(
         "pacer",
-        "netem.pacer",
+        "nearshore.cli.pacer",
         "a stand-in region that streams tokens at a fixed pace (benchmarks, tests)",
         "Speak the regional node's API without a model: fixed token count and pace, optionally failing or "
         "breaking streams on purpose.",
@@ -113,7 +117,7 @@ COMMANDS = [
     ),
     Command(
         "demo",
-        "netem.demo",
+        "nearshore.cli.demo",
         "the main job: bring up the Lagos topology, stream one answer as a Lagos user, stop",
         "Start regions, emulated links and the edge, stream an answer through them as the "
         "Lagos user would, print where the time went, and stop everything.",
@@ -122,24 +126,30 @@ COMMANDS = [
 BENCHMARKS = [
     Command(
         "region",
-        "regional.bench",
+        "nearshore.cli.bench",
         "streaming load on a regional node vs llama-cpp-python's own server",
         "Drive N concurrent streaming requests at a regional node and at llama-cpp-python's OpenAI server on "
         "the same model, threads and prompts; report TTFT, inter-token latency and tokens/s side by side.",
+        add="add_region_arguments",
+        run="run_region",
     ),
     Command(
         "hostile",
-        "netem.bench_hostile",
+        "nearshore.cli.bench",
         "what a hostile region costs the edge, beside an honest one",
         "Closed-loop load through an edge in front of `nearshore hostile` (every mode at once) and one in "
         "front of the pacer: /health latency, peak RSS, statuses, and one ledger row per request.",
+        add="add_hostile_arguments",
+        run="run_hostile",
     ),
     Command(
         "edge",
-        "netem.bench_edge",
+        "nearshore.cli.bench",
         "what the edge adds, beside nginx and LiteLLM's proxy",
         "Time to first token, end-to-end time and CPU per stream through the edge, nginx and LiteLLM in "
         "front of a fixed-pace upstream, minus the direct path; and the most requests per second.",
+        add="add_edge_arguments",
+        run="run_edge",
     ),
 ]
 

@@ -1,0 +1,103 @@
+"""``nearshore bench edge|region|hostile``: the benchmarks' flags; each run lives in netem/bench/."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from typing import Any, TypeVar
+
+from netem.bench import edge, hostile, region
+
+T = TypeVar("T")
+
+
+def _settings(args: argparse.Namespace, schema: type[T]) -> T:
+    """The flags a benchmark's settings class names, taken from the parsed command line."""
+    names = [f.name for f in dataclasses.fields(schema)]  # type: ignore[arg-type]
+    values: dict[str, Any] = {name: getattr(args, name) for name in names}
+    return schema(**values)
+
+
+# --- bench edge ----------------------------------------------------------------------------------------
+
+
+def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--concurrency", default="1,10,50,200", help="stream counts (default 1,10,50,200)")
+    parser.add_argument(
+        "--streams", type=int, default=200, help="measured streams per path and level (default 200)"
+    )
+    parser.add_argument(
+        "--waves", type=int, default=4, help="at least this many streams per worker and level (default 4)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="rounds per level, paths interleaved (default 2)"
+    )
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per stream (default 16)")
+    parser.add_argument(
+        "--interval-ms", type=float, default=20.0, help="the pacer's gap between tokens (default 20)"
+    )
+    parser.add_argument("--no-nginx", action="store_true", help="skip nginx")
+    parser.add_argument(
+        "--nginx", default="", help="nginx binary (default: nginx on PATH, else /usr/sbin/nginx)"
+    )
+    parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
+    parser.add_argument(
+        "--litellm",
+        default=".venv-litellm/bin/litellm",
+        help="LiteLLM's CLI, in its own venv (default %(default)s)",
+    )
+    parser.add_argument(
+        "--rps-rates",
+        default="100,200,300,400,500,600,800,1000,1200,1600",
+        help="request rates to ramp through for the max-RPS part; empty to skip it",
+    )
+    parser.add_argument("--rps-seconds", type=float, default=2.0, help="seconds at each rate (default 2)")
+    parser.add_argument(
+        "--rps-budget-s", type=float, default=60.0, help="cap on the ramp's time (default 60)"
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write every number as JSON")
+    parser.add_argument(
+        "--logs", default="", help="folder for process logs and configs (default: a temp folder)"
+    )
+
+
+def run_edge(args: argparse.Namespace) -> int:
+    edge.run(_settings(args, edge.EdgeBench))
+    return 0
+
+
+# --- bench region --------------------------------------------------------------------------------------
+
+
+def add_region_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--concurrency", default="1,4,16", help="comma-separated stream counts (default 1,4,16)"
+    )
+    parser.add_argument("--max-tokens", type=int, default=64, help="tokens per stream (default 64)")
+    parser.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 2, help="llama.cpp threads, both servers"
+    )
+    parser.add_argument("--model-path", default="", help="GGUF file (default: the embedded model)")
+    parser.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python's server")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--logs", default="", help="folder for server logs (default: a temp folder)")
+
+
+def run_region(args: argparse.Namespace) -> int:
+    region.run(_settings(args, region.RegionBench))
+    return 0
+
+
+# --- bench hostile -------------------------------------------------------------------------------------
+
+
+def add_hostile_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seconds", type=float, default=20.0, help="load per edge (default 20)")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight (default 32)")
+    parser.add_argument("--logs", default="", help="folder for logs and configs (default: a temp folder)")
+
+
+def run_hostile(args: argparse.Namespace) -> int:
+    hostile.run(_settings(args, hostile.HostileBench))
+    return 0
