@@ -162,8 +162,10 @@ class StreamReply:
             await self.client.prepare(self.request)
 
     def cut_off(self) -> None:
+        # abort, not close: a TLS close waits for the peer's close_notify, and this peer stopped reading,
+        # so the pending write (and the request's bill) would wait for the TLS shutdown timeout.
         if self.request.transport is not None:
-            self.request.transport.close()
+            self.request.transport.abort()
 
     async def finish(self, audited: AuditedUsage | None) -> web.StreamResponse:
         if self.cut:

@@ -20,6 +20,7 @@ from edge.keys import KeyStore, refresh_keys
 from edge.ledger import Ledger
 from edge.limits import MemoryLimiter, RateLimiter, RedisLimiter
 from edge.metrics import EdgeMetrics
+from edge.pipeline import Pipeline
 from edge.token_count import make_counter
 from edge.upstream import UpstreamPool
 from nearshore.httpkit import PortInUse, install_uvloop, serve
@@ -75,7 +76,8 @@ def make_limiter(config: EdgeConfig) -> RateLimiter:
     return MemoryLimiter()
 
 
-def build_edge_app(config: EdgeConfig) -> web.Application:
+def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.Application:
+    """The edge from its config; ``pipeline`` replaces the default stages (tests add one)."""
     check_config(config)
     for path in (config.keys_db, config.ledger_db):
         Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +91,7 @@ def build_edge_app(config: EdgeConfig) -> web.Application:
         pool=UpstreamPool(config.regions, config.upstream),
         metrics=EdgeMetrics(tenant_labels=config.metrics.tenant_labels),
     )
-    app = create_app(state)
+    app = create_app(state, pipeline)
     app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
     app.cleanup_ctx.append(_key_refresher(state.keys, KEY_REFRESH_S))
     if config.metrics.port:
