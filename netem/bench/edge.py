@@ -215,10 +215,16 @@ def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
     return uvloop.new_event_loop
 
 
-def _proxies(
-    logs: Path, pacer: Endpoint, nginx: str | None, litellm: Path | None, notes: list[str]
+def _start_proxies(
+    logs: Path,
+    pacer: Endpoint,
+    nginx: str | None,
+    litellm: Path | None,
+    notes: list[str],
+    stack: contextlib.ExitStack,
 ) -> list[Endpoint]:
-    """The edge, then nginx and LiteLLM where found and started; a peer that fails is a note, not the end."""
+    """The edge, then nginx and LiteLLM where found; a peer that fails to start is a note, the edge's
+    failure is the run's. Each is stopped with ``stack``."""
     starters: list[tuple[str, Callable[[], Endpoint]]] = [
         ("edge", lambda: peers.start_edge(logs, "edge", pacer.url, tls=False))
     ]
@@ -229,18 +235,19 @@ def _proxies(
     started: list[Endpoint] = []
     for name, start in starters:
         try:
-            started.append(start())
+            proxy = start()
         except ProcessFailed as exc:
             if name == "edge":
-                for endpoint in started:
-                    endpoint.stop()
                 raise
             notes.append(f"{name} skipped: it did not start ({str(exc).splitlines()[0]})")
+            continue
+        stack.callback(proxy.stop)
+        started.append(proxy)
     return started
 
 
 def run(bench: EdgeBench) -> dict:
-    """Run both parts, print the report, return every number (also written to ``bench.json``)."""
+    """Run both parts, print the report, return every number (also written to ``bench.json``, a path)."""
     started = time.monotonic()
     logs = Path(bench.logs or tempfile.mkdtemp(prefix="nearshore-bench-edge-"))
     logs.mkdir(parents=True, exist_ok=True)
@@ -266,11 +273,9 @@ def run(bench: EdgeBench) -> dict:
         )
         stack.callback(pacer.stop)
         targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
-        for proxy in _proxies(logs, pacer, nginx, litellm, notes):
-            stack.callback(proxy.stop)
-            targets.append(proxy)
-        idle = {"pacer": pacer.process, **{t.name: t.process for t in targets if t.process is not None}}
-        report["idle_cpu_ms_per_s"] = idle_cpu(idle)  # type: ignore[arg-type]
+        targets += _start_proxies(logs, pacer, nginx, litellm, notes, stack)
+        idle = {t.name: t.process for t in (pacer, *targets) if t.process is not None}
+        report["idle_cpu_ms_per_s"] = idle_cpu(idle)
         report["streams"] = run_levels(runner, targets, pacer, bench)
         stack.close()  # stop the stream part's processes before the ramp
         if bench.rps_rates:
