@@ -89,11 +89,16 @@ async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
             "served. Lower max_tokens or shorten the prompt.",
             param="max_tokens",
         )
-    hold = await state.budget.hold(key, state.prices.worst_case(body.model, prompt, max_tokens))
+    try:
+        hold = await state.budget.hold(key, state.prices.worst_case(body.model, prompt, max_tokens))
+    except LimiterUnavailable:
+        raise ApiError(
+            UPSTREAM_UNAVAILABLE, "Budgets cannot be checked right now; retry shortly.", retry_after_s=1
+        ) from None
     try:
         decision = await _reserve(state, key, tokens)
     except BaseException:
-        state.budget.settle(hold, key.key_id, 0.0)
+        await asyncio.shield(state.budget.settle(hold, key.key_id, 0.0))
         raise
     return Admission(decision, hold, ceiling, min(estimate, ceiling), max_tokens)
 

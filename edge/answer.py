@@ -11,9 +11,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Literal
 
-import aiohttp
 import msgspec
 
+from edge.h1 import MalformedResponse, Response
 from nearshore.protocol.errors import (
     UPSTREAM_BAD_RESPONSE,
     UPSTREAM_TIMEOUT,
@@ -47,7 +47,7 @@ class UpstreamFault(Exception):
         return cls(ApiError(UPSTREAM_TIMEOUT, message))
 
 
-async def read_bounded(response: aiohttp.ClientResponse, max_bytes: int, deadline_s: float) -> bytes:
+async def read_bounded(response: Response, max_bytes: int, deadline_s: float) -> bytes:
     """The whole body, or an :class:`UpstreamFault` past ``max_bytes``, ``deadline_s`` or a broken body."""
     if response.content_length is not None and response.content_length > max_bytes:
         raise UpstreamFault.bad(f"the region's answer is too large ({response.content_length} bytes)")
@@ -55,14 +55,16 @@ async def read_bounded(response: aiohttp.ClientResponse, max_bytes: int, deadlin
     size = 0
     try:
         async with asyncio.timeout(deadline_s):
-            while data := await response.content.readany():
+            while data := await response.read():
                 size += len(data)
                 if size > max_bytes:
                     raise UpstreamFault.bad(f"the region's answer is larger than {max_bytes} bytes")
                 parts.append(data)
     except TimeoutError:
         raise UpstreamFault.timeout(f"the region's answer did not finish within {deadline_s:g}s") from None
-    except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError) as exc:
+    except MalformedResponse as exc:
+        raise UpstreamFault.bad(f"the region's answer is not HTTP: {exc}") from None
+    except OSError as exc:
         raise UpstreamFault.bad(f"the region's answer was cut short ({type(exc).__name__})") from None
     return b"".join(parts)
 
@@ -115,7 +117,7 @@ class Answer:
 
 def check_answer(
     kind: Literal["chat", "completions"],
-    response: aiohttp.ClientResponse,
+    response: Response,
     body: bytes,
     max_text_bytes: int,
 ) -> Answer:
@@ -134,7 +136,7 @@ def check_answer(
     return Answer(body, usage_bytes(answer.usage))
 
 
-async def read_refusal(response: aiohttp.ClientResponse) -> tuple[ApiError, bool]:
+async def read_refusal(response: Response) -> tuple[ApiError, bool]:
     """A region's non-200, non-retryable answer as the error the client gets, and whether it is the
     region's own refusal of the request (passed on) rather than a 502 for a region that misbehaved."""
     try:

@@ -40,6 +40,9 @@ class ServerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     max_connections: Annotated[int, Meta(ge=1)] = 20000
     # In-flight streams get this long to finish on shutdown.
     shutdown_timeout_s: Seconds = 30.0
+    # Processes serving the same port (SO_REUSEPORT), one event loop each: one per core. With more than one,
+    # limits.backend must be "redis", so that limits and budgets stay exact across them.
+    workers: Annotated[int, Meta(ge=1, le=256)] = 1
 
 
 class RegionEndpoint(Struct, forbid_unknown_fields=True, kw_only=True):

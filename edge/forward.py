@@ -65,7 +65,7 @@ async def forward(journey: Journey) -> Reply | None:
 
 def _release(opened: Opened):
     async def release() -> None:
-        opened.response.close()  # no-op once read to its end and released; else the connection goes
+        opened.response.close()  # pooled again if read to its end; else the connection is dropped
 
     return release
 
@@ -111,21 +111,20 @@ async def _read_unary(journey: Journey) -> Reply:
     state, opened, admission, call = journey.state, journey.opened, journey.admission, journey.call
     assert opened is not None and admission is not None and call is not None
     up = state.config.upstream
-    async with opened.response as upstream:
-        if upstream.status != 200:
-            error, refused = await read_refusal(upstream)
-            return _failed_before_first_byte(journey, None, error, refused)
-        try:
-            body = await read_bounded(
-                upstream, min(up.max_unary_bytes, _response_budget(journey)), up.idle_timeout_s
-            )
-            # No tokenizer spells a token in more bytes than this; completions with echo carry the prompt too.
-            max_text = admission.max_tokens * MAX_TOKEN_TEXT_BYTES + (
-                admission.prompt_ceiling if call.echo else 0
-            )
-            answer = check_answer(journey.kind, upstream, body, max_text)
-        except UpstreamFault as fault:
-            return _failed_before_first_byte(journey, None, fault.error)
+    upstream = opened.response
+    if upstream.status != 200:
+        error, refused = await read_refusal(upstream)
+        return _failed_before_first_byte(journey, None, error, refused)
+    try:
+        max_bytes = min(up.max_unary_bytes, _response_budget(journey))
+        body = await read_bounded(upstream, max_bytes, up.idle_timeout_s)
+        # No tokenizer spells a token in more bytes than this; completions with echo carry the prompt too.
+        max_text = admission.max_tokens * MAX_TOKEN_TEXT_BYTES + (
+            admission.prompt_ceiling if call.echo else 0
+        )
+        answer = check_answer(journey.kind, upstream, body, max_text)
+    except UpstreamFault as fault:
+        return _failed_before_first_byte(journey, None, fault.error)
     journey.answered(answer.usage)
     edge_s = opened.timing.forwarded_at - journey.started
     headers = {**call.client_headers, REGION: journey.region, SERVER_TIMING: opened.timing.header(edge_s)}
@@ -195,7 +194,7 @@ def _start_stream(journey: Journey) -> StreamReply:
     up = state.config.upstream
     client = web.StreamResponse(headers={**sse.HEADERS, **call.client_headers})
     limits = StreamLimits(up.max_event_bytes, _response_budget(journey), admission.max_tokens)
-    stream = StreamReply(journey, SseRelay(client, limits, echo=call.echo))
+    stream = StreamReply(journey, SseRelay(journey.request, client, limits, echo=call.echo))
     watchdog = StreamWatchdog(
         stream.relay,
         up.heartbeat_s,
@@ -215,15 +214,15 @@ async def _relay_stream(journey: Journey, stream: StreamReply) -> Reply:
     assert opened is not None
     relay = stream.relay
     try:
-        async with opened.response as upstream:
-            if upstream.status != 200:
-                error, refused = await read_refusal(upstream)
-                return _failed_before_first_byte(journey, stream, error, refused)
-            if upstream.content_type != "text/event-stream":
-                fault = UpstreamFault.bad(f"the region answered a stream with {upstream.content_type!r}")
-                return _failed_before_first_byte(journey, stream, fault.error)
-            await stream.commit(opened)
-            outcome = await relay.relay(upstream)
+        upstream = opened.response
+        if upstream.status != 200:
+            error, refused = await read_refusal(upstream)
+            return _failed_before_first_byte(journey, stream, error, refused)
+        if upstream.content_type != "text/event-stream":
+            fault = UpstreamFault.bad(f"the region answered a stream with {upstream.content_type!r}")
+            return _failed_before_first_byte(journey, stream, fault.error)
+        await stream.commit(opened)
+        outcome = await relay.relay(upstream)
         if relay.first_write_at:
             state.metrics.ttft.observe(relay.first_write_at - journey.started)
         if outcome.failure is not None:

@@ -321,17 +321,17 @@ _LOCAL = "local-"  # prefix of reservations made by the fallback while Redis was
 
 
 @dataclass(frozen=True, slots=True)
-class _Script:
+class Script:
     source: str
     sha: str
 
     @classmethod
-    def of(cls, source: str) -> _Script:
+    def of(cls, source: str) -> Script:
         return cls(source, hashlib.sha1(source.encode()).hexdigest())
 
 
-_ADMIT = _Script.of(_ADMIT_LUA)
-_SETTLE = _Script.of(_SETTLE_LUA)
+_ADMIT = Script.of(_ADMIT_LUA)
+_SETTLE = Script.of(_SETTLE_LUA)
 
 
 class RedisLimiter:
@@ -409,6 +409,16 @@ class RedisLimiter:
     def backend_up(self) -> bool:
         return self._up
 
+    async def run_shared(self, script: Script, keys: Sequence[str], args: Sequence[object]) -> Any | None:
+        """Run another shared state's script (budgets) on this Redis; None while it is unreachable."""
+        if not self._up:
+            return None
+        try:
+            return await self._run(script, keys, args)
+        except _UNREACHABLE as exc:
+            self._mark_down(exc)
+            return None
+
     async def close(self) -> None:
         if self._probe is not None:
             self._probe.cancel()
@@ -421,7 +431,7 @@ class RedisLimiter:
         base = f"{self.key_prefix}{{{key_id}}}"
         return [base + ":req", base + ":tok"]
 
-    async def _run(self, script: _Script, keys: Sequence[str], args: Sequence[object]) -> Any:
+    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[object]) -> Any:
         try:
             return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
         except NoScriptError:  # a restarted or flushed Redis: EVAL also caches it for the next EVALSHA

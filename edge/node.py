@@ -14,6 +14,7 @@ from aiohttp import web
 
 from edge.app import EdgeState, create_app, create_metrics_app
 from edge.billing import PriceTable
+from edge.budget import BudgetBook, SharedBudgets
 from edge.config import EdgeConfig
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
 from edge.keys import KeyStore, refresh_keys
@@ -56,6 +57,11 @@ def check_config(config: EdgeConfig) -> None:
     if bool(config.upstream.client_cert) != bool(config.upstream.client_key):
         raise ValueError("upstream.client_cert and upstream.client_key go together")
     _check_prices(config)
+    if config.server.workers > 1 and config.limits.backend != "redis":
+        raise ValueError(
+            'server.workers: more than one worker needs limits.backend = "redis" (each worker is its own '
+            "process: only a shared store keeps rate limits and budgets exact across them)"
+        )
 
 
 def _check_prices(config: EdgeConfig) -> None:
@@ -81,15 +87,22 @@ def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.
     check_config(config)
     for path in (config.keys_db, config.ledger_db):
         Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    limiter = make_limiter(config)
+    ledger = Ledger(Path(config.ledger_db).expanduser())
+    # Edges (and workers) that share limits through Redis share budgets there too.
+    budget = (
+        SharedBudgets(limiter, BudgetBook(ledger.spent_usd)) if isinstance(limiter, RedisLimiter) else None
+    )
     state = EdgeState(
         config=config,
         keys=KeyStore(Path(config.keys_db).expanduser()),
-        limiter=make_limiter(config),
-        ledger=Ledger(Path(config.ledger_db).expanduser()),
+        limiter=limiter,
+        ledger=ledger,
         prices=PriceTable(config.prices),
         counter=make_counter(config.tokenizer.gguf),
         pool=UpstreamPool(config.regions, config.upstream),
         metrics=EdgeMetrics(tenant_labels=config.metrics.tenant_labels),
+        budget=budget,  # type: ignore[arg-type]
     )
     app = create_app(state, pipeline)
     app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
@@ -149,7 +162,10 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def run_edge(app: web.Application, config: EdgeConfig, port: int | None = None) -> None:
+def run_edge(
+    app: web.Application, config: EdgeConfig, port: int | None = None, worker: int | None = None
+) -> None:
+    """Serve until SIGTERM; ``worker``: this process is one of ``server.workers`` on the same port."""
     install_uvloop()
     _raise_fd_limit()
     context = edge_tls_context(config)
@@ -171,8 +187,9 @@ def run_edge(app: web.Application, config: EdgeConfig, port: int | None = None) 
 
     def announce(actual: int) -> None:
         log.info(
-            "edge %s serving on %s://%s:%d -> %s",
+            "edge %s%s serving on %s://%s:%d -> %s",
             config.name,
+            "" if worker is None else f" (worker {worker + 1} of {config.server.workers})",
             scheme,
             host,
             actual,
@@ -180,4 +197,4 @@ def run_edge(app: web.Application, config: EdgeConfig, port: int | None = None) 
         )
 
     bound = config.server.port if port is None else port
-    asyncio.run(serve(app, host, bound, on_ready=announce, runner=runner))
+    asyncio.run(serve(app, host, bound, on_ready=announce, runner=runner, reuse_port=worker is not None))

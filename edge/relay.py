@@ -1,11 +1,12 @@
 """Forwarding one request to a region: failover before the first byte, then a checked SSE relay.
 
-Nothing here buffers a stream: each upstream event is written to the client as it arrives, and a client
-that reads slowly holds back the upstream read (aiohttp's write waits for the socket to drain). Nothing
-here trusts the region either: its headers must come within ``first_byte_timeout_s``; one event may be at
-most ``max_event_bytes``, the whole stream at most its byte budget, and it may carry at most ``max_tokens``
-content events; every event must be a completion chunk; a stream silent for ``idle_timeout_s`` is cut off.
-A region that breaks a rule is stopped there and the client is told with a typed error event.
+Nothing here buffers a stream: the region's bytes are checked and written to the client as they arrive, from
+the connection's own ``data_received`` (no coroutine wakes per event), and a client that reads slowly pauses
+the region's connection until it drains. Nothing here trusts the region either: its headers must come within
+``first_byte_timeout_s``; one event may be at most ``max_event_bytes``, the whole stream at most its byte
+budget, and it may carry at most ``max_tokens`` content events; every event must be a completion chunk; a
+stream silent for ``idle_timeout_s`` is cut off. A region that breaks a rule is stopped there and the client
+is told with a typed error event.
 """
 
 from __future__ import annotations
@@ -16,23 +17,24 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-import aiohttp
 import msgspec
 from aiohttp import web
 
 from edge.answer import NO_USAGE, UpstreamFault, passed_on, usage_bytes
+from edge.h1 import MalformedResponse, Response
 from edge.metrics import EdgeMetrics
-from edge.upstream import Region, UpstreamPool, connect_seconds
+from edge.upstream import UPSTREAM_ERRORS, Region, UpstreamPool
 from nearshore.protocol import sse
 from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, ApiError, ErrorBody
+from nearshore.protocol.headers import SERVER_TIMING
 
 RETRYABLE = frozenset({429, 500, 502, 503, 504})
-# After [DONE], the rest of the response (the chunked terminator) is read so the connection is pooled;
-# a region that keeps sending or stalls there loses the connection instead of holding the user's [DONE].
-_TAIL_BYTES = 64 * 1024
-_TAIL_S = 1.0
 _PEEK_BYTES = 4096
-_BROKEN = (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, asyncio.IncompleteReadError)
+# After [DONE], the rest of the response (the chunked terminator) returns the connection to its pool; a
+# region that stalls there loses the connection after this long.
+_TAIL_S = 1.0
+# Past this much unsent to the client, the region's connection is paused until the client drains.
+_CLIENT_HIGH_WATER = 64 * 1024
 
 
 @dataclass(slots=True)
@@ -56,7 +58,7 @@ class UpstreamTiming:
 @dataclass(slots=True)
 class Opened:
     region: Region
-    response: aiohttp.ClientResponse
+    response: Response
     timing: UpstreamTiming
     skipped: list[str] = field(default_factory=list)
 
@@ -74,24 +76,23 @@ async def open_upstream(
     timed_out = malformed = 0
     for region in pool.candidates():
         timing = UpstreamTiming(forwarded_at=time.perf_counter())
-        connect_seconds.set(0.0)
         try:
             async with asyncio.timeout(first_byte_timeout_s):
-                response = await region.session.post(path, data=body, headers=headers)
+                response = await region.pool.request("POST", path, headers, body)
         except TimeoutError:
             timed_out += 1
             _skip(pool, region, metrics, skipped, f"no answer within {first_byte_timeout_s:g}s")
             continue
-        except aiohttp.ClientResponseError as exc:  # it answered, but not in HTTP
+        except MalformedResponse as exc:  # it answered, but not in HTTP
             malformed += 1
-            _skip(pool, region, metrics, skipped, f"a malformed response ({exc.message[:80]!r})")
+            _skip(pool, region, metrics, skipped, f"a malformed response ({str(exc)[:80]})")
             continue
-        except (aiohttp.ClientError, OSError) as exc:
+        except UPSTREAM_ERRORS as exc:
             _skip(pool, region, metrics, skipped, type(exc).__name__)
             continue
         timing.first_byte_s = time.perf_counter() - timing.forwarded_at
-        timing.connect_s = connect_seconds.get()
-        timing.region_timing = response.headers.get("Server-Timing", "")[:512]
+        timing.connect_s = response.connect_s
+        timing.region_timing = response.headers.get(SERVER_TIMING.lower(), "")[:512]
         if response.status in RETRYABLE:
             detail = await _peek(response)
             if response.status >= 500 and response.status != 503:
@@ -114,19 +115,14 @@ def _skip(pool: UpstreamPool, region: Region, metrics: EdgeMetrics, skipped: lis
     metrics.failovers.labels(region.name).inc()
 
 
-async def _peek(response: aiohttp.ClientResponse) -> str:
+async def _peek(response: Response) -> str:
     """The start of a refusal's body, for the log and the 503 message; a long or slow rest is not read."""
     data = b""
-    try:
+    with contextlib.suppress(TimeoutError, *UPSTREAM_ERRORS):
         async with asyncio.timeout(1.0):
-            while len(data) <= _PEEK_BYTES and (more := await response.content.readany()):
+            while len(data) <= _PEEK_BYTES and (more := await response.read()):
                 data += more
-    except (TimeoutError, aiohttp.ClientError, asyncio.IncompleteReadError):
-        pass
-    if response.content.at_eof():
-        response.release()  # read whole: the connection goes back to the pool
-    else:
-        response.close()
+    response.close()  # pooled again if it was read to its end
     return data[:200].decode(errors="replace")
 
 
@@ -173,24 +169,33 @@ class SseRelay:
     """Copies one upstream SSE stream to the client as it arrives: whatever whole events one read brings
     go out in one write (so nothing waits for a later event, and nothing is split).
 
+    It is the region's response's body sink: :meth:`data` runs inside the connection's ``data_received``.
     The edge always asks the region for a usage chunk; it is held back here (the caller sends the checked
     figure to a client that asked). Upstream comments are dropped (the edge sends its own heartbeats),
     ``[DONE]`` is held back too: the caller writes it after the usage record is committed.
     """
 
-    def __init__(self, client: web.StreamResponse, limits: StreamLimits, echo: bool = False) -> None:
+    def __init__(
+        self, request: web.Request, client: web.StreamResponse, limits: StreamLimits, echo: bool = False
+    ) -> None:
+        self.request = request
         self.client = client
         self.limits = limits
         self.last_write = time.monotonic()
-        self.write_started = 0.0  # set while a write waits for the client to take it
-        self.read_started = 0.0  # set while a read waits for the region
+        self.write_started = 0.0  # set while the client has not taken what was written
+        self.read_started = 0.0  # set while waiting for the region
         self.first_write_at = 0.0
+        self.outcome = StreamOutcome()  # updated as events pass, so a stream cut short knows what it relayed
         self._echo_pending = echo  # /v1/completions with echo: the first text event is the prompt
-        self._upstream: aiohttp.ClientResponse | None = None
-        # Updated as events pass, so a stream cut short still knows what it relayed.
-        self.outcome = StreamOutcome()
+        self._upstream: Response | None = None
+        self._pending = b""
+        self._total = 0
+        self._ended: asyncio.Future[None] | None = None
+        self._draining: asyncio.Task | None = None
+        self._broken: BaseException | None = None  # the client's side broke while we wrote
 
     async def write(self, data: bytes, *, content: bool = True) -> None:
+        """Write through aiohttp (heartbeats, the end of the stream), waiting for the client to take it."""
         self.write_started = time.monotonic()
         await self.client.write(data)
         self.last_write = time.monotonic()
@@ -199,61 +204,125 @@ class SseRelay:
             self.first_write_at = time.perf_counter()
 
     def stall(self, idle_s: float) -> None:
-        """Called by the watchdog: the region sent nothing for ``idle_s``; end the read with that error."""
+        """Called by the watchdog: the region sent nothing for ``idle_s``; end the relay with that error."""
         if self._upstream is not None and self.read_started:
-            self._upstream.content.set_exception(UpstreamIdle(f"no byte from the region for {idle_s:g}s"))
+            self._upstream.abort(UpstreamIdle(f"no byte from the region for {idle_s:g}s"))
 
-    async def relay(self, upstream: aiohttp.ClientResponse) -> StreamOutcome:
-        outcome, limits = self.outcome, self.limits
-        content = upstream.content
+    async def relay(self, upstream: Response) -> StreamOutcome:
         self._upstream = upstream
-        pending = b""
-        total = 0
+        self._ended = asyncio.get_running_loop().create_future()
+        self.read_started = time.monotonic()
+        upstream.push_to(self)
         try:
-            while not (outcome.done or outcome.fault):
-                self.read_started = time.monotonic()
-                data = await content.readany()
-                self.read_started = 0.0
-                if not data:
-                    if not outcome.failure:
-                        outcome.failure = ApiError(
-                            UPSTREAM_UNAVAILABLE, "The region failed mid-stream: it closed the stream early."
-                        )
-                    break
-                total += len(data)
-                if total > limits.max_stream_bytes:
-                    self._fault(f"the region's stream passed {limits.max_stream_bytes} bytes")
-                    break
-                pending += data
-                if b"\n\n" in pending:
-                    *events, pending = pending.split(b"\n\n")
-                    forward = [e for e in events if self._keep(e)]
-                    if forward:
-                        await self.write(b"\n\n".join(forward) + b"\n\n")
-                if len(pending) > limits.max_event_bytes:
-                    self._fault(f"the region sent an event larger than {limits.max_event_bytes} bytes")
-            if outcome.done:
-                await _read_tail(upstream)
-        except UpstreamIdle as exc:
-            outcome.fault = True
-            outcome.failure = ApiError(UPSTREAM_TIMEOUT, f"The region stalled mid-stream: {exc}.")
-        except (
-            aiohttp.ClientPayloadError,
-            aiohttp.ClientConnectionError,
-            asyncio.IncompleteReadError,
-        ) as exc:
-            outcome.failure = ApiError(
-                UPSTREAM_UNAVAILABLE,
-                f"The region failed mid-stream: its stream broke ({type(exc).__name__}).",
-            )
+            await self._ended
         finally:
             self.read_started = 0.0
             self._upstream = None
-        return outcome
+            if self._draining is not None and not self._draining.done():
+                self._draining.cancel()
+        if self._broken is not None:
+            raise self._broken
+        if self.outcome.done:
+            # Read to the end (the chunked terminator may trail [DONE] across a network), so the connection
+            # returns to its pool and the next user pays no handshake; a region that stalls there loses it.
+            await upstream.finish(_TAIL_S)
+        else:
+            upstream.close()
+        return self.outcome
+
+    # --- the body sink, called from the region connection's data_received ---------------------------------
+
+    def data(self, chunk: bytes) -> None:
+        outcome, limits = self.outcome, self.limits
+        if outcome.done or outcome.fault or self._broken:
+            return
+        self.read_started = time.monotonic()
+        self._total += len(chunk)
+        if self._total > limits.max_stream_bytes:
+            return self._stop(f"the region's stream passed {limits.max_stream_bytes} bytes")
+        pending = self._pending + chunk if self._pending else chunk
+        if b"\n\n" in pending:
+            *events, pending = pending.split(b"\n\n")
+            forward = [e for e in events if self._keep(e)]
+            if forward:
+                self._send(b"\n\n".join(forward) + b"\n\n")
+        self._pending = pending
+        if len(pending) > limits.max_event_bytes:
+            return self._stop(f"the region sent an event larger than {limits.max_event_bytes} bytes")
+        if outcome.done or outcome.fault:
+            self._finish()
+
+    def end(self) -> None:
+        if not (self.outcome.done or self.outcome.failure):
+            self.outcome.failure = ApiError(
+                UPSTREAM_UNAVAILABLE, "The region failed mid-stream: it closed the stream early."
+            )
+        self._finish()
+
+    def error(self, exc: BaseException) -> None:
+        outcome = self.outcome
+        if isinstance(exc, UpstreamIdle):
+            outcome.fault = True
+            outcome.failure = ApiError(UPSTREAM_TIMEOUT, f"The region stalled mid-stream: {exc}.")
+        elif isinstance(exc, MalformedResponse):
+            self._fault(f"its stream is not HTTP ({exc})")
+        elif not outcome.done and not outcome.failure:
+            broke = f"The region failed mid-stream: its stream broke ({type(exc).__name__})."
+            outcome.failure = ApiError(UPSTREAM_UNAVAILABLE, broke)
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
+
+    def _stop(self, message: str) -> None:
+        self._fault(message)
+        self._finish()
 
     def _fault(self, message: str) -> None:
         self.outcome.fault = True
         self.outcome.failure = UpstreamFault.bad(f"The region's stream was stopped: {message}.").error
+
+    def _send(self, data: bytes) -> None:
+        """Write to the client's transport now, framed as aiohttp's chunked writer would."""
+        transport = self.request.transport
+        if transport is None or transport.is_closing():
+            self._broken = ConnectionResetError("the client went away")
+            return self._finish()
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        if not self.first_write_at:
+            self.first_write_at = time.perf_counter()
+        if transport.get_write_buffer_size() > _CLIENT_HIGH_WATER:
+            self._wait_for_client()
+        else:
+            self.last_write = time.monotonic()
+
+    @property
+    def _chunked(self) -> bool:
+        return self.client.headers.get("Transfer-Encoding", "").lower() == "chunked"
+
+    def _wait_for_client(self) -> None:
+        """The client is slower than the region: pause the region until the client drains (or the watchdog
+        cuts it off after write_timeout_s)."""
+        if self._upstream is None or (self._draining is not None and not self._draining.done()):
+            return
+        self.write_started = time.monotonic()
+        self._upstream.pause()
+        self._draining = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        writer = self.client._payload_writer  # aiohttp's writer: its drain waits on the transport's pause
+        try:
+            if writer is not None:
+                await writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            self._broken = exc
+            self._finish()
+            return
+        self.write_started = 0.0
+        self.last_write = time.monotonic()
+        if self._upstream is not None:
+            self._upstream.resume()
 
     def _keep(self, event: bytes) -> bool:
         """Check the event and note what it says; whether it goes to the client now."""
@@ -296,28 +365,14 @@ class SseRelay:
         return True
 
 
-async def _read_tail(upstream: aiohttp.ClientResponse) -> None:
-    read = 0
-    try:
-        async with asyncio.timeout(_TAIL_S):
-            while data := await upstream.content.readany():
-                read += len(data)
-                if read > _TAIL_BYTES:
-                    break
-    except (TimeoutError, aiohttp.ClientError, asyncio.IncompleteReadError):
-        pass
-    if not upstream.content.at_eof():
-        upstream.close()  # not worth pooling
-
-
 class StreamWatchdog:
     """One timer per stream, instead of a task and a timeout per write or read.
 
     When nothing has gone to the client for ``heartbeat_s``, it sends an SSE comment (the first one
     commits the response if the region has not answered yet), so idle hops stay open during a long
-    prefill. When a write has waited for the client longer than ``write_timeout_s``, it cuts the client
-    off: the handler then ends, which cancels the upstream request. When a read has waited for the region
-    longer than ``idle_timeout_s``, it ends that read with an error.
+    prefill. When the client has not taken a write for ``write_timeout_s``, it cuts the client off: the
+    handler then ends, which cancels the upstream request. When the region has sent nothing for
+    ``idle_timeout_s``, it ends the relay with an error.
     """
 
     def __init__(
@@ -350,7 +405,7 @@ class StreamWatchdog:
             self._timer = None
             self.cut_off()
             return
-        if relay.read_started and now - relay.read_started >= self.idle_timeout_s:
+        if relay.read_started and not relay.write_started and now - relay.read_started >= self.idle_timeout_s:
             relay.stall(self.idle_timeout_s)
         idle = not relay.write_started and now - relay.last_write >= self.heartbeat_s
         if idle and (self._beat is None or self._beat.done()):

@@ -32,7 +32,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
     tpm_tokens = admission.prompt_estimate if journey.refused else usage.total_tokens
     if admission.decision.reservation is not None:
         state.in_background(_settle_limit(journey, admission.decision.reservation, tpm_tokens))
-    state.budget.settle(admission.hold, key.key_id, cost)
+    await state.budget.settle(admission.hold, key.key_id, cost)
     record = UsageRecord(
         request_id=journey.request_id,
         ts=time.time(),

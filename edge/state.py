@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from edge.billing import PriceTable
-from edge.budget import BudgetBook
+from edge.budget import BudgetBook, Budgets
 from edge.config import EdgeConfig
 from edge.keys import KeyStore
 from edge.ledger import Ledger
@@ -30,11 +30,12 @@ class EdgeState:
     counter: TokenCounter
     pool: UpstreamPool
     metrics: EdgeMetrics = field(default_factory=EdgeMetrics)
-    budget: BudgetBook = field(init=False)
+    budget: Budgets = None  # type: ignore[assignment]  # a BudgetBook unless given (shared through Redis)
     background: set[asyncio.Task] = field(default_factory=set)
 
     def __post_init__(self) -> None:
-        self.budget = BudgetBook(self.ledger.spent_usd)
+        if self.budget is None:
+            self.budget = BudgetBook(self.ledger.spent_usd)
 
     def in_background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         """Run ``coro`` to its end even if the request that started it is cancelled; awaited at shutdown."""

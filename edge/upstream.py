@@ -8,30 +8,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import aiohttp
+from urllib.parse import urlsplit
 
 from edge.config import RegionEndpoint, UpstreamConfig
+from edge.h1 import H1Pool, MalformedResponse, Response
 from nearshore.protocol.headers import EDGE_SECRET
 from nearshore.tls import client_context
 
 log = logging.getLogger("nearshore.edge.upstream")
+_HEALTH_BYTES = 64 * 1024
+_HEALTH_TIMEOUT_S = 5.0
 
 
 @dataclass(eq=False)
 class Region:
     name: str
     url: str
-    session: aiohttp.ClientSession
+    pool: H1Pool
     up: bool = True
     last_check: float = 0.0
+
+
+# What a request to a region can fail with before it is answered.
+UPSTREAM_ERRORS = (OSError, MalformedResponse, ssl.SSLError)
 
 
 class UpstreamPool:
@@ -44,27 +48,24 @@ class UpstreamPool:
         if config.shared_secret:
             self.headers[EDGE_SECRET] = config.shared_secret
 
-    def _ssl(self, url: str) -> ssl.SSLContext | bool:
-        if not url.startswith("https://"):
-            return False
+    def _ssl(self, scheme: str) -> ssl.SSLContext | None:
+        if scheme != "https":
+            return None
         c = self.config
         return client_context(ca=c.ca or None, cert=c.client_cert or None, key=c.client_key or None)
 
     async def start(self) -> None:
         for endpoint in self._endpoints:
-            connector = TimedConnector(
-                limit=self.config.pool_size,
-                keepalive_timeout=max(60.0, 3 * self.config.health_interval_s),
-                ssl=self._ssl(endpoint.url),
+            url = urlsplit(endpoint.url)
+            pool = H1Pool(
+                url.hostname or "127.0.0.1",
+                url.port or (443 if url.scheme == "https" else 80),
+                self._ssl(url.scheme),
+                max_idle=self.config.pool_size,
+                keepalive_s=max(60.0, 3 * self.config.health_interval_s),
+                connect_timeout_s=self.config.connect_timeout_s,
             )
-            session = aiohttp.ClientSession(
-                base_url=endpoint.url,
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s),
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-            )
-            self.regions.append(Region(endpoint.name, endpoint.url, session))
+            self.regions.append(Region(endpoint.name, endpoint.url, pool))
         await self.warm()
         self._health_task = asyncio.create_task(self._health_loop())
 
@@ -75,11 +76,13 @@ class UpstreamPool:
 
     async def _check(self, region: Region) -> None:
         try:
-            async with region.session.get(
-                "/health", headers=self.headers, timeout=aiohttp.ClientTimeout(total=5)
-            ) as r:
-                ok = r.status == 200 and await _read_small(r)
-        except (TimeoutError, aiohttp.ClientError, OSError):
+            async with asyncio.timeout(_HEALTH_TIMEOUT_S):
+                response = await region.pool.request("GET", "/health", self.headers)
+                try:
+                    ok = response.status == 200 and await _read_small(response)
+                finally:
+                    response.close()
+        except (TimeoutError, *UPSTREAM_ERRORS):
             ok = False
         if ok != region.up:
             log.warning("region %s is %s", region.name, "up" if ok else "DOWN")
@@ -110,34 +113,15 @@ class UpstreamPool:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
-        await asyncio.gather(*(r.session.close() for r in self.regions))
+        for region in self.regions:
+            region.pool.close()
 
 
-_HEALTH_BYTES = 64 * 1024
-
-
-async def _read_small(response: aiohttp.ClientResponse) -> bool:
+async def _read_small(response: Response) -> bool:
     """Read a health answer to its end (so its connection is pooled), unless it is far too large."""
     size = 0
-    while data := await response.content.readany():
+    while data := await response.read():
         size += len(data)
         if size > _HEALTH_BYTES:
-            response.close()
             return False
     return True
-
-
-# Seconds the current request spent opening a new upstream connection (0 when a pooled one was used).
-# Set inside the connector, read by the caller of session.post: both run in the request's own context.
-connect_seconds: contextvars.ContextVar[float] = contextvars.ContextVar("connect_seconds", default=0.0)
-
-
-class TimedConnector(aiohttp.TCPConnector):
-    """Times new connections for the Server-Timing header (a trace config would cost every request)."""
-
-    async def _create_connection(self, *args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return await super()._create_connection(*args, **kwargs)
-        finally:
-            connect_seconds.set(time.perf_counter() - started)

@@ -147,14 +147,15 @@ async def serve(
     ssl_context: ssl.SSLContext | None = None,
     runner: web.AppRunner | None = None,
     stop: asyncio.Event | None = None,
+    reuse_port: bool = False,
 ) -> None:
     """Run ``app`` until SIGTERM or SIGINT, or until ``stop`` is set (HTTPS with ``ssl_context``). The
     default runner cancels a handler when its client disconnects; pass another to tune the server (the edge
-    does)."""
+    does). ``reuse_port``: several processes serve the same port, the kernel spreading connections."""
     if runner is None:
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, ssl_context=ssl_context)
+    site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port, ssl_context=ssl_context)
     try:
         await site.start()
     except OSError as exc:

@@ -52,7 +52,8 @@ class Edge:
         """No key's secret part appears in any log the edge or its regions wrote (issue 7, item 10)."""
         logs = [p for p in self.folder.parent.rglob("*.log") if p.is_file()]
         assert logs
-        secrets = [key.rsplit("-", 1)[1] for key in self.issued]
+        # "ns-" + 12 hex + "-" + the secret (base64url: it may hold "-" itself)
+        secrets = [key[len("ns-") + 13 :] for key in self.issued]
         for log in logs:
             text = log.read_text(errors="replace")
             leaked = [secret for secret in secrets if secret in text]

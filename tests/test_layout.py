@@ -89,7 +89,7 @@ def _flags(parser: argparse.ArgumentParser, path: str = "") -> dict[str, list[st
 FLAGS = {
     "": ["-v/--verbose"],
     "region": ["--config", "--port"],
-    "edge": ["--config", "--port"],
+    "edge": ["--config", "--port", "--worker"],  # --worker: set by the supervisor of server.workers
     "keys create": ["--tenant", "--tier", "--rpm", "--tpm", "--model", "--budget", "--db"],
     "keys list": ["--db"],
     "keys revoke": ["key_id", "--db"],

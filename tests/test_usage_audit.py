@@ -99,7 +99,7 @@ async def test_parallel_requests_cannot_overspend_a_budget_together():
         except ApiError as exc:
             assert exc.status == 429 and exc.kind.code == "insufficient_quota"
     assert len(held) == 2  # 2 x 4 <= 10 < 3 x 4
-    book.settle(held[0], "k1", 0.000001)  # the first really cost 1
+    await book.settle(held[0], "k1", 0.000001)  # the first really cost 1
     assert await book.hold(budget, 0.000004)  # 1 spent + 4 held + 4 <= 10
     with pytest.raises(ApiError) as never:
         await book.hold(budget, 0.000011)

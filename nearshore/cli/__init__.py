@@ -43,6 +43,7 @@ COMMANDS = [
         "run an edge proxy (TLS, API keys, rate limits, streaming relay, billing)",
         "Serve users near them: authenticate, validate, rate-limit and meter each request, and "
         "relay it over warm connections to the configured regions, failing over before the first byte.",
+        add="add_edge_arguments",
         run="run_edge",
     ),
     Command(

@@ -7,7 +7,6 @@ the edge's dependencies.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 
 from nearshore import logsafe
 from nearshore.config import ConfigError, load_config
@@ -19,26 +18,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
 
 
+def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
+    add_arguments(parser)
+    # Set by the edge's supervisor on each of its server.workers processes (not for people to type).
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+
+
 def run_region(args: argparse.Namespace) -> int:
     from regional.config import RegionConfig
     from regional.node import build_region_app, run_region
 
-    return _run(args, RegionConfig, build_region_app, run_region, lambda c: [c.server.shared_secret])
+    config = load_config(args.config, RegionConfig)
+    return _run(args, config, build_region_app, run_region, [config.server.shared_secret])
 
 
 def run_edge(args: argparse.Namespace) -> int:
-    from edge.config import EdgeConfig
-    from edge.node import build_edge_app, run_edge
+    import msgspec
 
+    from edge.config import EdgeConfig
+    from edge.node import build_edge_app, check_config, run_edge
+
+    config = load_config(args.config, EdgeConfig)
+    if config.server.workers > 1 and args.worker is None:
+        try:
+            check_config(config)
+        except (ValueError, FileNotFoundError) as exc:
+            raise ConfigError(f"{args.config or 'defaults'}: {exc}") from exc
+        from nearshore.cli.workers import supervise
+
+        return supervise(args, config.server.workers, config.server.host, config.server.port)
+    if args.worker is not None and config.metrics.port:  # each worker's metrics on a port of its own
+        metrics = msgspec.structs.replace(config.metrics, port=config.metrics.port + args.worker)
+        config = msgspec.structs.replace(config, metrics=metrics)
+    secrets = [config.upstream.shared_secret, config.metrics.token]
     return _run(
-        args, EdgeConfig, build_edge_app, run_edge, lambda c: [c.upstream.shared_secret, c.metrics.token]
+        args, config, build_edge_app, lambda app, c, port: run_edge(app, c, port, args.worker), secrets
     )
 
 
-def _run(args: argparse.Namespace, schema: type, build, run, secrets: Callable[[object], list[str]]) -> int:
+def _run(args: argparse.Namespace, config: object, build, run, secrets: list[str]) -> int:
     where = args.config or "defaults"
-    config = load_config(args.config, schema)
-    for secret in secrets(config):  # before anything can log it
+    for secret in secrets:  # before anything can log it
         logsafe.register_secret(secret)
     try:
         app = build(config)

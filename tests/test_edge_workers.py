@@ -1,0 +1,158 @@
+"""``server.workers = 2``: two processes on one port, limits exact across them (issue 8, item 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+
+import aiohttp
+import msgspec
+import pytest
+
+from edge.config import EdgeConfig
+from edge.node import check_config
+from tests.edge_fixtures import Edge, start_edge, start_pacer
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.slow
+
+CHAT = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+
+
+def test_more_than_one_worker_needs_the_shared_limiter():
+    config = msgspec.convert(
+        {"regions": [{"name": "r", "url": "http://127.0.0.1:1"}], "server": {"workers": 2}}, EdgeConfig
+    )
+    with pytest.raises(ValueError, match=r'limits\.backend = "redis"'):
+        check_config(config)
+
+
+async def post_on_a_new_connection(edge: Edge, key: str, payload: dict = CHAT) -> int:
+    # A connection of its own, so the kernel may hand it to either worker.
+    connector = aiohttp.TCPConnector(ssl=edge.ssl_context(), force_close=True)
+    async with (
+        aiohttp.ClientSession(connector=connector) as s,
+        s.post(
+            edge.url + "/v1/chat/completions", json=payload, headers={"Authorization": f"Bearer {key}"}
+        ) as r,
+    ):
+        await r.read()
+        return r.status
+
+
+def served_by_each_worker(edge: Edge) -> list[float]:
+    import urllib.request
+
+    base = int(edge.metrics_url.rsplit(":", 1)[1])
+    counts = []
+    for port in (base, base + 1):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        counts.append(
+            sum(
+                float(v)
+                for v in re.findall(
+                    r"^nearshore_edge:(?:requests|rate_limited)_total\{[^}]*\} (\S+)", text, re.M
+                )
+            )
+        )
+    return counts
+
+
+async def test_two_workers_share_a_port_and_admit_exactly_the_limit(tmp_path):
+    redis = RedisServer(tmp_path / "redis").start()
+    pacer = start_pacer(tmp_path, tokens=1, interval_ms=1)
+    edge = start_edge(
+        tmp_path / "edge",
+        [("r", pacer.url)],
+        server={"workers": 2},
+        limits={"backend": "redis", "redis_url": redis.url},
+    )
+    try:
+        key = edge.new_key(rpm=30, tpm=10**6)
+        statuses = await asyncio.gather(*(post_on_a_new_connection(edge, key) for _ in range(80)))
+        assert statuses.count(200) == 30 and statuses.count(429) == 50
+        counts = served_by_each_worker(edge)
+        assert all(c > 0 for c in counts) and sum(counts) == 80, counts  # both workers took requests
+    finally:
+        edge.stop()
+        pacer.process.stop()
+        redis.stop()
+
+
+async def test_the_supervisor_drains_its_workers_and_they_die_with_it(tmp_path):
+    redis = RedisServer(tmp_path / "redis").start()
+    pacer = start_pacer(tmp_path, tokens=1, interval_ms=1)
+    edge = start_edge(
+        tmp_path / "edge",
+        [("r", pacer.url)],
+        server={"workers": 2},
+        limits={"backend": "redis", "redis_url": redis.url},
+    )
+    try:
+        assert edge.process.proc is not None
+        workers = _children(edge.process.proc.pid)
+        assert len(workers) == 2
+        os.kill(edge.process.proc.pid, signal.SIGKILL)  # the supervisor dies without a word
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not any(_alive(pid) for pid in workers)
+    finally:
+        edge.stop()
+        pacer.process.stop()
+        redis.stop()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_two_workers_never_overspend_a_budget_together(tmp_path):
+    """Budgets are held in Redis beside the limits: two processes cannot each spend the whole of one."""
+    import sqlite3
+
+    redis = RedisServer(tmp_path / "redis").start()
+    # Each request may cost $5.3e-6 (a 42-token prompt ceiling, 16 tokens out) and really costs $3.7e-6:
+    # one book per process would let each hold two at once, and four would spend $14.8e-6 of $11e-6.
+    pacer = start_pacer(tmp_path, tokens=16, interval_ms=20)
+    edge = start_edge(
+        tmp_path / "edge",
+        [("r", pacer.url)],
+        server={"workers": 2},
+        limits={"backend": "redis", "redis_url": redis.url},
+    )
+    try:
+        key = edge.new_key(budget_usd=0.000011, rpm=1000, tpm=10**6)
+        payload = {**CHAT, "max_tokens": 16}
+        statuses = await asyncio.gather(*(post_on_a_new_connection(edge, key, payload) for _ in range(60)))
+        assert set(statuses) <= {200, 429} and statuses.count(200) >= 2
+        await asyncio.sleep(0.5)
+        db = sqlite3.connect(edge.ledger_db)
+        [(spent,)] = db.execute("SELECT sum(cost_usd) FROM usage WHERE key_id = ?", (key.split("-")[1],))
+        db.close()
+        assert spent <= 0.000011
+    finally:
+        edge.stop()
+        pacer.process.stop()
+        redis.stop()
