@@ -1,0 +1,112 @@
+"""The edge's HTTP/1.1 client against scripted servers: framing, pooling, and refusing what is not HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from edge.h1 import H1Pool, MalformedResponse, UpstreamClosed
+
+
+async def scripted(
+    answers: list[bytes], close_after: bool = False
+) -> AsyncIterator[tuple[H1Pool, list[int]]]:
+    """A server that answers each request on a connection with the next scripted bytes."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                writer.write(answers.pop(0))
+                await writer.drain()
+                if close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = H1Pool("127.0.0.1", port, None, max_idle=4, keepalive_s=60, connect_timeout_s=2)
+    try:
+        yield pool, connections
+    finally:
+        pool.close()
+        server.close()
+
+
+async def body(pool: H1Pool) -> tuple[int, bytes]:
+    response = await asyncio.wait_for(pool.request("POST", "/x", {"a": "b"}, b"{}"), 2)
+    parts = []
+    while chunk := await asyncio.wait_for(response.read(), 2):
+        parts.append(chunk)
+    response.close()
+    return response.status, b"".join(parts)
+
+
+async def test_length_and_chunked_bodies_reuse_one_connection():
+    answers = [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\nX-T: 1\r\n\r\n",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+    ]
+    async for pool, connections in scripted(answers):
+        assert await body(pool) == (200, b"hello")
+        assert await body(pool) == (200, b"hello world")
+        assert pool.idle_connections == 1  # back in the pool after each answer
+        assert await body(pool) == (204, b"")
+        assert len(connections) == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n",  # a bad chunk-size line
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\nhello",  # smuggling
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nhello",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"<html>not http</html>\r\n\r\n",
+        b"HTTP/1.1 2x0 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nBad Header\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",  # no CRLF after data
+    ],
+)
+async def test_what_is_not_http_fails_at_once(answer: bytes):
+    async for pool, _ in scripted([answer, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"]):
+        with pytest.raises(MalformedResponse):
+            await body(pool)
+        assert pool.idle_connections == 0  # that connection is never used again
+        assert await body(pool) == (200, b"ok")  # a new one serves the next request
+
+
+async def test_a_head_without_end_is_bounded():
+    async for pool, _ in scripted([b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70_000]):
+        with pytest.raises(MalformedResponse, match="head larger"):
+            await body(pool)
+
+
+async def test_a_body_cut_short_is_an_error_not_a_short_answer():
+    async for pool, _ in scripted([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf"], close_after=True):
+        with pytest.raises(UpstreamClosed):
+            await body(pool)
+
+
+async def test_a_body_until_close_is_read_to_its_end_and_not_pooled():
+    async for pool, _ in scripted([b"HTTP/1.1 200 OK\r\n\r\nall of it"], close_after=True):
+        assert await body(pool) == (200, b"all of it")
+        assert pool.idle_connections == 0
