@@ -28,6 +28,8 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
             "--no-litellm",
             "--rps-rates", "20",
             "--rps-seconds", "0.5",
+            "--unary-concurrency", "4",
+            "--unary-seconds", "0.5",
             "--json", str(out),
             "--logs", str(tmp_path / "logs"),
         ]
@@ -42,7 +44,10 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
         assert row["streams"] == 4
         assert row["ttft_p50_ms"] >= 10  # the pacer's first token takes one interval
     assert rows["edge"]["cpu_ms_per_stream"] > 0
-    assert any(t["target"].startswith("CPU per streamed request") for t in report["targets"])
+    assert any(t["target"].startswith("no bunching") for t in report["targets"])
+    throughput = {row["path"]: row for row in report["throughput"]}
+    assert set(throughput) == {"direct", "edge-unary"}  # nginx skipped here
+    assert throughput["edge-unary"]["rps"] > 0 and throughput["edge-unary"]["errors"] == 0
 
     steps = report["rps"]["steps"]
     assert {s["path"] for s in steps} == {"edge-rps", "edge-tls"}

@@ -137,6 +137,8 @@ FLAGS = {
         "--rps-rates",
         "--rps-seconds",
         "--rps-budget-s",
+        "--unary-concurrency",
+        "--unary-seconds",
         "--json",
         "--logs",
     ],

@@ -56,6 +56,15 @@ def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rps-budget-s", type=float, default=60.0, help="cap on the ramp's time (default 60)"
     )
+    parser.add_argument(
+        "--unary-concurrency", type=int, default=50, help="clients of the non-streamed part (default 50)"
+    )
+    parser.add_argument(
+        "--unary-seconds",
+        type=float,
+        default=10.0,
+        help="non-streamed part, per path; 0 skips it (default 10)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write every number as JSON")
     parser.add_argument(
         "--logs", default="", help="folder for process logs and configs (default: a temp folder)"

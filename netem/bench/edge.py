@@ -35,7 +35,7 @@ import aiohttp
 
 from nearshore.procs import ProcessFailed
 from nearshore.stats import percentile
-from netem.bench import edge_report, edge_rps, peers
+from netem.bench import edge_report, edge_rps, edge_throughput, peers
 from netem.bench.client import Stream
 from netem.bench.cpu import idle_cpu
 from netem.bench.load import chat_body, one_stream, session_for
@@ -61,6 +61,8 @@ class EdgeBench:
     rps_rates: str  # request rates for the max-RPS part, comma-separated; empty skips it
     rps_seconds: float  # seconds at each rate
     rps_budget_s: float  # cap on the ramp's time
+    unary_concurrency: int  # clients of the non-streamed throughput part
+    unary_seconds: float  # its length per path; 0 skips it
     json: str | None  # also write every number here
     logs: str  # folder for logs and configs ("": a temp folder)
 
@@ -283,8 +285,16 @@ def run(bench: EdgeBench) -> dict:
             rates = [float(x) for x in bench.rps_rates.split(",") if x]
             ramp = edge_rps.Ramp(rates, bench.rps_seconds, bench.rps_budget_s)
             report["rps"] = edge_rps.run_rps(runner, logs, ramp, stack)
+        if bench.unary_seconds > 0:
+            print(
+                f"non-streamed throughput (closed loop, {bench.unary_concurrency} clients, instant pacer):",
+                flush=True,
+            )
+            report["throughput"] = edge_throughput.run_throughput(
+                runner, logs, nginx, bench.unary_concurrency, bench.unary_seconds, stack
+            )
     report["ratios"] = edge_report.ratios(report["streams"])
-    report["targets"] = edge_report.targets(report["streams"])
+    report["targets"] = edge_report.targets(report["streams"], report.get("throughput"))
     report["notes"], report["logs"] = notes, str(logs)
     report["elapsed_s"] = time.monotonic() - started
     edge_report.print_report(report)

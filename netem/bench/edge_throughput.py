@@ -1,0 +1,93 @@
+"""``bench edge``, part 3: non-streamed throughput, closed loop, beside nginx.
+
+An instant pacer (it answers a 1-token request at once), then one edge process (plain HTTP) and nginx in
+front of it, each driven in turn by ``concurrency`` clients that send the next request as soon as the last
+answered, for ``seconds``. Reports requests per second, the proxy's CPU per request, and errors; and, for
+scale, what the client and pacer alone do (the direct path), so the client's own ceiling is visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import aiohttp
+
+from netem.bench import peers
+from netem.bench.peers import MODEL, Endpoint
+
+_BODY = json.dumps(
+    {"model": MODEL, "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 1}
+).encode()
+
+
+async def _closed_loop(target: Endpoint, concurrency: int, seconds: float) -> dict:
+    connector = aiohttp.TCPConnector(limit=0, ssl=target.ssl or True)
+    timeout = aiohttp.ClientTimeout(total=30)
+    done = errors = 0
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one() -> bool:
+            async with session.post(
+                target.url + "/v1/chat/completions", data=_BODY, headers=target.headers
+            ) as r:
+                await r.read()
+                return r.status == 200
+
+        await asyncio.gather(*(one() for _ in range(concurrency)))  # connections open before timing
+        deadline = time.perf_counter() + seconds
+        cpu0 = target.cpu_s()
+
+        async def worker() -> None:
+            nonlocal done, errors
+            while time.perf_counter() < deadline:
+                try:
+                    ok = await one()
+                except (aiohttp.ClientError, TimeoutError):
+                    ok = False
+                done += ok
+                errors += not ok
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+        cpu = target.cpu_s() - cpu0
+    return {
+        "path": target.name,
+        "rps": done / elapsed,
+        "errors": errors,
+        "cpu_ms_per_request": cpu * 1000 / max(1, done + errors),
+    }
+
+
+def run_throughput(
+    runner: asyncio.Runner,
+    logs: Path,
+    nginx: str | None,
+    concurrency: int,
+    seconds: float,
+    stack: contextlib.ExitStack,
+) -> list[dict]:
+    pacer = peers.start_stand_in(logs, "pacer", "pacer-instant", tokens=1, interval_ms=0)
+    stack.callback(pacer.stop)
+    targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
+    edge = peers.start_edge(logs, "edge-unary", pacer.url, tls=False)
+    stack.callback(edge.stop)
+    targets.append(edge)
+    if nginx:
+        proxy = peers.start_nginx(logs / "unary", nginx, pacer.url)
+        stack.callback(proxy.stop)
+        targets.append(proxy)
+    rows = []
+    for target in targets:
+        row = runner.run(_closed_loop(target, concurrency, seconds))
+        print(
+            f"  {row['path']:>10}: {row['rps']:7.0f} req/s, CPU {row['cpu_ms_per_request']:.3f} ms/req, "
+            f"{row['errors']} errors",
+            flush=True,
+        )
+        rows.append(row)
+    return rows
