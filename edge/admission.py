@@ -52,6 +52,8 @@ def authenticate(request: web.Request, state: EdgeState) -> ApiKey:
 
 
 async def read_body(request: web.Request, state: EdgeState, decoder: msgspec.json.Decoder) -> Body:
+    if request.content.is_eof():  # the whole body came with the head (most do): nothing to wait for
+        return await read_json(request, decoder)
     try:
         async with asyncio.timeout(state.config.server.body_timeout_s):
             return await read_json(request, decoder)

@@ -53,6 +53,13 @@ async def read_bounded(response: Response, max_bytes: int, deadline_s: float) ->
         raise UpstreamFault.bad(f"the region's answer is too large ({response.content_length} bytes)")
     parts: list[bytes] = []
     size = 0
+    if response.complete:  # it all came with the head: no wait to bound
+        while data := await response.read():
+            size += len(data)
+            parts.append(data)
+        if size > max_bytes:
+            raise UpstreamFault.bad(f"the region's answer is larger than {max_bytes} bytes")
+        return b"".join(parts)
     try:
         async with asyncio.timeout(deadline_s):
             while data := await response.read():

@@ -64,6 +64,11 @@ class Response:
     def at_eof(self) -> bool:
         return self._ended and not self._chunks
 
+    @property
+    def complete(self) -> bool:
+        """The whole body has arrived (it may not have been read yet)."""
+        return self._ended
+
     # --- fed by the connection ------------------------------------------------------------------------
 
     def _feed(self, chunk: bytes) -> None:

@@ -6,7 +6,7 @@ admitted request, holding the time it was admitted and the tokens it reserved. O
 1. trim: drop the entries that have left the window (admitted ``window_s`` or more ago), and their tokens;
 2. check: refuse if the entries already number ``rpm`` or more, or if their tokens plus this request's
    exceed ``tpm`` (a request bigger than ``tpm`` on its own is refused outright: it could never fit);
-3. record: add an entry (a uuid4 hex id, the time, the tokens) and return the id as the reservation.
+3. record: add an entry (a random 128-bit hex id, the time, the tokens) and return the id as the reservation.
 
 When the response ends, :meth:`RateLimiter.settle` sets the entry's tokens to what was really used, so the
 unused part of the reservation is refunded (or the overrun charged). Because every admission in the window is
@@ -31,8 +31,8 @@ import asyncio
 import hashlib
 import logging
 import math
+import os
 import time
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -202,7 +202,7 @@ class MemoryLimiter:
 
         member = ""
         if verdict == _ALLOWED:
-            member = uuid.uuid4().hex
+            member = os.urandom(16).hex()  # as unique as a uuid4, without building one
             history.entries[member] = _Entry(now, tokens)
             history.used += tokens
             count, used = count + 1, used + tokens
@@ -379,7 +379,7 @@ class RedisLimiter:
         if not spec.rpm and not spec.tpm:
             return _UNLIMITED
         if self._up:
-            member = uuid.uuid4().hex
+            member = os.urandom(16).hex()  # as unique as a uuid4, without building one
             args = (math.ceil(self.window_s * 1000), spec.rpm, spec.tpm, tokens, member)
             try:
                 verdict, count, used, reset_ms, retry_ms = await self._run(_ADMIT, self._keys(key_id), args)

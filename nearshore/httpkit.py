@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import signal
 import ssl
@@ -67,7 +68,7 @@ async def minted_request_ids(request: web.Request, handler: Handler) -> web.Stre
     """Every request gets an id of the server's own, unique, whatever the caller sent (two users choosing the
     same ``x-request-id`` must never address each other's requests). The caller's id, from
     ``x-client-request-id`` (or ``x-request-id``) when sane, is kept and echoed as ``x-client-request-id``."""
-    request[REQUEST_ID_KEY] = uuid.uuid4().hex
+    request[REQUEST_ID_KEY] = os.urandom(16).hex()  # 128 random bits, as a uuid4's hex, cheaper
     given = request.headers.get(CLIENT_REQUEST_ID) or request.headers.get(REQUEST_ID, "")
     client_id = given if _VALID_REQUEST_ID.match(given) else ""
     request[CLIENT_REQUEST_ID_KEY] = client_id
