@@ -113,13 +113,10 @@ async def _reserve(state: EdgeState, key: ApiKey, tokens: int) -> Decision:
             UPSTREAM_UNAVAILABLE, "Rate limits cannot be checked right now; retry shortly.", retry_after_s=1
         ) from None
     if not decision.allowed:
-        limit = decision.refused_by or "requests"
-        state.metrics.rate_limited.labels(limit).inc()
-        window = decision.requests if limit == "requests" else decision.tokens
+        state.metrics.rate_limited.labels(decision.refused_by or "requests").inc()
         raise ApiError(
             RATE_LIMITED,
-            f"Rate limit reached for {limit} per minute: limit {window.limit}, this request needs "
-            f"{1 if limit == 'requests' else tokens}. Retry after {decision.retry_after_s:.1f}s.",
+            f"{decision.reason} Retry after {decision.retry_after_s:.1f}s.",
             retry_after_s=decision.retry_after_s,
             headers=rate_limit_headers(decision),
         )

@@ -383,6 +383,11 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:
     return int(code), headers
 
 
+def _time_out(waiter: asyncio.Future[Response], seconds: float) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError(f"no response head within {seconds:g}s"))
+
+
 class H1Pool:
     """Keep-alive connections to one origin (``http://host:port`` or ``https://``, mTLS by the context)."""
 
@@ -404,17 +409,34 @@ class H1Pool:
         self._all: set[H1Connection] = set()
         self.host_header = host if port in (80, 443) else f"{host}:{port}"
 
-    async def request(self, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> Response:
-        """Send one request; return once the response head has arrived (the body follows)."""
+    async def request(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes = b"",
+        head_timeout_s: float | None = None,
+    ) -> Response:
+        """Send one request; return once the response head has arrived (the body follows). With
+        ``head_timeout_s``, a head that takes longer raises TimeoutError (one timer, no task cancellation)."""
+        started = time.perf_counter()
         connection, connect_s = await self._acquire()
         lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host_header}", f"Content-Length: {len(body)}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        waiter = connection.send(head, body)
+        timer = None
+        if head_timeout_s is not None:
+            left = max(0.0, head_timeout_s - (time.perf_counter() - started))
+            timer = asyncio.get_running_loop().call_later(left, _time_out, waiter, head_timeout_s)
         try:
-            response = await connection.send(head, body)
+            response = await waiter
         except BaseException:
             connection.close()  # a response may still come; this connection cannot serve another
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
         response.connect_s = connect_s
         return response
 

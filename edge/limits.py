@@ -74,7 +74,7 @@ class Decision:
     reservation: str | None = None  # id to pass to settle(); None when refused or unlimited
     refused_by: Literal["requests", "tokens"] | None = None
     degraded: bool = False  # decided by the local fallback because Redis is unreachable
-    reason: str = ""  # for the 429 message
+    reason: str = ""  # why it was refused: the 429's message
 
 
 class LimiterUnavailable(Exception):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from nearshore.protocol.schemas import Usage
+
 P = "nearshore_edge:"
 _LATENCY = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -13,6 +15,7 @@ class EdgeMetrics:
         r = self.registry = CollectorRegistry()
         # Tenant names are customer data: a label only when the operator asks for it.
         self.tenant_labels = tenant_labels
+        self._children: dict[tuple[str, str, str, str], tuple] = {}
         self.requests = Counter(P + "requests", "Requests by outcome.", ["status", "region"], registry=r)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens billed.", ["model"], registry=r)
         self.cached_tokens = Counter(
@@ -58,9 +61,27 @@ class EdgeMetrics:
             registry=r,
         )
 
-    def add_cost(self, model: str, tenant: str, usd: float) -> None:
-        labels = (model, tenant) if self.tenant_labels else (model,)
-        self.cost.labels(*labels).inc(usd)
+    def count_request(
+        self, status: str, region: str, model: str, tenant: str, usage: Usage, cost_usd: float
+    ) -> None:
+        """One billed request in every series it moves; label lookups cached (they cost more than the inc)."""
+        key = (status, region, model, tenant if self.tenant_labels else "")
+        children = self._children.get(key)
+        if children is None:
+            cost_labels = (model, tenant) if self.tenant_labels else (model,)
+            children = self._children[key] = (
+                self.requests.labels(status, region),
+                self.prompt_tokens.labels(model),
+                self.cached_tokens.labels(model),
+                self.generation_tokens.labels(model),
+                self.cost.labels(*cost_labels),
+            )
+        requests, prompt, cached, generation, cost = children
+        requests.inc()
+        prompt.inc(usage.prompt_tokens)
+        cached.inc(usage.prompt_tokens_details.cached_tokens)
+        generation.inc(usage.completion_tokens)
+        cost.inc(cost_usd)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

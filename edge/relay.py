@@ -77,8 +77,7 @@ async def open_upstream(
     for region in pool.candidates():
         timing = UpstreamTiming(forwarded_at=time.perf_counter())
         try:
-            async with asyncio.timeout(first_byte_timeout_s):
-                response = await region.pool.request("POST", path, headers, body)
+            response = await region.pool.request("POST", path, headers, body, first_byte_timeout_s)
         except TimeoutError:
             timed_out += 1
             _skip(pool, region, metrics, skipped, f"no answer within {first_byte_timeout_s:g}s")

@@ -57,13 +57,9 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         log.exception("usage record %s could not be written", journey.request_id)
     m = state.metrics
     region = journey.region or "none"
-    m.requests.labels(journey.status, region).inc()
+    m.count_request(journey.status, region, model, key.tenant, usage, cost)
     if journey.error_code and journey.status == "error" and not journey.refused:
         m.upstream_errors.labels(journey.error_code, region).inc()
-    m.prompt_tokens.labels(model).inc(usage.prompt_tokens)
-    m.cached_tokens.labels(model).inc(cached)
-    m.generation_tokens.labels(model).inc(usage.completion_tokens)
-    m.add_cost(model, key.tenant, cost)
     return audited
 
 
