@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import msgspec
@@ -62,37 +65,38 @@ def served_by_each_worker(edge: Edge) -> list[float]:
     return counts
 
 
-async def test_two_workers_share_a_port_and_admit_exactly_the_limit(tmp_path):
-    redis = RedisServer(tmp_path / "redis").start()
-    pacer = start_pacer(tmp_path, tokens=1, interval_ms=1)
-    edge = start_edge(
-        tmp_path / "edge",
-        [("r", pacer.url)],
-        server={"workers": 2},
-        limits={"backend": "redis", "redis_url": redis.url},
-    )
+@contextlib.contextmanager
+def two_workers(folder: Path, **pacer_flags: object) -> Iterator[Edge]:
+    """An edge of two worker processes sharing limits through a real Redis, in front of a pacer."""
+    redis = RedisServer(folder / "redis").start()
+    pacer = start_pacer(folder, **pacer_flags)
     try:
+        edge = start_edge(
+            folder / "edge",
+            [("r", pacer.url)],
+            server={"workers": 2},
+            limits={"backend": "redis", "redis_url": redis.url},
+        )
+        try:
+            yield edge
+        finally:
+            edge.stop()
+    finally:
+        pacer.process.stop()
+        redis.stop()
+
+
+async def test_two_workers_share_a_port_and_admit_exactly_the_limit(tmp_path):
+    with two_workers(tmp_path, tokens=1, interval_ms=1) as edge:
         key = edge.new_key(rpm=30, tpm=10**6)
         statuses = await asyncio.gather(*(post_on_a_new_connection(edge, key) for _ in range(80)))
         assert statuses.count(200) == 30 and statuses.count(429) == 50
         counts = served_by_each_worker(edge)
         assert all(c > 0 for c in counts) and sum(counts) == 80, counts  # both workers took requests
-    finally:
-        edge.stop()
-        pacer.process.stop()
-        redis.stop()
 
 
 async def test_the_supervisor_drains_its_workers_and_they_die_with_it(tmp_path):
-    redis = RedisServer(tmp_path / "redis").start()
-    pacer = start_pacer(tmp_path, tokens=1, interval_ms=1)
-    edge = start_edge(
-        tmp_path / "edge",
-        [("r", pacer.url)],
-        server={"workers": 2},
-        limits={"backend": "redis", "redis_url": redis.url},
-    )
-    try:
+    with two_workers(tmp_path, tokens=1, interval_ms=1) as edge:
         assert edge.process.proc is not None
         workers = _children(edge.process.proc.pid)
         assert len(workers) == 2
@@ -101,10 +105,6 @@ async def test_the_supervisor_drains_its_workers_and_they_die_with_it(tmp_path):
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert not any(_alive(pid) for pid in workers)
-    finally:
-        edge.stop()
-        pacer.process.stop()
-        redis.stop()
 
 
 def _children(pid: int) -> list[int]:
@@ -132,17 +132,9 @@ async def test_two_workers_never_overspend_a_budget_together(tmp_path):
     """Budgets are held in Redis beside the limits: two processes cannot each spend the whole of one."""
     import sqlite3
 
-    redis = RedisServer(tmp_path / "redis").start()
     # Each request may cost $5.3e-6 (a 42-token prompt ceiling, 16 tokens out) and really costs $3.7e-6:
     # one book per process would let each hold two at once, and four would spend $14.8e-6 of $11e-6.
-    pacer = start_pacer(tmp_path, tokens=16, interval_ms=20)
-    edge = start_edge(
-        tmp_path / "edge",
-        [("r", pacer.url)],
-        server={"workers": 2},
-        limits={"backend": "redis", "redis_url": redis.url},
-    )
-    try:
+    with two_workers(tmp_path, tokens=16, interval_ms=20) as edge:
         key = edge.new_key(budget_usd=0.000011, rpm=1000, tpm=10**6)
         payload = {**CHAT, "max_tokens": 16}
         statuses = await asyncio.gather(*(post_on_a_new_connection(edge, key, payload) for _ in range(60)))
@@ -152,7 +144,3 @@ async def test_two_workers_never_overspend_a_budget_together(tmp_path):
         [(spent,)] = db.execute("SELECT sum(cost_usd) FROM usage WHERE key_id = ?", (key.split("-")[1],))
         db.close()
         assert spent <= 0.000011
-    finally:
-        edge.stop()
-        pacer.process.stop()
-        redis.stop()
