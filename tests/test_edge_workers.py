@@ -95,7 +95,30 @@ async def test_two_workers_share_a_port_and_admit_exactly_the_limit(tmp_path):
         assert all(c > 0 for c in counts) and sum(counts) == 80, counts  # both workers took requests
 
 
-async def test_the_supervisor_drains_its_workers_and_they_die_with_it(tmp_path):
+async def test_sigterm_drains_the_workers_streams(tmp_path):
+    with two_workers(tmp_path, tokens=15, interval_ms=100) as edge:
+        key = edge.new_key()
+        headers = {"Authorization": f"Bearer {key}"}
+        connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
+        async with (
+            aiohttp.ClientSession(connector=connector) as s,
+            s.post(
+                edge.url + "/v1/chat/completions",
+                json={**CHAT, "max_tokens": 15, "stream": True},
+                headers=headers,
+            ) as r,
+        ):
+            events = []
+            async for line in r.content:
+                if line.startswith(b"data: "):
+                    events.append(line)
+                    if len(events) == 2:
+                        edge.process.proc.terminate()  # shutdown begins mid-stream
+        assert events[-1].startswith(b"data: [DONE]") and len(events) == 15 + 3  # role, 15 tokens, finish
+        assert edge.process.proc.wait(15) == 0
+
+
+async def test_workers_die_with_their_supervisor(tmp_path):
     with two_workers(tmp_path, tokens=1, interval_ms=1) as edge:
         assert edge.process.proc is not None
         workers = _children(edge.process.proc.pid)
