@@ -8,6 +8,7 @@ Anything else becomes an :class:`UpstreamFault`, which the edge answers with a t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,15 +54,10 @@ async def read_bounded(response: Response, max_bytes: int, deadline_s: float) ->
         raise UpstreamFault.bad(f"the region's answer is too large ({response.content_length} bytes)")
     parts: list[bytes] = []
     size = 0
-    if response.complete:  # it all came with the head: no wait to bound
-        while data := await response.read():
-            size += len(data)
-            parts.append(data)
-        if size > max_bytes:
-            raise UpstreamFault.bad(f"the region's answer is larger than {max_bytes} bytes")
-        return b"".join(parts)
+    # A body that came whole with its head has no wait to bound: no timer for it.
+    deadline = contextlib.nullcontext() if response.complete else asyncio.timeout(deadline_s)
     try:
-        async with asyncio.timeout(deadline_s):
+        async with deadline:
             while data := await response.read():
                 size += len(data)
                 if size > max_bytes:

@@ -189,6 +189,7 @@ class SseRelay:
         self._upstream: Response | None = None
         self._pending = b""
         self._total = 0
+        self._chunked = True
         self._ended: asyncio.Future[None] | None = None
         self._draining: asyncio.Task | None = None
         self._broken: BaseException | None = None  # the client's side broke while we wrote
@@ -210,6 +211,8 @@ class SseRelay:
     async def relay(self, upstream: Response) -> StreamOutcome:
         self._upstream = upstream
         self._ended = asyncio.get_running_loop().create_future()
+        # The head has gone (HTTP/1.1 clients get chunked framing; 1.0 ones a body that ends with the socket).
+        self._chunked = self.client.headers.get("Transfer-Encoding", "").lower() == "chunked"
         self.read_started = time.monotonic()
         upstream.push_to(self)
         try:
@@ -295,10 +298,6 @@ class SseRelay:
             self._wait_for_client()
         else:
             self.last_write = time.monotonic()
-
-    @property
-    def _chunked(self) -> bool:
-        return self.client.headers.get("Transfer-Encoding", "").lower() == "chunked"
 
     def _wait_for_client(self) -> None:
         """The client is slower than the region: pause the region until the client drains (or the watchdog

@@ -81,6 +81,7 @@ def _report_anomalies(journey: Journey, audited: AuditedUsage) -> None:
 
 async def _settle_limit(journey: Journey, reservation: str, tokens: int) -> None:
     try:
-        await journey.state.limiter.settle(journey.key.key_id if journey.key else "", reservation, tokens)
+        assert journey.key is not None
+        await journey.state.limiter.settle(journey.key.key_id, reservation, tokens)
     except Exception:  # a failed refund only makes the limit stricter for a minute
         log.warning("could not settle the reservation of %s", journey.request_id, exc_info=True)

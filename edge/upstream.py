@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from edge.answer import UpstreamFault, read_bounded
 from edge.config import RegionEndpoint, UpstreamConfig
-from edge.h1 import H1Pool, MalformedResponse, Response
+from edge.h1 import H1Pool, MalformedResponse
 from nearshore.protocol.headers import EDGE_SECRET
 from nearshore.tls import client_context
 
@@ -79,10 +80,11 @@ class UpstreamPool:
             async with asyncio.timeout(_HEALTH_TIMEOUT_S):
                 response = await region.pool.request("GET", "/health", self.headers)
                 try:
-                    ok = response.status == 200 and await _read_small(response)
+                    ok = response.status == 200
+                    await read_bounded(response, _HEALTH_BYTES, _HEALTH_TIMEOUT_S)  # pooled again when read
                 finally:
                     response.close()
-        except (TimeoutError, *UPSTREAM_ERRORS):
+        except (TimeoutError, UpstreamFault, *UPSTREAM_ERRORS):
             ok = False
         if ok != region.up:
             log.warning("region %s is %s", region.name, "up" if ok else "DOWN")
@@ -115,13 +117,3 @@ class UpstreamPool:
                 await self._health_task
         for region in self.regions:
             region.pool.close()
-
-
-async def _read_small(response: Response) -> bool:
-    """Read a health answer to its end (so its connection is pooled), unless it is far too large."""
-    size = 0
-    while data := await response.read():
-        size += len(data)
-        if size > _HEALTH_BYTES:
-            return False
-    return True
