@@ -13,3 +13,9 @@ EDGE_SECRET = "x-nearshore-edge-secret"
 SERVER_TIMING = "Server-Timing"
 # Prometheus' text exposition format.
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# A region's load on every response (nearshore/protocol/load.py), read by the edge's router.
+LOAD = "x-nearshore-load"
+# Why the edge chose the region it did (on request: the edge's `geo.explain` setting or ROUTE_DEBUG).
+ROUTE = "x-nearshore-route"
+# A client asks for the route explanation on its own response with `x-nearshore-debug: route`.
+DEBUG = "x-nearshore-debug"
