@@ -1,0 +1,224 @@
+"""The router's decision, with no I/O: filter, score, hysteresis, affinity, residency, health."""
+
+from __future__ import annotations
+
+import pytest
+
+from geo.affinity import prefix_chain
+from geo.catalog import GeoConfig, HealthSettings, RegionSpec, ResidencyPolicy, RoutingSettings, check_catalog
+from geo.route import NoRoute, Router, Where
+from nearshore.protocol.load import LoadReport
+
+MODEL = "gemma-3-270m"
+LAGOS = Where(6.45, 3.39, "NG", "AF", located=True)
+VIRGINIA = Where(39.04, -77.47, "US", "NA", located=True)
+BERLIN = Where(52.52, 13.40, "DE", "EU", located=True)
+
+
+def catalog(*names: str, replicas: int = 1, capacity: int = 8) -> list[RegionSpec]:
+    specs = []
+    for i, name in enumerate(names):
+        urls = [f"http://127.0.0.1:{9000 + 10 * i + n}" for n in range(replicas)]
+        specs.append(RegionSpec(name=name, city=name, replicas=urls, capacity=capacity))
+    return specs
+
+
+def router(*names: str, **kw) -> Router:
+    config = GeoConfig(
+        residency=kw.pop("residency", []),
+        health=kw.pop("health", HealthSettings()),
+        routing=kw.pop("routing", RoutingSettings()),
+    )
+    specs = catalog(*names, **kw)
+    assert check_catalog(specs, config, [MODEL]) == []
+    return Router.build(specs, config, [MODEL])
+
+
+def pick(r: Router, where: Where = LAGOS, now: float = 0.0, tenant: str = "t", prefix=(), tokens=10) -> str:
+    return r.route(MODEL, where, tenant, tokens, prefix, now).ranked[0].id
+
+
+def replica(r: Router, id: str):
+    return next(x for x in r.replicas if x.id == id)
+
+
+def measured(r: Router, **rtts: float) -> Router:
+    for name, rtt in rtts.items():
+        r.probe_passed(replica(r, name), rtt, None)
+    return r
+
+
+def test_until_measured_the_fibre_floor_decides_then_the_measured_round_trip():
+    # By the great circle Johannesburg (4,500 km) is nearer Lagos than London (5,000 km) ...
+    assert pick(router("london", "virginia", "johannesburg")) == "johannesburg"
+    # ... but the cables go through Europe: measured, London wins.
+    r = measured(
+        router("london", "virginia", "johannesburg"), london=90.0, virginia=180.0, johannesburg=250.0
+    )
+    assert pick(r, LAGOS) == "london"
+
+
+def test_a_client_located_elsewhere_goes_to_the_region_on_its_side():
+    r = measured(router("london", "virginia"), london=90.0, virginia=180.0)
+    assert pick(r, VIRGINIA) == "virginia"
+    assert pick(r, LAGOS) == "london"
+
+
+def test_the_failover_order_ranks_every_eligible_replica_and_explains_itself():
+    r = measured(
+        router("london", "virginia", "johannesburg"), london=90.0, virginia=180.0, johannesburg=250.0
+    )
+    route = r.route(MODEL, LAGOS, "t", 10, (), 0.0)
+    assert [x.id for x in route.ranked] == ["london", "virginia", "johannesburg"]
+    assert [t.total_ms for t in route.terms] == sorted(t.total_ms for t in route.terms)
+    explained = route.explain()
+    assert (
+        explained.startswith("london score=")
+        and "runner-up virginia" in explained
+        and "rtt=90.0" in explained
+    )
+
+
+def test_residency_keeps_eu_clients_in_the_eu_and_names_the_policy_when_the_eu_is_down():
+    eu = ResidencyPolicy(name="eu-only", regions=["london", "frankfurt"], continents=["EU"])
+    r = router(
+        "virginia", "london", "frankfurt", residency=[eu], health=HealthSettings(unhealthy_threshold=1)
+    )
+    measured(r, virginia=1.0, london=80.0, frankfurt=90.0)
+    assert pick(r, LAGOS) == "virginia"  # no policy covers Nigeria
+    route = r.route(MODEL, BERLIN, "t", 10, (), 0.0)
+    assert {x.region for x in route.ranked} == {"london", "frankfurt"} and route.policies == ("eu-only",)
+    r.probe_failed(replica(r, "london"), "connection refused")
+    r.probe_failed(replica(r, "frankfurt"), "connection refused")
+    with pytest.raises(NoRoute, match="eu-only") as caught:
+        r.route(MODEL, BERLIN, "t", 10, (), 0.0)
+    assert "london: down (connection refused)" in str(caught.value)
+    assert caught.value.policies == ("eu-only",)
+    assert pick(r, LAGOS) == "virginia"  # never a silent detour, but others are unaffected
+
+
+def test_a_tenant_pinned_to_one_region_is_served_only_there():
+    pin = ResidencyPolicy(name="acme-pin", regions=["virginia"], tenants=["acme"])
+    r = measured(router("london", "virginia", residency=[pin]), london=90.0, virginia=180.0)
+    assert [x.id for x in r.route(MODEL, LAGOS, "acme", 10, (), 0.0).ranked] == ["virginia"]
+    assert pick(r, LAGOS, tenant="other") == "london"
+
+
+def test_consecutive_failures_eject_a_replica_for_a_growing_time_and_it_returns():
+    settings = HealthSettings(consecutive_failures=2, base_ejection_s=10, max_ejected_percent=50)
+    r = measured(router("london", "virginia", health=settings), london=90.0, virginia=180.0)
+    london = replica(r, "london")
+    assert not r.failed(london, "connect", now=0.0)
+    assert r.failed(london, "connect", now=0.0)
+    assert pick(r, now=1.0) == "virginia"
+    assert pick(r, now=10.5) == "virginia"  # routable again after base_ejection_s: the challenger ...
+    assert pick(r, now=13.6) == "london"  # ... takes the traffic back once it has held its lead (hold_s)
+    r.failed(london, "connect", now=14.0)
+    r.failed(london, "connect", now=14.0)
+    assert london.health.ejected_until == pytest.approx(34.0)  # the second ejection lasts twice as long
+    virginia = replica(r, "virginia")  # never more than half the replicas out
+    r.failed(virginia, "connect", now=15.0)
+    assert not r.failed(virginia, "connect", now=15.0)
+    assert pick(r, now=15.0) == "virginia"
+
+
+def test_probes_take_a_replica_out_after_the_threshold_and_back_after_passes():
+    settings = HealthSettings(unhealthy_threshold=2, healthy_threshold=2)
+    r = measured(router("london", "virginia", health=settings), london=90.0, virginia=180.0)
+    london = replica(r, "london")
+    assert not r.probe_failed(london, "timeout")
+    assert pick(r) == "london"
+    assert r.probe_failed(london, "timeout")
+    assert pick(r) == "virginia"
+    assert not r.probe_passed(london, 90.0, None)
+    assert r.probe_passed(london, 90.0, None)
+    assert pick(r, now=0.0) == "virginia"  # back, and challenging ...
+    assert pick(r, now=3.1) == "london"  # ... it takes the traffic back after hold_s
+
+
+def test_a_loading_replica_is_skipped_while_another_can_serve():
+    r = measured(router("london", "virginia", health=HealthSettings(unhealthy_threshold=1)), london=90.0)
+    london = replica(r, "london")
+    r.probe_passed(london, 90.0, LoadReport(state="loading"))
+    assert pick(r) == "virginia"
+    r.probe_failed(replica(r, "virginia"), "refused")
+    assert pick(r) == "london"  # the only one left: better late than a refusal
+    r.probe_passed(london, 90.0, LoadReport(state="ready"))
+    assert pick(r) == "london"
+
+
+def test_every_replica_down_or_none_serving_the_model_is_a_no_route_at_once():
+    r = router("london", health=HealthSettings(unhealthy_threshold=1))
+    with pytest.raises(NoRoute, match="serves the model"):
+        r.route("other-model", LAGOS, "t", 10, (), 0.0)
+    r.probe_failed(replica(r, "london"), "connection refused")
+    with pytest.raises(NoRoute, match="unavailable"):
+        r.route(MODEL, LAGOS, "t", 10, (), 0.0)
+
+
+def test_hysteresis_moves_traffic_only_after_a_margin_held_for_hold_s():
+    r = router("london", "virginia", routing=RoutingSettings(hold_s=3.0, switch_margin_ms=10))
+    london = replica(r, "london")
+    measured(r, london=90.0, virginia=180.0)
+    assert pick(r, now=0.0) == "london"
+    london.latency.rtt.value = 175.0  # a spike: Virginia is better, by less than the margin
+    assert pick(r, now=1.0) == "london"
+    london.latency.rtt.value = 400.0  # now by far
+    assert pick(r, now=2.0) == "london"  # the challenger is noted
+    assert r.route(MODEL, LAGOS, "t", 10, (), 4.0).held
+    assert pick(r, now=5.1) == "virginia"  # it held for 3 s: traffic moves
+    london.latency.rtt.value = 90.0
+    assert pick(r, now=6.0) == "virginia"
+    assert pick(r, now=9.2) == "london"  # and back, once London has held its lead
+
+
+def test_requests_beyond_a_replicas_slots_go_to_one_with_free_slots():
+    r = router("london", replicas=2, capacity=2)
+    a, b = r.replicas
+    a.inflight = 2
+    assert pick(r) == b.id
+    a.inflight, b.inflight = 0, 2
+    assert pick(r) == a.id
+    a.load = LoadReport(running=4, waiting=3, capacity=4)  # other edges' work counts too
+    b.inflight = 1
+    assert pick(r) == b.id
+
+
+def test_a_long_shared_prefix_sticks_to_one_replica_until_it_is_overloaded():
+    routing = RoutingSettings(
+        affinity_min_chars=512, affinity_block_chars=128, balance_abs=2, balance_rel=1.5
+    )
+    r = router("london", replicas=3, capacity=16, routing=routing)
+    document = "The contract between the parties states the following terms. " * 40
+
+    def ask(question: str) -> str:
+        return pick(r, prefix=prefix_chain(document + question, 128, 512), tokens=600)
+
+    first = ask("Question one?")
+    owner = replica(r, first)
+    for i in range(2):  # other questions on the same document stick, though others are idle
+        owner.inflight += 1
+        assert ask(f"Question {i}?") == first
+    owner.inflight = 10  # far above the others: least-loaded wins, and the prefix follows
+    moved = ask("Question seven?")
+    assert moved != first
+    owner.inflight = 0
+    assert ask("Question eight?") == moved
+    # A short prompt has no affinity at all.
+    assert prefix_chain("hello", 128, 512) == ()
+
+
+def test_the_catalog_checks_name_their_keys():
+    config = GeoConfig(residency=[ResidencyPolicy(name="eu", regions=["paris"], continents=["EU"])])
+    specs = [
+        RegionSpec(name="london", city="london", url="http://a:1"),
+        RegionSpec(name="london", city="atlantis", url="http://b:1"),
+        RegionSpec(name="empty", city="london"),
+        RegionSpec(name="odd", city="london", url="http://c:1", models=["gpt-9"]),
+    ]
+    problems = "\n".join(check_catalog(specs, config, [MODEL]))
+    assert "regions[1] (london): the name 'london' is used twice" in problems
+    assert "regions[1] (london): unknown city 'atlantis'" in problems
+    assert "regions[2] (empty): no replica" in problems
+    assert "regions[3] (odd).models: gpt-9 not in the edge's models" in problems
+    assert "geo.residency[0] (eu).regions: unknown region 'paris'" in problems
