@@ -6,6 +6,7 @@ import hmac
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+import msgspec
 from aiohttp import web
 
 from nearshore.httpkit import Handler, metrics_response, openai_errors, read_json, request_id_of, request_ids
@@ -32,9 +33,11 @@ from nearshore.protocol.schemas import (
 from nearshore.tls import peer_certificate_name
 from regional.config import RegionConfig, ServerConfig
 from regional.engine import Engine
+from regional.load_report import LoadReporter, load_header
 from regional.service import Generation, RegionService, Timings
 
 SERVICE = web.AppKey("service", RegionService)
+LOAD_REPORTER = web.AppKey("load_reporter", LoadReporter)
 # The CN of the edge certificate a request came with (mutual TLS).
 EDGE_NAME = web.RequestKey("edge", str)
 STARTED_AT = int(time.time())
@@ -49,6 +52,8 @@ def create_app(config: RegionConfig, engine: Engine, service: RegionService) -> 
         middlewares.append(guard)  # inside openai_errors, so a refusal leaves OpenAI-shaped
     app = web.Application(middlewares=middlewares, client_max_size=config.server.max_body_bytes)
     app[SERVICE] = service
+    app[LOAD_REPORTER] = reporter = LoadReporter(engine)
+    app.on_response_prepare.append(load_header(reporter))
     app.cleanup_ctx.append(_engine_lifetime(engine))
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
@@ -163,6 +168,7 @@ async def health(request: web.Request) -> web.Response:
     has failed for good (the process is about to exit), with the reason."""
     stats = request.app[SERVICE].engine.stats()
     payload = {"status": "ok", "model": stats.state, "running": stats.running, "waiting": stats.waiting}
+    payload["load"] = msgspec.to_builtins(request.app[LOAD_REPORTER].current()[0])
     if stats.failure:
         payload.update(status="failed", reason=stats.failure)
     return web.json_response(payload, status=503 if stats.failure else 200)

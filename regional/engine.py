@@ -75,6 +75,8 @@ class EngineStats(msgspec.Struct):
     steps: int
     model_load_s: float
     failure: str = ""  # why the engine state is "failed"
+    capacity: int = 0  # the most sequences decoded at once (0: unknown)
+    tokens_per_s: float = 0.0  # generated tokens per second, over a recent window
 
 
 class EngineOverloaded(Exception):

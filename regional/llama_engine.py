@@ -34,6 +34,7 @@ from regional.llama_model import ContextSettings, KvCacheFull, LlamaModel
 from regional.prompt_tokens import PromptTokenizer
 from regional.sampler import TokenSampler
 from regional.scheduler import Scheduler, Sequence, StepPlan
+from regional.token_rate import TokenRate
 
 log = logging.getLogger("nearshore.engine")
 
@@ -71,6 +72,7 @@ class LlamaCppEngine:
         self._steps = 0
         self._prefix_queries = 0
         self._prefix_hits = 0
+        self._generated = TokenRate(time.monotonic())  # added to by the worker thread, read by stats()
         self._last_active = time.monotonic()
         self.model_load_s = 0.0
         self._load_error: str | None = None
@@ -258,6 +260,8 @@ class LlamaCppEngine:
                 steps=self._steps,
                 model_load_s=self.model_load_s,
                 failure=self._failure or "",
+                capacity=self.config.max_sequences,
+                tokens_per_s=self._generated.per_s(time.monotonic()),
             )
 
     # --- the worker thread ----------------------------------------------------------------------------
@@ -321,6 +325,7 @@ class LlamaCppEngine:
             return []
         self._run_model(plan)
         sampled, failures = self._sample(plan)
+        self._generated.add(len(sampled) - len(failures), time.monotonic())
         now = time.perf_counter()
         self._untrack(sched.postprocess(plan, sampled, now))
         return self._events(plan, sampled, failures, now)
