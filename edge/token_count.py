@@ -51,7 +51,9 @@ def _utf8_len(text: str) -> int:
 class TokenCounter(Protocol):
     exact: bool
 
-    def count_chat(self, messages: Sequence[ChatMessage]) -> int: ...
+    def count_chat(self, messages: Sequence[ChatMessage], *, continue_final: bool = False) -> int:
+        """``continue_final``: the request's ``continue_final_message`` (the last turn left open)."""
+        ...
 
     def count_text(self, text: str) -> int: ...
 
@@ -59,7 +61,8 @@ class TokenCounter(Protocol):
 class EstimatingCounter:
     exact = False
 
-    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
+    def count_chat(self, messages: Sequence[ChatMessage], *, continue_final: bool = False) -> int:
+        # An open last turn has a little less framing than a closed one: the estimate keeps the closed one's.
         framing = ESTIMATED_FRAMING_PER_MESSAGE * len(messages) + ESTIMATED_FRAMING_FIXED
         return sum(math.ceil(_utf8_len(m.text()) / BYTES_PER_TOKEN) for m in messages) + framing
 
@@ -90,8 +93,9 @@ class GgufCounter:
     # Counted as the region tokenizes (regional/prompt_tokens.py): BOS once, message content as plain text,
     # the turn markers and a completions prompt with control tokens, long texts in the same pieces.
 
-    def count_chat(self, messages: Sequence[ChatMessage]) -> int:
-        return self._bos + sum(self._count(s.text, s.special) for s in gemma_segments(messages))
+    def count_chat(self, messages: Sequence[ChatMessage], *, continue_final: bool = False) -> int:
+        segments = gemma_segments(messages, continue_final=continue_final)
+        return self._bos + sum(self._count(s.text, s.special) for s in segments)
 
     def count_text(self, text: str) -> int:
         return self._bos + self._count(text, True)

@@ -8,6 +8,11 @@ and the output is cut at the sentinels: template text on one side, the caller's 
 A template that trims content (``| trim``, common: Gemma's and Llama's do) trims the sentinel's padding,
 which is whitespace, so the same trim is applied to the content. A template that transforms content any
 other way (slicing, case, escaping) breaks its sentinel; that is detected and refused, never guessed at.
+
+A continuation (``continue_final``) leaves the last message, the assistant's, open: the template renders the
+conversation without a generation prompt, and the prompt is cut right after that message's sentinel (its
+end-of-turn markers dropped). Its text goes in verbatim, untrimmed: it is what the model already said.
+A template that does not render that message last is refused (:class:`OpenTurnError`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,10 @@ class ChatTemplateError(ValueError):
     pass
 
 
+class OpenTurnError(ChatTemplateError):
+    """The template cannot leave the last assistant turn open."""
+
+
 class ChatFormatter:
     """Renders a conversation with the chosen template; ``bos_token`` is left to the tokenizer."""
 
@@ -48,13 +57,15 @@ class ChatFormatter:
     def kind(self) -> str:
         return "gguf" if self._jinja is not None else "gemma"
 
-    def render(self, messages: Sequence[ChatMessage]) -> str:
+    def render(self, messages: Sequence[ChatMessage], *, continue_final: bool = False) -> str:
         """The prompt as one string (without BOS)."""
-        return joined(self.segments(messages))
+        return joined(self.segments(messages, continue_final=continue_final))
 
-    def segments(self, messages: Sequence[ChatMessage]) -> list[Segment]:
+    def segments(self, messages: Sequence[ChatMessage], *, continue_final: bool = False) -> list[Segment]:
+        """``continue_final``: the last message is the assistant's and its turn stays open (the caller has
+        checked the role)."""
         if self._jinja is None:
-            return gemma_segments(messages)
+            return gemma_segments(messages, continue_final=continue_final)
         nonce = secrets.token_hex(8)  # unguessable: a caller cannot write a sentinel into its content
         written: list[str] = []
 
@@ -62,22 +73,33 @@ class ChatFormatter:
             written.append(text)
             return f"{_PAD}ns{nonce}x{len(written) - 1}x{_PAD}"
 
-        payload = [
-            {"role": m.role, "content": hide(m.text()), **({"name": hide(m.name)} if m.name else {})}
-            for m in messages
-        ]
+        payload: list[dict[str, str]] = []
+        opened = -1
+        for m in messages:
+            payload.append({"role": m.role, "content": hide(m.text())})
+            opened = len(written) - 1  # the last message's content, when continuing
+            if m.name:
+                payload[-1]["name"] = hide(m.name)
         try:
-            text = self._jinja.render(messages=payload, add_generation_prompt=True, **self.special_tokens)
+            text = self._jinja.render(
+                messages=payload, add_generation_prompt=not continue_final, **self.special_tokens
+            )
         except TemplateError as exc:
             raise ChatTemplateError(f"the model's chat template rejected the messages: {exc}") from exc
         bos = self.special_tokens.get("bos_token", "")
         # The tokenizer adds BOS itself; a template that writes it too would double it.
         text = text[len(bos) :] if bos and text.startswith(bos) else text
-        return _cut_at_sentinels(text, nonce, written)
+        if not continue_final:
+            return _cut_at_sentinels(text, nonce, written)
+        return _open_last_turn(text, nonce, written, opened)
+
+
+def _sentinel(nonce: str) -> re.Pattern[str]:
+    return re.compile(f"({re.escape(_PAD)})?ns{nonce}x(\\d+)x({re.escape(_PAD)})?")
 
 
 def _cut_at_sentinels(text: str, nonce: str, written: list[str]) -> list[Segment]:
-    sentinel = re.compile(f"({re.escape(_PAD)})?ns{nonce}x(\\d+)x({re.escape(_PAD)})?")
+    sentinel = _sentinel(nonce)
     segments: list[Segment] = []
     at = 0
     for match in sentinel.finditer(text):
@@ -96,6 +118,20 @@ def _cut_at_sentinels(text: str, nonce: str, written: list[str]) -> list[Segment
             "from its own text; set model.chat_template = 'gemma' or use another template"
         )
     return merged(segments)
+
+
+def _open_last_turn(text: str, nonce: str, written: list[str], opened: int) -> list[Segment]:
+    """The prompt up to message content ``opened``, which must be the last caller text rendered, then that
+    content verbatim and as a segment of its own (the template may trim it; the model said it as it is)."""
+    sentinels = list(_sentinel(nonce).finditer(text))
+    if not sentinels or int(sentinels[-1].group(2)) != opened:
+        raise OpenTurnError(
+            "the model's chat template does not render the last assistant message at the end of the "
+            "conversation, so its turn cannot be left open to continue; set model.chat_template = 'gemma' "
+            "or send the request without continue_final_message"
+        )
+    before = _cut_at_sentinels(text[: sentinels[-1].start()], nonce, written)
+    return [*before, *([Segment(written[opened], False)] if written[opened] else [])]
 
 
 def _raise(message: str) -> None:

@@ -18,6 +18,7 @@ from nearshore.protocol.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     ENGINE_FAILED,
     INTERNAL,
+    INVALID_REQUEST,
     MODEL_NOT_FOUND,
     OVERLOADED,
     UNSUPPORTED_PARAMETER,
@@ -25,7 +26,7 @@ from nearshore.protocol.errors import (
 )
 from nearshore.protocol.prompt_segments import Segment
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, FinishReason, Usage
-from regional.chat_template import ChatFormatter, ChatTemplateError
+from regional.chat_template import ChatFormatter, ChatTemplateError, OpenTurnError
 from regional.config import RegionConfig
 from regional.engine import (
     Engine,
@@ -111,9 +112,18 @@ class RegionService:
 
     async def prepare_chat(self, body: ChatCompletionRequest, request_id: str, timings: Timings) -> Prepared:
         self._check_common(body)
+        continuing = body.continue_final_message
+        if continuing and body.messages[-1].role != "assistant":
+            raise ApiError(
+                INVALID_REQUEST,
+                "continue_final_message needs the last message to be the assistant's: the text to continue.",
+                param="continue_final_message",
+            )
         await self._ready()  # the template comes from the model file
         try:
-            segments = self.formatter().segments(body.messages)
+            segments = self.formatter().segments(body.messages, continue_final=continuing)
+        except OpenTurnError as exc:
+            raise ApiError(UNSUPPORTED_PARAMETER, str(exc), param="continue_final_message") from None
         except ChatTemplateError as exc:
             raise ApiError(UNSUPPORTED_PARAMETER, str(exc), param="messages") from None
         tokens = await self._tokenize(segments, timings, "messages")

@@ -17,7 +17,17 @@ START_OF_TURN = "<start_of_turn>"
 END_OF_TURN = "<end_of_turn>"
 
 
-def gemma_segments(messages: Sequence[ChatMessage]) -> list[Segment]:
+def gemma_segments(messages: Sequence[ChatMessage], *, continue_final: bool = False) -> list[Segment]:
+    """The turns, then the model's turn opened for its answer.
+
+    ``continue_final``: the last message, the assistant's, is the start of that answer: the prompt is the one
+    that asked for it, then its text (a segment of its own: the tokens before it are those the answer began
+    from), and no end of turn, so the model continues the text. Empty, it is the generation prompt itself.
+    (A last message that is not the assistant's leaves the flag without effect: the region refuses that.)
+    """
+    if continue_final and messages and messages[-1].role == "assistant":
+        opened = messages[-1].text()
+        return [*gemma_segments(messages[:-1]), *([Segment(opened, False)] if opened else [])]
     system = "\n\n".join(m.text() for m in messages if m.role in ("system", "developer"))
     parts: list[Segment] = []
     for message in messages:

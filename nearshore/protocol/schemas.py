@@ -79,6 +79,9 @@ MAX_MESSAGES = 2048
 class ChatCompletionRequest(_SamplingFields, kw_only=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: MaxTokens | None = None
+    # vLLM's name: the last message (the assistant's) is left open and the answer continues its text,
+    # e.g. an edge resuming on another region a stream whose region died mid-answer.
+    continue_final_message: bool = False
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
