@@ -92,7 +92,8 @@ async def list_models(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     state = request.app[EDGE]
     limiter_up = state.limiter.backend_up()
-    regions = {r.name: "up" if r.up else "down" for r in state.pool.regions}
+    now = time.monotonic()
+    regions = {u.name: u.status(now) for u in state.pool.upstreams}
     return web.json_response(
         {
             "status": "ok",
@@ -115,8 +116,9 @@ async def guarded_metrics(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[EDGE]
     state.metrics.limiter_up.set(1 if state.limiter.backend_up() else 0)
-    for region in state.pool.regions:
-        state.metrics.region_up.labels(region.name).set(1 if region.up else 0)
+    now = time.monotonic()
+    for upstream in state.pool.upstreams:
+        state.metrics.region_up.labels(upstream.name).set(1 if upstream.replica.health.routable(now) else 0)
     return metrics_response(state.metrics.render())
 
 

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from msgspec import Meta, Struct, field
 
 from edge.billing import Price
+from geo.catalog import GeoConfig, RegionSpec
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Seconds = Annotated[float, Meta(gt=0)]
@@ -45,11 +46,6 @@ class ServerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     workers: Annotated[int, Meta(ge=1, le=256)] = 1
 
 
-class RegionEndpoint(Struct, forbid_unknown_fields=True, kw_only=True):
-    name: Annotated[str, Meta(min_length=1)]
-    url: Annotated[str, Meta(pattern=r"^https?://")]
-
-
 class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # Mutual TLS to the regions: the cluster CA that signed their certificates, and this edge's client cert.
     ca: str = ""
@@ -61,8 +57,9 @@ class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # Connections kept per region, and how many are opened before the first request.
     pool_size: Annotated[int, Meta(ge=1)] = 256
     warm_connections: Annotated[int, Meta(ge=0)] = 4
-    # Health checks keep the pool warm and mark regions up or down.
+    # Probes of /health keep the pool warm, time the round trip and read the load (thresholds: geo.health).
     health_interval_s: Seconds = 10.0
+    health_timeout_s: Seconds = 5.0
     # With no upstream byte for this long, an SSE comment goes to the client so idle hops stay open.
     heartbeat_s: Seconds = 5.0
     # A region is trusted for nothing: what it may take and send.
@@ -106,8 +103,11 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     name: str = "lagos"
     server: ServerConfig = field(default_factory=ServerConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
-    # Tried in order; the next one only when a region fails before the first byte reaches the client.
-    regions: list[RegionEndpoint] = field(default_factory=list)
+    # The region catalog: each request goes to the one the router (geo) expects to answer soonest, and on to
+    # the next in its order only when a region fails before the first byte reaches the client.
+    regions: list[RegionSpec] = field(default_factory=list)
+    # Where this edge is, the GeoIP database, trusted proxies, residency policies, health and routing.
+    geo: GeoConfig = field(default_factory=GeoConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     # Models this edge accepts; anything else is a 404 before it leaves the edge.
     models: list[str] = field(default_factory=lambda: list(EMBEDDED_MODELS))

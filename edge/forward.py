@@ -53,19 +53,27 @@ async def forward(journey: Journey) -> Reply | None:
         first_byte_s = up.first_byte_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
     state.metrics.overhead.observe(time.perf_counter() - journey.started)
     try:
+        order = state.pool.ordered(journey.route)
         opened = await open_upstream(
-            state.pool, call.path, call.body, call.headers, state.metrics, first_byte_s
+            state.pool, order, call.path, call.body, call.headers, state.metrics, first_byte_s
         )
     except ApiError as exc:
         return _failed_before_first_byte(journey, stream, exc)
-    journey.opened, journey.region = opened, opened.region.name
-    journey.cleanups.append(_release(opened))
+    journey.opened, journey.region = opened, opened.upstream.replica.region
+    opened.timing.route_s = journey.route_s
+    journey.cleanups.append(_release(journey, opened))
     return None
 
 
-def _release(opened: Opened):
+def _release(journey: Journey, opened: Opened):
     async def release() -> None:
         opened.response.close()  # pooled again if read to its end; else the connection is dropped
+        replica = opened.upstream.replica
+        replica.inflight -= 1
+        if journey.status == "ok":
+            journey.state.pool.router.finished(
+                replica, (time.perf_counter() - opened.timing.forwarded_at) * 1000
+            )
 
     return release
 
@@ -155,7 +163,7 @@ class StreamReply:
             if self.client.prepared:
                 return
             if opened is not None:
-                self.client.headers[REGION] = opened.region.name
+                self.client.headers[REGION] = opened.upstream.replica.region
                 edge_s = opened.timing.forwarded_at - self.journey.started
                 self.client.headers[SERVER_TIMING] = opened.timing.header(edge_s)
             await self.client.prepare(self.request)
@@ -235,11 +243,11 @@ async def _relay_stream(journey: Journey, stream: StreamReply) -> Reply:
         # The client stopped reading (write timeout) or its socket broke: it is cut off, billed what it got.
         journey.left()
         stream.cut = True
-        state.in_background(state.pool.replenish(opened.region))
+        state.in_background(state.pool.replenish(opened.upstream))
         return stream
     except asyncio.CancelledError:
         # The client left: leaving the block above closed the upstream request, so the region aborts.
-        state.in_background(state.pool.replenish(opened.region))
+        state.in_background(state.pool.replenish(opened.upstream))
         raise
     finally:
         outcome = relay.outcome

@@ -19,6 +19,7 @@ from edge.limits import Decision
 from edge.relay import Opened
 from edge.state import EdgeState
 from edge.usage_audit import AuditedUsage, UsageBounds
+from geo.route import Route
 from nearshore.protocol.errors import ApiError
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -70,6 +71,8 @@ class Journey:
     body: Body | None = None
     admission: Admission | None = None
     call: Call | None = None
+    route: Route | None = None  # the router's order (no route stage: every routable replica, config order)
+    route_s: float = 0.0  # the route stage's time (Server-Timing route;dur)
     opened: Opened | None = None  # the region's answer, once its head arrived
     stream: Reply | None = None  # a stream's client side, from the forward stage on
     region: str = ""

@@ -24,6 +24,8 @@ from edge.metrics import EdgeMetrics
 from edge.pipeline import Pipeline
 from edge.token_count import make_counter
 from edge.upstream import UpstreamPool
+from geo.catalog import GeoConfig, check_catalog, edge_place
+from geo.locate import GeoDatabaseError, Location, Locator
 from nearshore.httpkit import PortInUse, install_uvloop, serve
 from nearshore.tls import ensure_dev_certificate, server_context
 
@@ -34,13 +36,25 @@ log = logging.getLogger("nearshore.edge")
 KEY_REFRESH_S = 0.1
 
 
+def make_locator(geo: GeoConfig) -> Locator:
+    """The GeoIP reader; a database that cannot be used stops the start with the key and the path."""
+    place = edge_place(geo)
+    edge = Location(place.latitude, place.longitude, place.country, place.continent, geo.city)
+    try:
+        return Locator(
+            geo.database or None, edge, geo.trusted_proxies, fallback_to_embedded=geo.fallback_to_embedded
+        )
+    except GeoDatabaseError as exc:
+        raise ValueError(f"geo.database: {exc}") from None
+
+
 def check_config(config: EdgeConfig) -> None:
     """Rules a schema cannot say; each message names the key."""
     if not config.regions:
         raise ValueError("regions: at least one region is needed ([[regions]] name = ..., url = ...)")
-    names = [r.name for r in config.regions]
-    if len(set(names)) != len(names):
-        raise ValueError("regions: region names must be unique")
+    problems = check_catalog(config.regions, config.geo, config.models)
+    if problems:
+        raise ValueError("; ".join(problems))
     if bool(config.tls.cert) != bool(config.tls.key):
         raise ValueError("tls.cert and tls.key go together")
     files = {
@@ -50,6 +64,7 @@ def check_config(config: EdgeConfig) -> None:
         "upstream.client_cert": config.upstream.client_cert,
         "upstream.client_key": config.upstream.client_key,
         "tokenizer.gguf": config.tokenizer.gguf,
+        "geo.database": config.geo.database,
     }
     for key, path in files.items():
         if path and not Path(path).expanduser().is_file():
@@ -100,9 +115,10 @@ def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.
         ledger=ledger,
         prices=PriceTable(config.prices),
         counter=make_counter(config.tokenizer.gguf),
-        pool=UpstreamPool(config.regions, config.upstream),
+        pool=UpstreamPool(config.regions, config.upstream, config.geo, config.models),
         metrics=EdgeMetrics(tenant_labels=config.metrics.tenant_labels),
         budget=budget,  # type: ignore[arg-type]
+        locator=make_locator(config.geo),
     )
     app = create_app(state, pipeline)
     app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
@@ -193,7 +209,7 @@ def run_edge(
             scheme,
             host,
             actual,
-            ", ".join(f"{r.name} ({r.url})" for r in config.regions),
+            ", ".join(f"{r.name} ({', '.join(r.urls())})" for r in config.regions),
         )
 
     bound = config.server.port if port is None else port

@@ -23,7 +23,7 @@ from aiohttp import web
 from edge.answer import NO_USAGE, UpstreamFault, passed_on, usage_bytes
 from edge.h1 import MalformedResponse, Response
 from edge.metrics import EdgeMetrics
-from edge.upstream import UPSTREAM_ERRORS, Region, UpstreamPool
+from edge.upstream import UPSTREAM_ERRORS, Upstream, UpstreamPool
 from nearshore.protocol import sse
 from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, ApiError, ErrorBody
 from nearshore.protocol.headers import SERVER_TIMING
@@ -40,6 +40,7 @@ _CLIENT_HIGH_WATER = 64 * 1024
 @dataclass(slots=True)
 class UpstreamTiming:
     forwarded_at: float = 0.0
+    route_s: float = 0.0
     connect_s: float = 0.0
     first_byte_s: float = 0.0
     region_timing: str = ""
@@ -47,6 +48,7 @@ class UpstreamTiming:
     def header(self, edge_s: float) -> str:
         parts = [
             f"edge;dur={edge_s * 1000:.2f}",
+            f"route;dur={self.route_s * 1000:.3f}",
             f"upstream-connect;dur={self.connect_s * 1000:.2f}",
             f"upstream-ttfb;dur={self.first_byte_s * 1000:.1f}",
         ]
@@ -57,7 +59,7 @@ class UpstreamTiming:
 
 @dataclass(slots=True)
 class Opened:
-    region: Region
+    upstream: Upstream
     response: Response
     timing: UpstreamTiming
     skipped: list[str] = field(default_factory=list)
@@ -65,42 +67,47 @@ class Opened:
 
 async def open_upstream(
     pool: UpstreamPool,
+    order: list[Upstream],
     path: str,
     body: bytes,
     headers: dict[str, str],
     metrics: EdgeMetrics,
     first_byte_timeout_s: float,
 ) -> Opened:
-    """POST to the first region that answers in time without a retryable error; the others are skipped."""
+    """POST to the first replica in ``order`` that answers in time without a retryable error; the others
+    are skipped, and each failure is reported to the router (enough of them in a row eject a replica)."""
     skipped: list[str] = []
     timed_out = malformed = 0
-    for region in pool.candidates():
+    for upstream in order:
         timing = UpstreamTiming(forwarded_at=time.perf_counter())
         try:
-            response = await region.pool.request("POST", path, headers, body, first_byte_timeout_s)
+            response = await _post(upstream, path, headers, body, first_byte_timeout_s)
         except TimeoutError:
             timed_out += 1
-            _skip(pool, region, metrics, skipped, f"no answer within {first_byte_timeout_s:g}s")
+            _skip(pool, upstream, metrics, skipped, f"no answer within {first_byte_timeout_s:g}s")
             continue
         except MalformedResponse as exc:  # it answered, but not in HTTP
             malformed += 1
-            _skip(pool, region, metrics, skipped, f"a malformed response ({str(exc)[:80]})")
+            _skip(pool, upstream, metrics, skipped, f"a malformed response ({str(exc)[:80]})")
             continue
         except UPSTREAM_ERRORS as exc:
-            _skip(pool, region, metrics, skipped, type(exc).__name__)
+            _skip(pool, upstream, metrics, skipped, type(exc).__name__)
             continue
         timing.first_byte_s = time.perf_counter() - timing.forwarded_at
         timing.connect_s = response.connect_s
         timing.region_timing = response.headers.get(SERVER_TIMING.lower(), "")[:512]
         if response.status in RETRYABLE:
             detail = await _peek(response)
+            upstream.replica.inflight -= 1
+            why = f"HTTP {response.status} {detail}"
             if response.status >= 500 and response.status != 503:
-                pool.mark_down(region)
-            skipped.append(f"{region.name}: HTTP {response.status} {detail}")
-            metrics.failovers.labels(region.name).inc()
+                pool.failed(upstream, why)
+            skipped.append(f"{upstream.name}: {why}")
+            metrics.failovers.labels(upstream.name).inc()
             continue
-        return Opened(region, response, timing, skipped)
-    where = f" ({'; '.join(skipped)})" if skipped else " (none configured)"
+        pool.answered(upstream, response, timing.first_byte_s)
+        return Opened(upstream, response, timing, skipped)
+    where = f" ({'; '.join(skipped)})" if skipped else " (none available)"
     if skipped and timed_out == len(skipped):
         raise ApiError(UPSTREAM_TIMEOUT, "No region answered in time" + where, retry_after_s=1)
     if skipped and malformed == len(skipped):
@@ -108,10 +115,24 @@ async def open_upstream(
     raise ApiError(UPSTREAM_UNAVAILABLE, "No region could take the request" + where, retry_after_s=1)
 
 
-def _skip(pool: UpstreamPool, region: Region, metrics: EdgeMetrics, skipped: list[str], why: str) -> None:
-    pool.mark_down(region)
-    skipped.append(f"{region.name}: {why}")
-    metrics.failovers.labels(region.name).inc()
+async def _post(
+    upstream: Upstream, path: str, headers: dict[str, str], body: bytes, timeout_s: float
+) -> Response:
+    """The request, counted in the replica's in-flight while the region queues and serves it (the caller
+    releases an answered one when it is done with it)."""
+    replica = upstream.replica
+    replica.inflight += 1
+    try:
+        return await upstream.pool.request("POST", path, headers, body, timeout_s)
+    except BaseException:
+        replica.inflight -= 1
+        raise
+
+
+def _skip(pool: UpstreamPool, upstream: Upstream, metrics: EdgeMetrics, skipped: list[str], why: str) -> None:
+    pool.failed(upstream, why)
+    skipped.append(f"{upstream.name}: {why}")
+    metrics.failovers.labels(upstream.name).inc()
 
 
 async def _peek(response: Response) -> str:

@@ -1,8 +1,8 @@
 """The edge's stages, in order, and the pipeline they make (DESIGN.md, "the journey of one request").
 
-authenticate -> parse (schema, size, model) -> admit (budget hold, RPM/TPM reservation; from here the request
-is billed) -> forward (failover before the first byte) -> relay. Geo-routing and the response cache come in as
-stages of their own, before forward.
+authenticate -> parse (schema, size, model) -> admit (budget hold, RPM/TPM reservation; from here the
+request is billed) -> route (geo: the replicas in failover order) -> forward (failover before the first
+byte) -> relay. The response cache comes in as a stage of its own, before route.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from edge.forward import forward, relay
 from edge.journey import Call, Journey, Reply
 from edge.limits import rate_limit_headers
 from edge.pipeline import Pipeline, Stage
+from edge.routing import route_stage
 from nearshore.protocol.headers import CLIENT_REQUEST_ID, REQUEST_ID
 from nearshore.protocol.schemas import (
     CompletionRequest,
@@ -67,6 +68,7 @@ def default_pipeline() -> Pipeline:
             Stage("authenticate", authenticate_stage),
             Stage("parse", parse_stage),
             Stage("admit", admit_stage),
+            Stage("route", route_stage),
             Stage("forward", forward),
             Stage("relay", relay),
         ]

@@ -18,6 +18,7 @@ from edge.limits import RateLimiter
 from edge.metrics import EdgeMetrics
 from edge.token_count import TokenCounter
 from edge.upstream import UpstreamPool
+from geo.locate import Locator
 
 
 @dataclass(eq=False)
@@ -31,6 +32,7 @@ class EdgeState:
     pool: UpstreamPool
     metrics: EdgeMetrics = field(default_factory=EdgeMetrics)
     budget: Budgets = None  # type: ignore[assignment]  # a BudgetBook unless given (shared through Redis)
+    locator: Locator | None = None  # where clients are (the route stage needs it)
     background: set[asyncio.Task] = field(default_factory=set)
 
     def __post_init__(self) -> None:

@@ -1,7 +1,10 @@
-"""Warm, pooled connections from the edge to each region, and the regions' health.
+"""Warm, pooled connections from the edge to every region replica, the probes that keep them warm, and the
+router (geo/) that orders the replicas for each request.
 
-A user's request should cross the ocean once: the TCP and TLS handshakes to every region are done before
-it arrives, and kept alive by periodic health checks that also mark regions up or down.
+A user's request should cross the ocean once: the TCP and TLS handshakes to every replica are done before
+it arrives, and kept alive by periodic probes of ``/health``. The probes also time the round trip on a warm
+connection and read the replica's load report, which, with what real requests see (first-token time, load
+headers, failures), is what the router decides on. None of that I/O is on a request's path.
 """
 
 from __future__ import annotations
@@ -15,35 +18,70 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import msgspec
+
 from edge.answer import UpstreamFault, read_bounded
-from edge.config import RegionEndpoint, UpstreamConfig
-from edge.h1 import H1Pool, MalformedResponse
-from nearshore.protocol.headers import EDGE_SECRET
+from edge.config import UpstreamConfig
+from edge.h1 import H1Pool, MalformedResponse, Response
+from geo.catalog import GeoConfig, RegionSpec
+from geo.route import Replica, Route, Router
+from nearshore.protocol.headers import EDGE_SECRET, LOAD
+from nearshore.protocol.load import LoadReport, parse_load
 from nearshore.tls import client_context
 
 log = logging.getLogger("nearshore.edge.upstream")
 _HEALTH_BYTES = 64 * 1024
-_HEALTH_TIMEOUT_S = 5.0
 
 
 @dataclass(eq=False)
-class Region:
-    name: str
-    url: str
+class Upstream:
+    """One replica: the router's view of it and the edge's connections to it."""
+
+    replica: Replica
     pool: H1Pool
-    up: bool = True
-    last_check: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.replica.id
+
+    @property
+    def url(self) -> str:
+        return self.replica.url
+
+    def status(self, now: float) -> str:
+        health = self.replica.health
+        if health.routable(now):
+            return "loading" if self.replica.loading else "up"
+        return health.why_not(now)
 
 
 # What a request to a region can fail with before it is answered.
 UPSTREAM_ERRORS = (OSError, MalformedResponse, ssl.SSLError)
 
 
+class _HealthBody(msgspec.Struct):
+    load: LoadReport | None = None
+
+
+_health_decoder = msgspec.json.Decoder(_HealthBody)
+
+
+def load_of(response: Response) -> LoadReport | None:
+    return parse_load(response.headers.get(LOAD))
+
+
 class UpstreamPool:
-    def __init__(self, regions: Sequence[RegionEndpoint], config: UpstreamConfig) -> None:
+    def __init__(
+        self,
+        regions: Sequence[RegionSpec],
+        config: UpstreamConfig,
+        geo: GeoConfig | None = None,
+        models: Sequence[str] = (),
+    ) -> None:
         self.config = config
-        self._endpoints = list(regions)
-        self.regions: list[Region] = []
+        self.router = Router.build(regions, geo or GeoConfig(), models)
+        self.upstreams: list[Upstream] = []
+        self._by_id: dict[str, Upstream] = {}
         self._health_task: asyncio.Task | None = None
         self.headers: dict[str, str] = {}
         if config.shared_secret:
@@ -56,8 +94,8 @@ class UpstreamPool:
         return client_context(ca=c.ca or None, cert=c.client_cert or None, key=c.client_key or None)
 
     async def start(self) -> None:
-        for endpoint in self._endpoints:
-            url = urlsplit(endpoint.url)
+        for replica in self.router.replicas:
+            url = urlsplit(replica.url)
             pool = H1Pool(
                 url.hostname or "127.0.0.1",
                 url.port or (443 if url.scheme == "https" else 80),
@@ -66,54 +104,78 @@ class UpstreamPool:
                 keepalive_s=max(60.0, 3 * self.config.health_interval_s),
                 connect_timeout_s=self.config.connect_timeout_s,
             )
-            self.regions.append(Region(endpoint.name, endpoint.url, pool))
+            upstream = Upstream(replica, pool)
+            self.upstreams.append(upstream)
+            self._by_id[replica.id] = upstream
         await self.warm()
         self._health_task = asyncio.create_task(self._health_loop())
 
     async def warm(self) -> None:
-        """Open ``warm_connections`` connections to every region at once (each one a health check)."""
+        """Open ``warm_connections`` connections to every replica at once (each one a probe)."""
         n = self.config.warm_connections
-        await asyncio.gather(*(self._check(r) for r in self.regions for _ in range(max(1, n))))
+        await asyncio.gather(*(self.probe(u) for u in self.upstreams for _ in range(max(1, n))))
 
-    async def _check(self, region: Region) -> None:
+    async def probe(self, upstream: Upstream) -> None:
+        """GET /health on a warm connection: its round trip, its load, whether it serves."""
+        timeout_s = self.config.health_timeout_s
+        why = ""
+        load: LoadReport | None = None
+        started = time.perf_counter()
         try:
-            async with asyncio.timeout(_HEALTH_TIMEOUT_S):
-                response = await region.pool.request("GET", "/health", self.headers)
+            async with asyncio.timeout(timeout_s):
+                response = await upstream.pool.request("GET", "/health", self.headers)
+                rtt_ms = (time.perf_counter() - started) * 1000
                 try:
-                    ok = response.status == 200
-                    await read_bounded(response, _HEALTH_BYTES, _HEALTH_TIMEOUT_S)  # pooled again when read
+                    load = load_of(response)
+                    body = await read_bounded(response, _HEALTH_BYTES, timeout_s)  # pooled again when read
                 finally:
                     response.close()
-        except (TimeoutError, UpstreamFault, *UPSTREAM_ERRORS):
-            ok = False
-        if ok != region.up:
-            log.warning("region %s is %s", region.name, "up" if ok else "DOWN")
-        region.up = ok
-        region.last_check = time.monotonic()
+            if response.status != 200:
+                why = f"/health answered {response.status}"
+            elif load is None:
+                with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
+                    load = _health_decoder.decode(body).load
+        except TimeoutError:
+            why = f"no answer to /health within {timeout_s:g}s"
+        except (UpstreamFault, *UPSTREAM_ERRORS) as exc:
+            why = f"/health failed: {type(exc).__name__}"
+        router = self.router
+        if why:
+            if router.probe_failed(upstream.replica, why):
+                log.warning("region %s is DOWN: %s", upstream.name, why)
+        elif router.probe_passed(upstream.replica, rtt_ms, load):
+            log.warning("region %s is up again", upstream.name)
 
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.health_interval_s)
-            await asyncio.gather(*(self._check(r) for r in self.regions))
+            await asyncio.gather(*(self.probe(u) for u in self.upstreams))
 
-    async def replenish(self, region: Region) -> None:
+    async def replenish(self, upstream: Upstream) -> None:
         """Open a connection to replace one that a cut-short stream took down with it, so the next
-        user does not pay the handshakes (a health check leaves its connection in the pool)."""
-        await self._check(region)
+        user does not pay the handshakes (a probe leaves its connection in the pool)."""
+        await self.probe(upstream)
 
-    def candidates(self) -> list[Region]:
-        """Regions in configured order, those marked down last (they may have recovered since)."""
-        return sorted(self.regions, key=lambda r: not r.up)
+    def ordered(self, route: Route | None) -> list[Upstream]:
+        """The failover order: the route's, or (no route stage) every routable replica in config order."""
+        if route is not None:
+            return [self._by_id[r.id] for r in route.ranked]
+        now = time.monotonic()
+        return sorted(self.upstreams, key=lambda u: not u.replica.health.routable(now))
 
-    def mark_down(self, region: Region) -> None:
-        if region.up:
-            log.warning("region %s failed a request; marked down until its next health check", region.name)
-        region.up = False
+    # --- what real requests tell the router ------------------------------------------------------------
+
+    def failed(self, upstream: Upstream, why: str) -> None:
+        if self.router.failed(upstream.replica, why, time.monotonic()):
+            log.warning("region %s ejected after failed requests: %s", upstream.name, why)
+
+    def answered(self, upstream: Upstream, response: Response, first_byte_s: float) -> None:
+        self.router.answered(upstream.replica, first_byte_s * 1000, load_of(response))
 
     async def close(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
-        for region in self.regions:
-            region.pool.close()
+        for upstream in self.upstreams:
+            upstream.pool.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
+from msgspec.structs import replace
 
 from geo.places import Latitude, Longitude, cities
 
@@ -46,6 +47,10 @@ class Place(Struct, frozen=True):
     longitude: float
     country: str
     continent: str
+    known: bool = True  # False: no location given; the router relies on measured round trips alone
+
+
+UNKNOWN_PLACE = Place(0.0, 0.0, "", "", known=False)
 
 
 class ResidencyPolicy(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -60,9 +65,7 @@ class ResidencyPolicy(Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class HealthSettings(Struct, forbid_unknown_fields=True, kw_only=True):
-    # Active probes of /health on each replica.
-    interval_s: Annotated[float, Meta(gt=0)] = 5.0
-    timeout_s: Annotated[float, Meta(gt=0)] = 2.0
+    # Active probes of /health on each replica (every upstream.health_interval_s, upstream.health_timeout_s).
     healthy_threshold: Annotated[int, Meta(ge=1)] = 2  # passes in a row before a down replica is routable
     unhealthy_threshold: Annotated[int, Meta(ge=1)] = 2  # failures in a row before it is not
     # Outlier detection from real traffic (Envoy's): this many failures in a row (connect errors, 5xx,
@@ -128,6 +131,8 @@ def place_of(
 ) -> Place:
     """Coordinates given win over the city's; a city fills in what is not given."""
     known = cities()
+    if not city and latitude is None and longitude is None:
+        return UNKNOWN_PLACE
     if city and city not in known:
         raise ValueError(
             f"{key}: unknown city {city!r} (known: {', '.join(sorted(known))}); "
@@ -147,6 +152,9 @@ def place_of(
 
 
 def region_place(index: int, spec: RegionSpec) -> Place:
+    """Where the catalog puts the region; a region named after a known city (``london``) is there."""
+    if not spec.city and spec.latitude is None and spec.name in cities():
+        spec = replace(spec, city=spec.name)
     return place_of(
         f"regions[{index}] ({spec.name})",
         spec.city,

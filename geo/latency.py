@@ -1,7 +1,10 @@
 """How long a replica takes: round trip, first token and service time, as moving averages.
 
 Until a path is measured its round trip is the speed-of-light floor for the great-circle distance times a
-path-inflation factor; once probes time it, an exponentially weighted moving average of what they saw. The
+path-inflation factor; once probes time it, an exponentially weighted moving average of what they saw, but
+never below the floor itself: a replica that answers faster than light allows from the place the catalog
+gives it is not where the catalog says (a test bench on loopback, or a wrong city), and the catalog is what
+the operator routes by. The
 first-token time the edge observes on real requests, and their whole service time, are averaged the same
 way: the first feeds the explanation and the prefill estimate, the second the queueing estimate.
 """
@@ -24,7 +27,8 @@ class Ewma:
 
 @dataclass(slots=True)
 class Latency:
-    estimated_rtt_ms: float  # floor x inflation, until measured
+    floor_rtt_ms: float  # light in fibre over the great circle, both ways
+    inflation: float
     alpha: float
     rtt: Ewma = None  # type: ignore[assignment]
     ttft: Ewma = None  # type: ignore[assignment]
@@ -35,7 +39,14 @@ class Latency:
 
     @property
     def rtt_ms(self) -> float:
-        return self.rtt.value if self.rtt.samples else self.estimated_rtt_ms
+        if self.rtt.samples:
+            return max(self.rtt.value, self.floor_rtt_ms)
+        return self.floor_rtt_ms * self.inflation
+
+    @property
+    def below_floor(self) -> bool:
+        """Measured faster than light allows: the catalog's place for it is likely wrong."""
+        return self.rtt.samples > 0 and self.rtt.value < 0.5 * self.floor_rtt_ms
 
     @property
     def measured(self) -> bool:

@@ -109,8 +109,9 @@ class TrustedProxies:
 
     def client_address(self, peer: str | None, forwarded_for: str | None) -> str | None:
         """The socket peer, or behind a trusted peer the first untrusted X-Forwarded-For entry from the
-        right. Malformed entries are skipped; when every valid entry is trusted, the furthest one is the
-        client. An untrusted peer's header, an over-long header and entries past the 32nd are never read."""
+        right. A malformed entry ends the walk (what is left of it may be forged): the furthest trusted hop
+        stands in, as when every entry is trusted. An untrusted peer's header, an over-long header and
+        entries past the 32nd are never read."""
         peer_address = parse_address(peer) if peer else None
         if peer_address is None:
             return None
@@ -121,7 +122,7 @@ class TrustedProxies:
         for entry in reversed(entries):
             hop = parse_address(entry.strip(" \t"))
             if hop is None:
-                continue
+                return furthest[2]
             if hop not in self:
                 return hop[2]
             furthest = hop

@@ -145,7 +145,11 @@ class Router:
         replicas = []
         for i, spec in enumerate(regions):
             place = region_place(i, spec)
-            km = great_circle_km(edge.latitude, edge.longitude, place.latitude, place.longitude)
+            km = (
+                great_circle_km(edge.latitude, edge.longitude, place.latitude, place.longitude)
+                if place.known
+                else 0
+            )
             urls = spec.urls()
             for n, url in enumerate(urls):
                 replicas.append(
@@ -156,7 +160,7 @@ class Router:
                         spec=spec,
                         place=place,
                         health=Health(config.health),
-                        latency=Latency(2 * floor_one_way_ms(km) * r.path_inflation, r.ewma_alpha),
+                        latency=Latency(2 * floor_one_way_ms(km), r.path_inflation, r.ewma_alpha),
                         models=frozenset(spec.models or models),
                     )
                 )
@@ -202,7 +206,8 @@ class Router:
         scored = [
             (r, self._terms(r, where, prompt_tokens, holder if use_affinity else None)) for r in eligible
         ]
-        scored.sort(key=lambda rt: rt[1].total_ms)
+        # Within a millisecond, replicas are equally good: the catalog's order decides (stable sort).
+        scored.sort(key=lambda rt: round(rt[1].total_ms))
         affinity = use_affinity and holder is not None and scored[0][0].id == holder[0]
         held = False
         if not affinity:
@@ -216,7 +221,7 @@ class Router:
     def _terms(self, r: Replica, where: Where, prompt_tokens: int, holder: tuple[str, int] | None) -> Terms:
         routing = self.config.routing
         client_ms = 0.0
-        if where.located:
+        if where.located and r.place.known:
             inflation = routing.path_inflation
             p, e = r.place, self.edge
             from_client = great_circle_km(where.latitude, where.longitude, p.latitude, p.longitude)

@@ -107,7 +107,7 @@ def _stand_in(command: str, folder: Path, name: str, flags: dict[str, object]) -
 
 def start_edge(
     folder: Path,
-    regions: list[tuple[str, str]],
+    regions: list[tuple[str, str] | dict[str, object]],
     keys_db: Path | None = None,
     ledger_db: Path | None = None,
     **sections: dict[str, object],
@@ -133,7 +133,8 @@ def start_edge(
                 "tls": tls,
                 "metrics": metrics,
                 **sections,
-                "regions": [{"name": name, "url": url} for name, url in regions],
+                # (name, url), or a whole catalog entry (city, replicas, models, ...)
+                "regions": [r if isinstance(r, dict) else {"name": r[0], "url": r[1]} for r in regions],
             }
         )
     )

@@ -282,7 +282,7 @@ async def test_a_stream_that_fails_before_its_first_byte_is_billed_and_refunded(
         key = edge.new_key(tpm=200)
         for _ in range(5):
             result = await ask(edge, key, "ok", stream=True)
-            assert result.status == 503 and result.json()["error"]["code"] == "upstream_unavailable"
+            assert result.status == 503 and result.json()["error"]["code"] == "no_region_available"
             row = await one_row(edge, result.client_id)
             assert (row["status"], row["http_status"], row["completion_tokens"]) == ("error", 503, 0)
     finally:

@@ -296,8 +296,14 @@ async def test_idle_connections_do_not_stop_service(edge: Edge):
 async def test_failover_before_first_byte(tmp_path):
     broken = start_pacer(tmp_path, name="overloaded", fail_status=503)
     healthy = start_pacer(tmp_path, name="healthy", tokens=4, interval_ms=5)
+    # Placed so that the router tries them in this order: the dead one is down, the busy one refuses.
     edge = start_edge(
-        tmp_path / "edge", [("dead", "http://127.0.0.1:9"), ("busy", broken.url), ("ok", healthy.url)]
+        tmp_path / "edge",
+        [
+            {"name": "dead", "url": "http://127.0.0.1:9", "city": "london"},
+            {"name": "busy", "url": broken.url, "city": "frankfurt"},
+            {"name": "ok", "url": healthy.url, "city": "virginia"},
+        ],
     )
     edge.extra += [broken.process, healthy.process]
     try:
@@ -316,8 +322,10 @@ async def test_failover_before_first_byte(tmp_path):
 async def test_all_regions_down_is_503(tmp_path):
     edge = start_edge(tmp_path, [("dead", "http://127.0.0.1:9")])
     try:
+        started = time.perf_counter()
         status, headers, body = await call(edge, edge.new_key(), CHAT)
-        assert status == 503 and body["error"]["code"] == "upstream_unavailable" and headers["Retry-After"]
+        assert status == 503 and body["error"]["code"] == "no_region_available" and headers["Retry-After"]
+        assert "dead: down" in body["error"]["message"] and time.perf_counter() - started < 1  # at once
     finally:
         edge.stop()
 

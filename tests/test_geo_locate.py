@@ -197,9 +197,9 @@ def test_edge_location_is_always_marked_edge() -> None:
         ("10.0.0.3", "1.1.1.1, 105.112.1.1, 10.0.0.1", "105.112.1.1"),  # headers joined by ", "
         # every valid hop trusted: the furthest is the client
         ("10.0.0.3", "10.0.0.2, 10.0.0.1", "10.0.0.2"),
-        # malformed entries are skipped
-        ("10.0.0.1", "54.239.0.1, garbage", "54.239.0.1"),
-        ("10.0.0.1", "54.239.0.1, unknown, 10.0.0.2", "54.239.0.1"),
+        # a malformed entry ends the walk: what lies left of it may be forged, the last trusted hop stands in
+        ("10.0.0.1", "54.239.0.1, garbage", "10.0.0.1"),
+        ("10.0.0.1", "54.239.0.1, unknown, 10.0.0.2", "10.0.0.2"),
         ("10.0.0.1", "54.239.0.1:443", "10.0.0.1"),
         ("10.0.0.1", "[2a01:4f8::1]", "10.0.0.1"),
         ("10.0.0.1", "[2a01:4f8::1]:443, 10.0.0.2", "10.0.0.2"),

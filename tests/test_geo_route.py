@@ -84,7 +84,7 @@ def test_residency_keeps_eu_clients_in_the_eu_and_names_the_policy_when_the_eu_i
     r = router(
         "virginia", "london", "frankfurt", residency=[eu], health=HealthSettings(unhealthy_threshold=1)
     )
-    measured(r, virginia=1.0, london=80.0, frankfurt=90.0)
+    measured(r, virginia=95.0, london=120.0, frankfurt=130.0)  # the European cables are cut
     assert pick(r, LAGOS) == "virginia"  # no policy covers Nigeria
     route = r.route(MODEL, BERLIN, "t", 10, (), 0.0)
     assert {x.region for x in route.ranked} == {"london", "frankfurt"} and route.policies == ("eu-only",)

@@ -49,6 +49,10 @@ UPSTREAM_UNAVAILABLE = ErrorKind(503, "server_error", "upstream_unavailable")
 # A region answered something the edge will not pass on (malformed, oversized, cut short): 502.
 UPSTREAM_BAD_RESPONSE = ErrorKind(502, "server_error", "bad_upstream_response")
 UPSTREAM_TIMEOUT = ErrorKind(504, "server_error", "upstream_timeout")
+# The edge's router found no replica that may serve the request now (all down, ejected or none serving the
+# model), or none that the request's data-residency policy allows.
+NO_REGION_AVAILABLE = ErrorKind(503, "server_error", "no_region_available")
+RESIDENCY_UNAVAILABLE = ErrorKind(503, "server_error", "residency_unavailable")
 # A request that no wait can make fit (bigger than the key's whole TPM or budget): retrying is pointless.
 EXCEEDS_LIMIT = ErrorKind(400, "invalid_request_error", "request_exceeds_limit")
 INTERNAL = ErrorKind(500, "server_error", "internal_error")

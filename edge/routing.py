@@ -1,0 +1,88 @@
+"""The route stage: where the client is, and which replicas serve its request in which order (geo/).
+
+The client's address is the socket peer, or, behind a trusted proxy, X-Forwarded-For read from the right;
+the GeoIP lookup is memory-mapped and cached. The router's decision is pure and in memory (microseconds);
+what it decides on is kept current by probes and responses off the request path. A request that no
+replica may serve (every allowed one down, or a residency policy that allows none) gets a 503 here that
+says why and names the policy, never a silent detour.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from edge.journey import Journey, Reply
+from geo.affinity import prefix_chain
+from geo.locate import Location, Locator
+from geo.route import NoRoute, Where
+from nearshore.protocol.errors import NO_REGION_AVAILABLE, RESIDENCY_UNAVAILABLE, ApiError
+from nearshore.protocol.headers import DEBUG, ROUTE
+from nearshore.protocol.schemas import ChatCompletionRequest
+
+log = logging.getLogger("nearshore.edge.route")
+
+
+def where_of(location: Location) -> Where:
+    return Where(
+        location.latitude,
+        location.longitude,
+        location.country,
+        location.continent,
+        location.source == "geoip",
+    )
+
+
+def client_where(journey: Journey, locator: Locator | None) -> Where:
+    if locator is None:  # no GeoIP: every client is where the edge is
+        edge = journey.state.pool.router.edge
+        return Where(edge.latitude, edge.longitude, edge.country, edge.continent)
+    request = journey.request
+    forwarded = request.headers.getall("X-Forwarded-For", None)
+    address = locator.client_address(request.remote, ", ".join(forwarded) if forwarded else None)
+    return where_of(locator.locate(address))
+
+
+def prompt_text(journey: Journey, limit: int) -> str:
+    """The prompt's leading text as the region will render it (roles and contents in order), at most
+    ``limit`` characters: what prefix affinity keys on."""
+    body = journey.body
+    if isinstance(body, ChatCompletionRequest):
+        parts: list[str] = []
+        size = 0
+        for m in body.messages:
+            text = m.text()
+            parts.append(m.role)
+            parts.append(text)
+            size += len(m.role) + len(text)
+            if size >= limit:
+                break
+        return "\n".join(parts)[:limit]
+    assert body is not None
+    prompt = body.prompt
+    return (prompt if isinstance(prompt, str) else prompt[0])[:limit]
+
+
+async def route_stage(journey: Journey) -> Reply | None:
+    state, body, admission, call = journey.state, journey.body, journey.admission, journey.call
+    assert body is not None and admission is not None and call is not None and journey.key is not None
+    started = time.perf_counter()
+    router = state.pool.router
+    where = client_where(journey, state.locator)
+    routing = router.config.routing
+    text = prompt_text(journey, routing.affinity_block_chars * 64)
+    prefix = prefix_chain(text, routing.affinity_block_chars, routing.affinity_min_chars)
+    try:
+        route = router.route(
+            body.model, where, journey.key.tenant, admission.prompt_estimate, prefix, time.monotonic()
+        )
+    except NoRoute as exc:
+        kind = RESIDENCY_UNAVAILABLE if exc.policies else NO_REGION_AVAILABLE
+        raise ApiError(kind, str(exc), retry_after_s=5) from None
+    journey.route = route
+    journey.route_s = time.perf_counter() - started
+    if router.config.explain or "route" in journey.request.headers.get(DEBUG, ""):
+        explained = route.explain()
+        call.client_headers[ROUTE] = explained
+        log.info("request %s routed: %s", journey.request_id, explained)
+    return None
