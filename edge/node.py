@@ -22,6 +22,7 @@ from edge.ledger import Ledger
 from edge.limits import MemoryLimiter, RateLimiter, RedisLimiter
 from edge.metrics import EdgeMetrics
 from edge.pipeline import Pipeline
+from edge.stages import default_pipeline
 from edge.token_count import make_counter
 from edge.upstream import UpstreamPool
 from geo.catalog import GeoConfig, check_catalog, edge_place
@@ -120,6 +121,8 @@ def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.
         budget=budget,  # type: ignore[arg-type]
         locator=make_locator(config.geo),
     )
+    if pipeline is None and not config.geo.route:
+        pipeline = default_pipeline().without("route")
     app = create_app(state, pipeline)
     app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
     app.cleanup_ctx.append(_key_refresher(state.keys, KEY_REFRESH_S))

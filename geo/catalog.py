@@ -101,6 +101,8 @@ class RoutingSettings(Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class GeoConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    # false: no route stage; every request tries the routable replicas in the catalog's order.
+    route: bool = True
     # Where this edge is: clients with private, loopback or unknown addresses are placed here.
     city: str = "lagos"
     latitude: Latitude | None = None
