@@ -75,7 +75,7 @@ async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
     """Hold the request's worst-case cost and reserve its tokens, or raise the refusal."""
     if isinstance(body, ChatCompletionRequest):
         ceiling = chat_ceiling(body.messages)
-        estimate = state.counter.count_chat(body.messages)
+        estimate = state.counter.count_chat(body.messages, continue_final=body.continue_final_message)
     else:
         ceiling = text_ceiling(body.prompt_text())
         estimate = state.counter.count_text(body.prompt_text())
