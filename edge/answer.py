@@ -23,6 +23,7 @@ from nearshore.protocol.errors import (
     ErrorEnvelope,
     ErrorKind,
 )
+from nearshore.protocol.schemas import Usage, json_encoder
 
 # Region refusals a client may see as they are (its own request was wrong); any other status is the region's
 # problem, not the client's: a 401 from a region would tell the client its API key is bad.
@@ -74,6 +75,13 @@ async def read_bounded(response: Response, max_bytes: int, deadline_s: float) ->
 
 # A Raw field cannot be optional in msgspec: an absent (or null) usage reads as this.
 NO_USAGE = msgspec.Raw(b"null")
+
+
+def with_usage(payload: bytes, usage: Usage) -> bytes:
+    """``payload`` (a JSON object) with its ``usage`` replaced by the figure the edge billed."""
+    data = msgspec.json.decode(payload)
+    data["usage"] = usage
+    return json_encoder.encode(data)
 
 
 def usage_bytes(raw: msgspec.Raw) -> bytes | None:

@@ -69,6 +69,10 @@ class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     unary_timeout_per_token_s: Annotated[float, Meta(ge=0)] = 0.25
     # A stream with no byte for this long is cut off with 504.
     idle_timeout_s: Seconds = 30.0
+    # A stream whose region dies mid-answer is continued by the next region from the text already sent
+    # (once per request, while fewer than continue_max_tokens were relayed).
+    continue_streams: bool = True
+    continue_max_tokens: Annotated[int, Meta(ge=0)] = 2048
     # One SSE event, and a whole response: base + per_token * max_tokens (a unary body also at most
     # max_unary_bytes).
     max_event_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024

@@ -14,30 +14,30 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-import msgspec
 from aiohttp import web
 
-from edge.answer import MAX_TOKEN_TEXT_BYTES, Answer, UpstreamFault, check_answer, read_bounded, read_refusal
+from edge.answer import (
+    MAX_TOKEN_TEXT_BYTES,
+    Answer,
+    UpstreamFault,
+    check_answer,
+    read_bounded,
+    read_refusal,
+    with_usage,
+)
 from edge.journey import Journey, Reply
 from edge.relay import Opened, SseRelay, StreamLimits, StreamWatchdog, open_upstream
+from edge.resume import combine_usage, may_continue, open_continuation
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError
 from nearshore.protocol.headers import REGION, SERVER_TIMING
-from nearshore.protocol.schemas import Usage, json_encoder
 
 
 def _response_budget(journey: Journey) -> int:
     up, admission = journey.state.config.upstream, journey.admission
     assert admission is not None
     return up.response_base_bytes + up.response_bytes_per_token * admission.max_tokens
-
-
-def _with_usage(payload: bytes, usage: Usage) -> bytes:
-    """``payload`` (a JSON object) with its ``usage`` replaced by the figure the edge billed."""
-    data = msgspec.json.decode(payload)
-    data["usage"] = usage
-    return json_encoder.encode(data)
 
 
 async def forward(journey: Journey) -> Reply | None:
@@ -70,7 +70,7 @@ def _release(journey: Journey, opened: Opened):
         opened.response.close()  # pooled again if read to its end; else the connection is dropped
         replica = opened.upstream.replica
         replica.inflight -= 1
-        if journey.status == "ok":
+        if journey.status == "ok" and journey.opened is opened:  # not the region that died mid-answer
             journey.state.pool.router.finished(
                 replica, (time.perf_counter() - opened.timing.forwarded_at) * 1000
             )
@@ -111,7 +111,7 @@ class UnaryReply:
     async def finish(self, audited: AuditedUsage | None) -> web.Response:
         body = self.answer.body
         if audited is not None and audited.anomalies:
-            body = _with_usage(body, audited.usage)
+            body = with_usage(body, audited.usage)
         return web.Response(body=body, content_type="application/json", headers=self.headers)
 
 
@@ -186,7 +186,7 @@ class StreamReply:
             elif self.keep_usage and outcome.usage_event is not None:
                 event = outcome.usage_event
                 if audited is not None and audited.anomalies:
-                    event = _with_usage(event, audited.usage)
+                    event = with_usage(event, audited.usage)
                 await self.relay.write(b"data: " + event + b"\n\n")
             await self.relay.write(sse.DONE)
             await self.client.write_eof()
@@ -233,6 +233,18 @@ async def _relay_stream(journey: Journey, stream: StreamReply) -> Reply:
         outcome = await relay.relay(upstream)
         if relay.first_write_at:
             state.metrics.ttft.observe(relay.first_write_at - journey.started)
+        if may_continue(journey, outcome):
+            timeout_s = state.config.upstream.first_byte_timeout_s
+            resumed = await open_continuation(journey, opened, outcome, timeout_s)
+            if resumed is not None:
+                journey.continued_from, journey.region = journey.region, resumed.upstream.replica.region
+                journey.opened = opened = resumed
+                journey.cleanups.append(_release(journey, resumed))
+                first_events = outcome.content_events
+                relay.resume()
+                outcome = await relay.relay(resumed.response)
+                combine_usage(outcome, first_events, journey.bounds.prompt_ceiling)
+                state.metrics.continued.labels(journey.continued_from, journey.region).inc()
         if outcome.failure is not None:
             journey.failed(outcome.failure)
             stream.failure = outcome.failure

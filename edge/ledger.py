@@ -42,6 +42,9 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     http_status: int
     client_request_id: str = ""  # the id the client sent, if any (request_id is the edge's own, unique)
     error_code: str = ""  # the error the client got, e.g. "upstream_timeout"
+    # A stream whose region died mid-answer and that another region finished: the first region (``region``
+    # is the one that finished it).
+    continued_from: str = ""
 
 
 class ReportRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,7 +77,8 @@ CREATE TABLE IF NOT EXISTS usage (
     status            TEXT NOT NULL,
     http_status       INTEGER NOT NULL,
     client_request_id TEXT NOT NULL DEFAULT '',
-    error_code        TEXT NOT NULL DEFAULT ''
+    error_code        TEXT NOT NULL DEFAULT '',
+    continued_from    TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS usage_key_ts ON usage (key_id, ts);
 """
@@ -82,6 +86,7 @@ CREATE INDEX IF NOT EXISTS usage_key_ts ON usage (key_id, ts);
 _ADDED_COLUMNS = {
     "client_request_id": "TEXT NOT NULL DEFAULT ''",
     "error_code": "TEXT NOT NULL DEFAULT ''",
+    "continued_from": "TEXT NOT NULL DEFAULT ''",
 }
 _INSERT = f"INSERT INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
 _REPORT = """

@@ -30,6 +30,12 @@ class EdgeMetrics:
         self.failovers = Counter(
             P + "upstream_failovers", "Regions skipped before the first byte.", ["region"], registry=r
         )
+        self.continued = Counter(
+            P + "streams_continued",
+            "Streams whose region died mid-answer, finished by another.",
+            ["from_region", "region"],
+            registry=r,
+        )
         self.limiter_up = Gauge(
             P + "ratelimit_backend_up", "1 while the shared limit store answers.", registry=r
         )

@@ -158,6 +158,7 @@ class StreamOutcome:
     usage: bytes | None = None  # the region's usage JSON, to audit
     usage_event: bytes | None = None  # the usage chunk's JSON, for a client that asked for it
     content_events: int = 0
+    text: list[str] = field(default_factory=list)  # the content relayed, piece by piece (to continue it)
     failure: ApiError | None = None  # what the client is told at the end (the region's error, or the edge's)
     fault: bool = False  # the edge stopped the stream because the region broke a rule
     done: bool = False
@@ -168,6 +169,7 @@ class UpstreamIdle(Exception):
 
 
 class _Delta(msgspec.Struct):
+    role: str | None = None
     content: str | None = None
 
 
@@ -214,6 +216,20 @@ class SseRelay:
         self._ended: asyncio.Future[None] | None = None
         self._draining: asyncio.Task | None = None
         self._broken: BaseException | None = None  # the client's side broke while we wrote
+        self._resumed = False  # a second region continues the answer: its role event is not sent again
+
+    @property
+    def client_broke(self) -> bool:
+        return self._broken is not None
+
+    def resume(self) -> None:
+        """Ready to relay a second region's continuation of the same answer: what was relayed stays
+        counted; a half-received event of the dead stream is dropped; the end is the new stream's."""
+        outcome = self.outcome
+        outcome.failure, outcome.fault, outcome.done = None, False, False
+        outcome.usage = outcome.usage_event = None
+        self._pending = b""
+        self._resumed = True
 
     async def write(self, data: bytes, *, content: bool = True) -> None:
         """Write through aiohttp (heartbeats, the end of the stream), waiting for the client to take it."""
@@ -373,7 +389,12 @@ class SseRelay:
         if not chunk.choices:
             self._fault("a chunk with neither choices nor usage")
             return False
-        if any((c.delta is not None and c.delta.content) or c.text for c in chunk.choices):
+        if len(chunk.choices) > 1:
+            self._fault("more than the one choice asked for (n=1)")
+            return False
+        choice = chunk.choices[0]
+        text = choice.delta.content if choice.delta is not None else choice.text
+        if text:
             if self._echo_pending:
                 self._echo_pending = False
             elif outcome.content_events >= self.limits.max_content_events:
@@ -381,6 +402,9 @@ class SseRelay:
                 return False
             else:
                 outcome.content_events += 1
+                outcome.text.append(text)
+        elif self._resumed and choice.delta is not None and choice.delta.role is not None:
+            return False  # the client had the role from the first region
         return True
 
 

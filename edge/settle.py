@@ -49,6 +49,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         http_status=journey.http_status,
         client_request_id=journey.client_request_id,
         error_code=journey.error_code,
+        continued_from=journey.continued_from,
     )
     try:
         await state.ledger.record(record)

@@ -333,7 +333,12 @@ async def test_all_regions_down_is_503(tmp_path):
 async def test_mid_stream_failure_ends_with_error_event_and_bills_once(tmp_path):
     breaking = start_pacer(tmp_path, name="breaking", tokens=20, interval_ms=5, break_after=6)
     spare = start_pacer(tmp_path, name="spare", tokens=20, interval_ms=5)
-    edge = start_edge(tmp_path / "edge", [("breaking", breaking.url), ("spare", spare.url)])
+    # Streams are continued on the next region unless told not to (tests/test_edge_continuation.py).
+    edge = start_edge(
+        tmp_path / "edge",
+        [("breaking", breaking.url), ("spare", spare.url)],
+        upstream={"continue_streams": False},
+    )
     edge.extra += [breaking.process, spare.process]
     try:
         key = edge.new_key()

@@ -19,3 +19,6 @@ LOAD = "x-nearshore-load"
 ROUTE = "x-nearshore-route"
 # A client asks for the route explanation on its own response with `x-nearshore-debug: route`.
 DEBUG = "x-nearshore-debug"
+# `x-nearshore-continue: off`: a stream whose region dies mid-answer ends with an error event instead of
+# being continued by another region.
+CONTINUE = "x-nearshore-continue"
