@@ -81,6 +81,22 @@ class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     max_unary_bytes: Annotated[int, Meta(ge=1024)] = 8 << 20
 
 
+class PoolLimits(Struct, forbid_unknown_fields=True, kw_only=True):
+    # Requests this edge keeps in flight in the pool at once (0: the sum of its replicas' capacities).
+    max_inflight: Annotated[int, Meta(ge=0)] = 0
+    # Beyond them, this many wait (served by tier), each at most max_wait_s; then 503 with Retry-After.
+    max_queue: Annotated[int, Meta(ge=0)] = 256
+    max_wait_s: Seconds = 30.0
+
+
+class PoolsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    # Key tiers in the order their queued requests are served (unlisted tiers after these).
+    tier_order: list[str] = field(default_factory=list)
+    large: PoolLimits = field(default_factory=PoolLimits)
+    small: PoolLimits = field(default_factory=PoolLimits)
+    embedding: PoolLimits = field(default_factory=PoolLimits)
+
+
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     backend: Literal["memory", "redis"] = "memory"
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -110,6 +126,8 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # The region catalog: each request goes to the one the router (geo) expects to answer soonest, and on to
     # the next in its order only when a region fails before the first byte reaches the client.
     regions: list[RegionSpec] = field(default_factory=list)
+    # Per-pool in-flight limits and the tier-ordered queue in front of them.
+    pools: PoolsConfig = field(default_factory=PoolsConfig)
     # Where this edge is, the GeoIP database, trusted proxies, residency policies, health and routing.
     geo: GeoConfig = field(default_factory=GeoConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)

@@ -60,7 +60,7 @@ async def forward(journey: Journey) -> Reply | None:
     except ApiError as exc:
         return _failed_before_first_byte(journey, stream, exc)
     journey.opened, journey.region = opened, opened.upstream.replica.region
-    opened.timing.route_s = journey.route_s
+    opened.timing.route_s, opened.timing.queue_s = journey.route_s, journey.queue_s
     journey.cleanups.append(_release(journey, opened))
     return None
 

@@ -73,6 +73,7 @@ class Journey:
     call: Call | None = None
     route: Route | None = None  # the router's order (no route stage: every routable replica, config order)
     route_s: float = 0.0  # the route stage's time (Server-Timing route;dur)
+    queue_s: float = 0.0  # waited for a slot in the pool (Server-Timing edge-queue;dur)
     opened: Opened | None = None  # the region's answer, once its head arrived
     stream: Reply | None = None  # a stream's client side, from the forward stage on
     region: str = ""

@@ -30,6 +30,13 @@ class EdgeMetrics:
         self.failovers = Counter(
             P + "upstream_failovers", "Regions skipped before the first byte.", ["region"], registry=r
         )
+        self.pool_queue = Histogram(
+            P + "pool_queue_seconds",
+            "Time waited for a slot in the pool at the edge.",
+            ["pool"],
+            registry=r,
+            buckets=_LATENCY,
+        )
         self.continued = Counter(
             P + "streams_continued",
             "Streams whose region died mid-answer, finished by another.",

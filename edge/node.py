@@ -16,6 +16,7 @@ from edge.app import EdgeState, create_app, create_metrics_app
 from edge.billing import PriceTable
 from edge.budget import BudgetBook, SharedBudgets
 from edge.config import EdgeConfig
+from edge.gate_stage import make_gates
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
 from edge.keys import KeyStore, refresh_keys
 from edge.ledger import Ledger
@@ -65,7 +66,8 @@ def check_config(config: EdgeConfig) -> None:
         "upstream.client_cert": config.upstream.client_cert,
         "upstream.client_key": config.upstream.client_key,
         "tokenizer.gguf": config.tokenizer.gguf,
-        "geo.database": config.geo.database,
+        # a missing GeoIP file is the locator's to refuse, or to replace with the embedded one
+        "geo.database": "" if config.geo.fallback_to_embedded else config.geo.database,
     }
     for key, path in files.items():
         if path and not Path(path).expanduser().is_file():
@@ -121,6 +123,7 @@ def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.
         budget=budget,  # type: ignore[arg-type]
         locator=make_locator(config.geo),
     )
+    state.gates = make_gates(config.pools, state.pool.router.replicas)
     if pipeline is None and not config.geo.route:
         pipeline = default_pipeline().without("route")
     app = create_app(state, pipeline)

@@ -41,6 +41,7 @@ _CLIENT_HIGH_WATER = 64 * 1024
 class UpstreamTiming:
     forwarded_at: float = 0.0
     route_s: float = 0.0
+    queue_s: float = 0.0
     connect_s: float = 0.0
     first_byte_s: float = 0.0
     region_timing: str = ""
@@ -49,6 +50,7 @@ class UpstreamTiming:
         parts = [
             f"edge;dur={edge_s * 1000:.2f}",
             f"route;dur={self.route_s * 1000:.3f}",
+            f"edge-queue;dur={self.queue_s * 1000:.2f}",
             f"upstream-connect;dur={self.connect_s * 1000:.2f}",
             f"upstream-ttfb;dur={self.first_byte_s * 1000:.1f}",
         ]

@@ -1,8 +1,9 @@
 """The edge's stages, in order, and the pipeline they make (DESIGN.md, "the journey of one request").
 
 authenticate -> parse (schema, size, model) -> admit (budget hold, RPM/TPM reservation; from here the
-request is billed) -> route (geo: the replicas in failover order) -> forward (failover before the first
-byte) -> relay. The response cache comes in as a stage of its own, before route.
+request is billed) -> route (geo: the replicas in failover order) -> gate (a slot in the pool, by tier)
+-> forward (failover before the first byte) -> relay. The response cache comes in as a stage of its own,
+before route.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import msgspec
 
 from edge.admission import admit, authenticate, check_request, read_body
 from edge.forward import forward, relay
+from edge.gate_stage import gate_stage
 from edge.journey import Call, Journey, Reply
 from edge.limits import rate_limit_headers
 from edge.pipeline import Pipeline, Stage
@@ -69,6 +71,7 @@ def default_pipeline() -> Pipeline:
             Stage("parse", parse_stage),
             Stage("admit", admit_stage),
             Stage("route", route_stage),
+            Stage("gate", gate_stage),
             Stage("forward", forward),
             Stage("relay", relay),
         ]

@@ -16,6 +16,7 @@ from edge.keys import KeyStore
 from edge.ledger import Ledger
 from edge.limits import RateLimiter
 from edge.metrics import EdgeMetrics
+from edge.pool_gate import PoolGate
 from edge.token_count import TokenCounter
 from edge.upstream import UpstreamPool
 from geo.locate import Locator
@@ -33,6 +34,7 @@ class EdgeState:
     metrics: EdgeMetrics = field(default_factory=EdgeMetrics)
     budget: Budgets = None  # type: ignore[assignment]  # a BudgetBook unless given (shared through Redis)
     locator: Locator | None = None  # where clients are (the route stage needs it)
+    gates: dict[str, PoolGate] = field(default_factory=dict)  # per-pool in-flight limits (the gate stage)
     background: set[asyncio.Task] = field(default_factory=set)
 
     def __post_init__(self) -> None:
