@@ -3,7 +3,9 @@
 It speaks the regional node's API (OpenAI chat and completions, SSE, usage) without a model, so a
 benchmark or a test measures the proxy in front of it, not decoding. Its pace is exact and it costs
 little CPU: every chunk is encoded once at start. It can also misbehave on purpose: answer with an
-error status, or drop the connection after a number of tokens.
+error status, or drop the connection after a number of tokens. With a load state (``--load-state loading``)
+it reports its load as a region does (``x-nearshore-load`` on every response, ``load`` in /health), so a
+test can show the edge a replica that is still loading its model.
 """
 
 from __future__ import annotations
@@ -11,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 from aiohttp import web
 
 from nearshore.protocol import sse
+from nearshore.protocol.headers import LOAD
+from nearshore.protocol.load import LoadReport, LoadState, format_load
 from nearshore.protocol.schemas import (
     ChatChunkChoice,
     ChatCompletionChunk,
@@ -35,6 +40,7 @@ class PacerSettings:
         break_after: int,
         name: str,
         eof_delay_s: float = 0,
+        load_state: LoadState | None = None,
     ) -> None:
         self.tokens = tokens
         self.interval_s = interval_s
@@ -43,6 +49,9 @@ class PacerSettings:
         # The end of the HTTP response trails [DONE] by this long, as it can when a network splits them.
         self.eof_delay_s = eof_delay_s
         self.name = name
+        # Reported as a region reports its load; None: no report (an older region, or not a region).
+        self.load = LoadReport(state=load_state) if load_state else None
+        self.load_header = format_load(self.load) if self.load else ""
 
 
 PACER = web.AppKey("pacer", PacerSettings)
@@ -55,11 +64,21 @@ def create_app(settings: PacerSettings) -> web.Application:
     app.router.add_post("/v1/completions", _answer)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
+    if settings.load is not None:
+        app.on_response_prepare.append(_add_load)
     return app
 
 
+async def _add_load(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers[LOAD] = request.app[PACER].load_header
+
+
 async def _health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "model": "ready", "pacer": request.app[PACER].name})
+    settings = request.app[PACER]
+    payload: dict[str, object] = {"status": "ok", "model": "ready", "pacer": settings.name}
+    if settings.load is not None:
+        payload.update(model=settings.load.state, load=msgspec.to_builtins(settings.load))
+    return web.json_response(payload)
 
 
 async def _models(_request: web.Request) -> web.Response:

@@ -109,6 +109,7 @@ FLAGS = {
         "--fail-status",
         "--break-after",
         "--eof-delay-ms",
+        "--load-state",
         "--name",
     ],
     "hostile": ["--host", "--port", "--mode", "--name", "--tokens", "--limit-s", "--max-connections"],

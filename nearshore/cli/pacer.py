@@ -19,6 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eof-delay-ms", type=float, default=0.0, help="end the response this long after [DONE]"
     )
+    parser.add_argument(
+        "--load-state",
+        choices=["ready", "loading", "unloaded", "failed"],
+        default=None,
+        help="report this load state as a region does (x-nearshore-load, /health's load); default: none",
+    )
     parser.add_argument("--name", default="pacer")
 
 
@@ -31,6 +37,7 @@ def main(args: argparse.Namespace) -> int:
         args.break_after,
         args.name,
         args.eof_delay_ms / 1000,
+        args.load_state,
     )
     asyncio.run(serve(create_app(settings), args.host, args.port))
     return 0
