@@ -62,6 +62,8 @@ async def read_body(request: web.Request, state: EdgeState, decoder: msgspec.jso
 
 
 def check_request(state: EdgeState, key: ApiKey, body: Body) -> None:
+    if body.model in state.aliases:
+        return check_supported(body)  # the rightsize stage picks the model and checks the key may use it
     if body.model not in state.config.models:
         raise ApiError(MODEL_NOT_FOUND, f"The model `{body.model}` does not exist.", param="model")
     if not key.allows(body.model):

@@ -85,7 +85,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[EDGE]
     key = authenticate(request, state)
-    cards = [ModelCard(id=m, created=0) for m in state.config.models if key.allows(m)]
+    names = [*state.config.models, *state.aliases]
+    cards = [ModelCard(id=m, created=0) for m in names if key.allows(m) or m in state.aliases]
     return web.Response(body=json_encoder.encode(ModelList(cards)), content_type="application/json")
 
 

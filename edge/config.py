@@ -9,6 +9,7 @@ from msgspec import Meta, Struct, field
 
 from edge.billing import Price
 from geo.catalog import GeoConfig, RegionSpec
+from geo.rightsize import SizeAlias
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Seconds = Annotated[float, Meta(gt=0)]
@@ -126,6 +127,8 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # The region catalog: each request goes to the one the router (geo) expects to answer soonest, and on to
     # the next in its order only when a region fails before the first byte reaches the client.
     regions: list[RegionSpec] = field(default_factory=list)
+    # Size aliases (e.g. `auto`): the small or the large model, by what the request needs.
+    aliases: list[SizeAlias] = field(default_factory=list)
     # Per-pool in-flight limits and the tier-ordered queue in front of them.
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     # Where this edge is, the GeoIP database, trusted proxies, residency policies, health and routing.

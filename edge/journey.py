@@ -77,6 +77,7 @@ class Journey:
     opened: Opened | None = None  # the region's answer, once its head arrived
     stream: Reply | None = None  # a stream's client side, from the forward stage on
     region: str = ""
+    chosen_model: str = ""  # a size alias's choice, for x-nearshore-model
     continued_from: str = ""  # the region that died mid-answer, when another finished the stream
     # The outcome, as the stages record it; until then the request counts as left by its client.
     status: Status = "aborted"

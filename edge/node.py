@@ -28,6 +28,7 @@ from edge.token_count import make_counter
 from edge.upstream import UpstreamPool
 from geo.catalog import GeoConfig, check_catalog, edge_place
 from geo.locate import GeoDatabaseError, Location, Locator
+from geo.rightsize import check_aliases
 from nearshore.httpkit import PortInUse, install_uvloop, serve
 from nearshore.tls import ensure_dev_certificate, server_context
 
@@ -54,7 +55,9 @@ def check_config(config: EdgeConfig) -> None:
     """Rules a schema cannot say; each message names the key."""
     if not config.regions:
         raise ValueError("regions: at least one region is needed ([[regions]] name = ..., url = ...)")
-    problems = check_catalog(config.regions, config.geo, config.models)
+    problems = check_catalog(config.regions, config.geo, config.models) + check_aliases(
+        config.aliases, config.models
+    )
     if problems:
         raise ValueError("; ".join(problems))
     if bool(config.tls.cert) != bool(config.tls.key):
@@ -124,6 +127,7 @@ def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.
         locator=make_locator(config.geo),
     )
     state.gates = make_gates(config.pools, state.pool.router.replicas)
+    state.aliases = {a.name: a for a in config.aliases}
     if pipeline is None and not config.geo.route:
         pipeline = default_pipeline().without("route")
     app = create_app(state, pipeline)

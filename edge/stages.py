@@ -1,9 +1,9 @@
 """The edge's stages, in order, and the pipeline they make (DESIGN.md, "the journey of one request").
 
-authenticate -> parse (schema, size, model) -> admit (budget hold, RPM/TPM reservation; from here the
-request is billed) -> route (geo: the replicas in failover order) -> gate (a slot in the pool, by tier)
--> forward (failover before the first byte) -> relay. The response cache comes in as a stage of its own,
-before route.
+authenticate -> parse (schema, size, model) -> rightsize (a size alias's model) -> admit (budget hold,
+RPM/TPM reservation; from here the request is billed) -> route (geo: the replicas in failover order) ->
+gate (a slot in the pool, by tier) -> forward (failover before the first byte) -> relay. The response
+cache comes in as a stage of its own, before route.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from edge.gate_stage import gate_stage
 from edge.journey import Call, Journey, Reply
 from edge.limits import rate_limit_headers
 from edge.pipeline import Pipeline, Stage
+from edge.rightsize_stage import rightsize_stage
 from edge.routing import route_stage
-from nearshore.protocol.headers import CLIENT_REQUEST_ID, REQUEST_ID
+from nearshore.protocol.headers import CLIENT_REQUEST_ID, MODEL, REQUEST_ID
 from nearshore.protocol.schemas import (
     CompletionRequest,
     StreamOptions,
@@ -50,6 +51,8 @@ async def admit_stage(journey: Journey) -> Reply | None:
     client_headers = {**rate_limit_headers(journey.admission.decision), REQUEST_ID: journey.request_id}
     if journey.client_request_id:
         client_headers[CLIENT_REQUEST_ID] = journey.client_request_id
+    if journey.chosen_model:
+        client_headers[MODEL] = journey.chosen_model
     upstream = body
     if body.stream:  # the edge always asks for usage; the client gets the chunk only if it asked too
         upstream = msgspec.structs.replace(body, stream_options=StreamOptions(include_usage=True))
@@ -69,6 +72,7 @@ def default_pipeline() -> Pipeline:
         [
             Stage("authenticate", authenticate_stage),
             Stage("parse", parse_stage),
+            Stage("rightsize", rightsize_stage),
             Stage("admit", admit_stage),
             Stage("route", route_stage),
             Stage("gate", gate_stage),

@@ -20,6 +20,7 @@ from edge.pool_gate import PoolGate
 from edge.token_count import TokenCounter
 from edge.upstream import UpstreamPool
 from geo.locate import Locator
+from geo.rightsize import SizeAlias
 
 
 @dataclass(eq=False)
@@ -34,6 +35,7 @@ class EdgeState:
     metrics: EdgeMetrics = field(default_factory=EdgeMetrics)
     budget: Budgets = None  # type: ignore[assignment]  # a BudgetBook unless given (shared through Redis)
     locator: Locator | None = None  # where clients are (the route stage needs it)
+    aliases: dict[str, SizeAlias] = field(default_factory=dict)  # size aliases by name (the rightsize stage)
     gates: dict[str, PoolGate] = field(default_factory=dict)  # per-pool in-flight limits (the gate stage)
     background: set[asyncio.Task] = field(default_factory=set)
 

@@ -22,3 +22,7 @@ DEBUG = "x-nearshore-debug"
 # `x-nearshore-continue: off`: a stream whose region dies mid-answer ends with an error event instead of
 # being continued by another region.
 CONTINUE = "x-nearshore-continue"
+# The model a size alias (e.g. `auto`) chose, and why (set by the edge).
+MODEL = "x-nearshore-model"
+# A client's hint for a size alias: `small` or `large`.
+SIZE_HINT = "x-nearshore-size"
