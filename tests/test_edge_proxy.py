@@ -336,7 +336,10 @@ async def test_mid_stream_failure_ends_with_error_event_and_bills_once(tmp_path)
     # Streams are continued on the next region unless told not to (tests/test_edge_continuation.py).
     edge = start_edge(
         tmp_path / "edge",
-        [("breaking", breaking.url), ("spare", spare.url)],
+        [
+            {"name": "breaking", "url": breaking.url, "city": "london"},  # first from Lagos
+            {"name": "spare", "url": spare.url, "city": "virginia"},
+        ],
         upstream={"continue_streams": False},
     )
     edge.extra += [breaking.process, spare.process]
