@@ -119,7 +119,10 @@ async def metrics(request: web.Request) -> web.Response:
     state.metrics.limiter_up.set(1 if state.limiter.backend_up() else 0)
     now = time.monotonic()
     for upstream in state.pool.upstreams:
-        state.metrics.region_up.labels(upstream.name).set(1 if upstream.replica.health.routable(now) else 0)
+        replica, name, m = upstream.replica, upstream.name, state.metrics
+        m.region_up.labels(name).set(1 if replica.health.routable(now) else 0)
+        m.region_rtt.labels(name).set(replica.latency.rtt_ms / 1000)
+        m.region_inflight.labels(name).set(replica.inflight)
     return metrics_response(state.metrics.render())
 
 

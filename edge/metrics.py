@@ -46,6 +46,18 @@ class EdgeMetrics:
         self.limiter_up = Gauge(
             P + "ratelimit_backend_up", "1 while the shared limit store answers.", registry=r
         )
+        self.region_rtt = Gauge(
+            P + "region_rtt_seconds",
+            "The router's round trip to the replica (measured, floored).",
+            ["region"],
+            registry=r,
+        )
+        self.region_inflight = Gauge(
+            P + "region_inflight", "Requests this edge has in flight at the replica.", ["region"], registry=r
+        )
+        self.routed = Counter(
+            P + "routed", "Requests by the replica the router put first.", ["region"], registry=r
+        )
         self.region_up = Gauge(
             P + "region_up", "1 while the region's health check passes.", ["region"], registry=r
         )

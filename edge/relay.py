@@ -101,6 +101,7 @@ async def open_upstream(
         if response.status in RETRYABLE:
             detail = await _peek(response)
             upstream.replica.inflight -= 1
+            pool.refused(upstream, response)  # a refusal carries the region's load too (a full queue)
             why = f"HTTP {response.status} {detail}"
             if response.status >= 500 and response.status != 503:
                 pool.failed(upstream, why)

@@ -80,6 +80,7 @@ async def route_stage(journey: Journey) -> Reply | None:
         kind = RESIDENCY_UNAVAILABLE if exc.policies else NO_REGION_AVAILABLE
         raise ApiError(kind, str(exc), retry_after_s=5) from None
     journey.route = route
+    state.metrics.routed.labels(route.ranked[0].id).inc()
     journey.route_s = time.perf_counter() - started
     if router.config.explain or "route" in journey.request.headers.get(DEBUG, ""):
         explained = route.explain()

@@ -172,6 +172,11 @@ class UpstreamPool:
     def answered(self, upstream: Upstream, response: Response, first_byte_s: float) -> None:
         self.router.answered(upstream.replica, first_byte_s * 1000, load_of(response))
 
+    def refused(self, upstream: Upstream, response: Response) -> None:
+        load = load_of(response)
+        if load is not None:
+            upstream.replica.load = load
+
     async def close(self) -> None:
         if self._health_task is not None:
             self._health_task.cancel()
