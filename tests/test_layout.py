@@ -124,6 +124,7 @@ FLAGS = {
         "--logs",
     ],
     "bench hostile": ["--seconds", "--concurrency", "--logs"],
+    "bench geo": ["--sizes", "--database", "--requests", "--working-set", "--seed", "--json"],
     "bench edge": [
         "--concurrency",
         "--streams",

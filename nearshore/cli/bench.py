@@ -1,12 +1,17 @@
-"""``nearshore bench edge|region|hostile``: the benchmarks' flags; each run lives in netem/bench/."""
+"""``nearshore bench edge|region|hostile|geo``: the benchmarks' flags; each run lives in netem/bench/ (geo's
+in geo/bench_route.py)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
+from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
+from geo import bench_route
 from netem.bench import edge, hostile, region
 
 T = TypeVar("T")
@@ -109,4 +114,20 @@ def add_hostile_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_hostile(args: argparse.Namespace) -> int:
     hostile.run(_settings(args, hostile.HostileBench))
+    return 0
+
+
+# --- bench geo -----------------------------------------------------------------------------------------
+
+
+def add_geo_arguments(parser: argparse.ArgumentParser) -> None:
+    bench_route.add_arguments(parser)
+    parser.add_argument("--json", metavar="FILE", help="also write every number as JSON")
+
+
+def run_geo(args: argparse.Namespace) -> int:
+    report = bench_route.run_from_args(args)
+    print(bench_route.format_report(report))
+    if args.json:
+        Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2))
     return 0
