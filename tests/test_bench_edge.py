@@ -30,6 +30,7 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
             "--rps-seconds", "0.5",
             "--unary-concurrency", "4",
             "--unary-seconds", "0.5",
+            "--routing", "on,off",
             "--json", str(out),
             "--logs", str(tmp_path / "logs"),
         ]
@@ -38,7 +39,7 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
 
     rows = {row["path"]: row for row in report["streams"]}
-    assert set(rows) == {"direct", "edge"}
+    assert set(rows) == {"direct", "edge", "edge-off"}  # the edge with its route stage, and without
     for row in rows.values():
         assert row["errors"] == 0, row["first_error"]
         assert row["streams"] == 4
@@ -46,8 +47,12 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
     assert rows["edge"]["cpu_ms_per_stream"] > 0
     assert any(t["target"].startswith("no bunching") for t in report["targets"])
     throughput = {row["path"]: row for row in report["throughput"]}
-    assert set(throughput) == {"direct", "edge-unary"}  # nginx skipped here
-    assert throughput["edge-unary"]["rps"] > 0 and throughput["edge-unary"]["errors"] == 0
+    assert set(throughput) == {"direct", "edge-unary", "edge-unary-off"}  # nginx skipped here
+    for path in ("edge-unary", "edge-unary-off"):
+        assert throughput[path]["rps"] > 0 and throughput[path]["errors"] == 0
+    routing = {entry["part"]: entry for entry in report["routing"]}
+    assert set(routing) == {"streams x2", "non-streamed"}
+    assert all(e["cpu_ms_on"] > 0 and e["cpu_ms_off"] > 0 for e in routing.values())
 
     steps = report["rps"]["steps"]
     assert {s["path"] for s in steps} == {"edge-rps", "edge-tls"}

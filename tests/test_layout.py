@@ -141,6 +141,7 @@ FLAGS = {
         "--rps-budget-s",
         "--unary-concurrency",
         "--unary-seconds",
+        "--routing",
         "--json",
         "--logs",
     ],

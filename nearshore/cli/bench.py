@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from geo import bench_route
-from netem.bench import edge, hostile, region
+from netem.bench import edge, edge_routing, hostile, region
 
 T = TypeVar("T")
 
@@ -25,6 +25,11 @@ def _settings(args: argparse.Namespace, schema: type[T]) -> T:
 
 
 # --- bench edge ----------------------------------------------------------------------------------------
+
+
+def routing(text: str) -> str:
+    edge_routing.parse_modes(text)  # argparse turns its ValueError into a usage error
+    return text
 
 
 def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +74,13 @@ def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         help="non-streamed part, per path; 0 skips it (default 10)",
+    )
+    parser.add_argument(
+        "--routing",
+        default="on",
+        type=routing,
+        help="the edge's route stage: on, off, or on,off to run both and report what routing adds "
+        "(default on)",
     )
     parser.add_argument("--json", metavar="FILE", help="also write every number as JSON")
     parser.add_argument(

@@ -16,7 +16,8 @@ time is read from /proc (its process and their children, every thread) from the 
 until it is quiet again, so work it defers (logging, settling) counts too.
 
 A second part (netem/bench/edge_rps.py) ramps an open-loop request rate at one edge process (plain and
-TLS) in front of a pacer that answers at once.
+TLS) in front of a pacer that answers at once. With ``--routing on,off`` the edge runs with its route stage
+and without it, side by side in the stream and non-streamed parts (netem/bench/edge_routing.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import aiohttp
 
 from nearshore.procs import ProcessFailed
 from nearshore.stats import percentile
-from netem.bench import edge_report, edge_rps, edge_throughput, peers
+from netem.bench import edge_report, edge_routing, edge_rps, edge_throughput, peers
 from netem.bench.client import Stream
 from netem.bench.cpu import idle_cpu
 from netem.bench.load import chat_body, one_stream, session_for
@@ -63,6 +64,7 @@ class EdgeBench:
     rps_budget_s: float  # cap on the ramp's time
     unary_concurrency: int  # clients of the non-streamed throughput part
     unary_seconds: float  # its length per path; 0 skips it
+    routing: str  # "on", "off" or "on,off": the edge with its route stage, without, or both side by side
     json: str | None  # also write every number here
     logs: str  # folder for logs and configs ("": a temp folder)
 
@@ -222,35 +224,38 @@ def _start_proxies(
     pacer: Endpoint,
     nginx: str | None,
     litellm: Path | None,
+    routing: list[bool],
     notes: list[str],
     stack: contextlib.ExitStack,
 ) -> list[Endpoint]:
-    """The edge, then nginx and LiteLLM where found; a peer that fails to start is a note, the edge's
-    failure is the run's. Each is stopped with ``stack``."""
-    starters: list[tuple[str, Callable[[], Endpoint]]] = [
-        ("edge", lambda: peers.start_edge(logs, "edge", pacer.url, tls=False))
+    """The edge (once per routing mode), then nginx and LiteLLM where found; a peer that fails to start
+    is a note, the edge's failure is the run's. Each is stopped with ``stack``."""
+    starters: list[tuple[str, Callable[[], list[Endpoint]]]] = [
+        ("edge", lambda: edge_routing.start_edges(logs, "edge", pacer.url, routing, tls=False))
     ]
     if nginx:
-        starters.append(("nginx", lambda: peers.start_nginx(logs, nginx, pacer.url)))
+        starters.append(("nginx", lambda: [peers.start_nginx(logs, nginx, pacer.url)]))
     if litellm:
-        starters.append(("litellm", lambda: peers.start_litellm(logs, litellm, pacer.url)))
+        starters.append(("litellm", lambda: [peers.start_litellm(logs, litellm, pacer.url)]))
     started: list[Endpoint] = []
     for name, start in starters:
         try:
-            proxy = start()
+            proxies = start()
         except ProcessFailed as exc:
             if name == "edge":
                 raise
             notes.append(f"{name} skipped: it did not start ({str(exc).splitlines()[0]})")
             continue
-        stack.callback(proxy.stop)
-        started.append(proxy)
+        for proxy in proxies:
+            stack.callback(proxy.stop)
+        started += proxies
     return started
 
 
 def run(bench: EdgeBench) -> dict:
     """Run both parts, print the report, return every number (also written to ``bench.json``, a path)."""
     started = time.monotonic()
+    routing = edge_routing.parse_modes(bench.routing)
     logs = Path(bench.logs or tempfile.mkdtemp(prefix="nearshore-bench-edge-"))
     logs.mkdir(parents=True, exist_ok=True)
     nginx = None if bench.no_nginx else peers.find_nginx(bench.nginx)
@@ -275,7 +280,7 @@ def run(bench: EdgeBench) -> dict:
         )
         stack.callback(pacer.stop)
         targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
-        targets += _start_proxies(logs, pacer, nginx, litellm, notes, stack)
+        targets += _start_proxies(logs, pacer, nginx, litellm, routing, notes, stack)
         idle = {t.name: t.process for t in (pacer, *targets) if t.process is not None}
         report["idle_cpu_ms_per_s"] = idle_cpu(idle)
         report["streams"] = run_levels(runner, targets, pacer, bench)
@@ -291,10 +296,11 @@ def run(bench: EdgeBench) -> dict:
                 flush=True,
             )
             report["throughput"] = edge_throughput.run_throughput(
-                runner, logs, nginx, bench.unary_concurrency, bench.unary_seconds, stack
+                runner, logs, nginx, bench.unary_concurrency, bench.unary_seconds, stack, routing
             )
     report["ratios"] = edge_report.ratios(report["streams"])
     report["targets"] = edge_report.targets(report["streams"], report.get("throughput"))
+    report["routing"] = edge_routing.summary(report["streams"], report.get("throughput"))
     report["notes"], report["logs"] = notes, str(logs)
     report["elapsed_s"] = time.monotonic() - started
     edge_report.print_report(report)

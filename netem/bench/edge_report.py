@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from netem.bench import edge_routing
 from netem.bench.edge_rps import RPS_OVERHEAD_LIMIT_MS
 
 
@@ -176,6 +177,7 @@ def print_report(report: dict) -> None:
                 f" -> edge at {edge['rps'] / nginx['rps']:.2f}x nginx's rate"
             )
         print(line + f" (the direct path: {throughput['direct']['rps']:.0f} req/s, the client's ceiling)")
+    edge_routing.print_summary(report.get("routing", []))
     idle = ", ".join(f"{k} {v:.1f}" for k, v in report.get("idle_cpu_ms_per_s", {}).items())
     if idle:
         print(f"idle CPU, ms per second with no load: {idle}")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import aiohttp
 
-from netem.bench import peers
+from netem.bench import edge_routing, peers
 from netem.bench.peers import MODEL, Endpoint
 
 _BODY = json.dumps(
@@ -70,13 +70,15 @@ def run_throughput(
     concurrency: int,
     seconds: float,
     stack: contextlib.ExitStack,
+    routing: list[bool] | None = None,
 ) -> list[dict]:
+    """``routing``: the edge's route stage on, off, or both side by side (edge_routing.py)."""
     pacer = peers.start_stand_in(logs, "pacer", "pacer-instant", tokens=1, interval_ms=0)
     stack.callback(pacer.stop)
     targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
-    edge = peers.start_edge(logs, "edge-unary", pacer.url, tls=False)
-    stack.callback(edge.stop)
-    targets.append(edge)
+    for edge in edge_routing.start_edges(logs, "edge-unary", pacer.url, routing or [True], tls=False):
+        stack.callback(edge.stop)
+        targets.append(edge)
     if nginx:
         proxy = peers.start_nginx(logs / "unary", nginx, pacer.url)
         stack.callback(proxy.stop)

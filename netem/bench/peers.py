@@ -90,8 +90,11 @@ def start_edge(
     tls: bool,
     region_name: str = "pacer",
     upstream: dict[str, object] | None = None,
+    regions: list[dict[str, object]] | None = None,
+    geo: dict[str, object] | None = None,
 ) -> Endpoint:
-    """An edge in front of one region, with a key that no limit stops (the key rides in ``headers``)."""
+    """An edge in front of one region (or the catalog ``regions``, with the ``geo`` section), with a key
+    that no limit stops (the key rides in ``headers``)."""
     folder = logs / name
     folder.mkdir(parents=True, exist_ok=True)
     store = KeyStore(folder / "keys.sqlite3")
@@ -112,7 +115,8 @@ def start_edge(
         "tls": {"enabled": tls, "dev_cert_dir": folder / "tls"},
         "metrics": {"port": 0},
         **({"upstream": upstream} if upstream else {}),
-        "regions": [{"name": region_name, "url": region_url}],
+        **({"geo": geo} if geo else {}),
+        "regions": regions or [{"name": region_name, "url": region_url}],
     }
     (folder / "edge.toml").write_text(dumps(config))
     argv = nearshore_argv("edge", "--config", str(folder / "edge.toml"))
