@@ -5,6 +5,10 @@ process holding every emulated link; the edge (HTTPS with a development certific
 then cross the links. Besides the links the topology needs, a "direct" path per region chains the user's
 last mile and the ocean link, so a scenario can compare a user calling a region without the edge.
 
+The edge's catalog places each region in its topology city, so the edge routes as it would in the field:
+to the region it expects to answer first (probed round trip, never below the fibre floor, and load). Its
+probe interval is the launcher's ``health_interval_s``: scenarios that move traffic shorten it.
+
 Every child dies with the launcher (a parent-death signal, see ``nearshore.procs``), and each run is
 recorded so that the next one stops anything a killed run left behind (``netem.leftovers``).
 """
@@ -13,6 +17,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,6 +34,9 @@ from netem.topology import Topology
 RUNS = DATA_DIR / "runs"
 CURRENT = RUNS / "current.json"
 HOST = "127.0.0.1"
+# How often the edge probes each region (`nearshore up`, the demo): traffic does not move there, so probes
+# only keep the pools warm and the round trips current. Scenarios that move traffic pass a shorter one.
+HEALTH_INTERVAL_S = 2.0
 
 
 @dataclass
@@ -82,15 +91,19 @@ class Launcher:
         progress: Callable[[str], None] = print,
         engine: dict[str, object] | None = None,
         seed: int = 1,
+        health_interval_s: float = HEALTH_INTERVAL_S,
     ) -> None:
         self.topology = topology
         self.run_dir = run_dir
         self.progress = progress
         self.engine = {"max_sequences": 8, "kv_cache_tokens": 8192, "context_window": 2048, **(engine or {})}
         self.seed = seed
+        self.health_interval_s = health_interval_s
         self.processes: list[ManagedProcess] = []
         self.by_name: dict[str, ManagedProcess] = {}
         self.record: RunRecord | None = None
+        self._region_context: ssl.SSLContext | None = None  # the edge's client certificate, for readiness
+        self._region_ports: dict[str, int] = {}
 
     def start(self) -> RunningTopology:
         """Start everything; on any failure, stop what was started and re-raise."""
@@ -153,11 +166,10 @@ class Launcher:
             }
             config.write_text(tomlw.dumps({"name": region.name, "server": server, "engine": self.engine}))
             self._spawn(f"region-{region.name}", nearshore_argv("region", "--config", str(config)))
-        context = tls.client_context(ca=ca, cert=edge_cert, key=edge_key)
+        self._region_context = tls.client_context(ca=ca, cert=edge_cert, key=edge_key)
+        self._region_ports = ports
         for region in t.regions:
-            self.by_name[f"region-{region.name}"].wait_http(
-                f"https://{HOST}:{ports[region.name]}/health/ready", timeout_s=300, context=context
-            )
+            self.wait_region(region.name)
             self.progress(f"      region {region.name} ready ({time.monotonic() - started:.1f}s)")
 
         # 2. Every emulated link in one process.
@@ -205,10 +217,14 @@ class Launcher:
                         "ca": ca,
                         "client_cert": edge_cert,
                         "client_key": edge_key,
-                        "health_interval_s": 2,
+                        "health_interval_s": self.health_interval_s,
                     },
                     "metrics": {"port": metrics_port},
-                    "regions": [{"name": e.name, "url": e.via_edge_link} for e in endpoints],
+                    "geo": {"city": t.edge.city},
+                    "regions": [
+                        {"name": e.name, "url": e.via_edge_link, "city": r.city}
+                        for e, r in zip(endpoints, t.regions, strict=True)
+                    ],
                 }
             )
         )
@@ -239,6 +255,26 @@ class Launcher:
         running.save()
         self.progress(f"[4/4] up in {time.monotonic() - started:.1f}s; logs in {self.run_dir / 'logs'}")
         return running
+
+    def kill_region(self, name: str) -> None:
+        """SIGKILL a region's node: no goodbye, as a crashed machine."""
+        process = self.by_name[f"region-{name}"]
+        assert process.proc is not None
+        process.proc.send_signal(signal.SIGKILL)
+        process.proc.wait()
+
+    def restart_region(self, name: str) -> None:
+        """Start a killed region's node again, on its port and config; ``wait_region`` waits until it is
+        ready. (Call it from the main thread: only there can its child be armed to die with the launcher.)"""
+        old = self.by_name[f"region-{name}"]
+        if old.proc is not None and old.proc.poll() is None:
+            raise RuntimeError(f"region {name} is still running")
+        self._spawn(old.name, old.argv)
+
+    def wait_region(self, name: str) -> None:
+        """Block until the region's node answers /health/ready (through no emulated link)."""
+        url = f"https://{HOST}:{self._region_ports[name]}/health/ready"
+        self.by_name[f"region-{name}"].wait_http(url, timeout_s=300, context=self._region_context)
 
 
 def default_run_dir(topology: Topology) -> Path:

@@ -1,7 +1,9 @@
 """Topologies: who sits where, and which emulated link joins them (``configs/topologies/*.toml``).
 
 A topology names a user (and the last-mile link to the edge), an edge, and regions, each with the link
-profile from ``configs/netem/`` that the edge's traffic to it crosses.
+profile from ``configs/netem/`` that the edge's traffic to it crosses. Every place is a city of
+``configs/cities.toml``, and each link joins the places it stands between (a profile for another city pair
+would emulate the wrong distance, and the edge routes by the city the topology gives each region).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import msgspec
 from msgspec import Meta, Struct, field
 
 from nearshore.config import ConfigError, load_config
+from netem import geo_floor
 from netem.profiles import load_profile
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -60,18 +63,30 @@ def load_topology(name_or_path: str = "lagos") -> Topology:
     for i, name in enumerate(names):
         if names.index(name) != i:
             raise ConfigError(f"{path}: regions[{i}].name: {name!r} is used twice")
-    links = [("user.link", topology.user.link)] + [
-        (f"regions[{i}].link", r.link) for i, r in enumerate(topology.regions)
+    places = [("user.city", topology.user.city), ("edge.city", topology.edge.city)] + [
+        (f"regions[{i}].city", r.city) for i, r in enumerate(topology.regions)
     ]
-    for key, profile in links:
+    for key, city in places:
+        if city not in geo_floor.cities():
+            known = ", ".join(sorted(geo_floor.cities()))
+            raise ConfigError(f"{path}: {key}: unknown city {city!r} (known: {known})")
+    # Each link, and the two places it must join (its profile's a and b).
+    links = [("user.link", topology.user.link, topology.user.city, topology.edge.city)] + [
+        (f"regions[{i}].link", r.link, topology.edge.city, r.city) for i, r in enumerate(topology.regions)
+    ]
+    for key, name, a, b in links:
         try:
-            load_profile(profile)
+            profile = load_profile(name)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {key}: {exc}") from None
         except FileNotFoundError:
+            where = CONFIGS / "netem"
+            raise ConfigError(f"{path}: {key}: no link profile named {name!r} in {where}") from None
+        if (profile.a, profile.b) != (a, b):
             raise ConfigError(
-                f"{path}: {key}: no link profile named {profile!r} in {CONFIGS / 'netem'}"
-            ) from None
+                f"{path}: {key}: profile {name!r} joins {profile.a} and {profile.b}, "
+                f"but this link joins {a} and {b}"
+            )
     return topology
 
 

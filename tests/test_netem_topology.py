@@ -14,18 +14,34 @@ from pathlib import Path
 import pytest
 
 from nearshore.config import ConfigError
+from netem.profiles import load_profile
 from netem.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_default_topology_is_lagos_london_virginia():
+def test_default_topology_is_lagos_london_virginia_johannesburg():
     t = load_topology("lagos")
     assert (t.user.city, t.edge.city) == ("lagos", "lagos")
-    assert [(r.name, r.link) for r in t.regions] == [
-        ("london", "lagos-london"),
-        ("virginia", "lagos-virginia"),
+    assert [(r.name, r.city, r.link) for r in t.regions] == [
+        ("london", "london", "lagos-london"),
+        ("virginia", "virginia", "lagos-virginia"),
+        ("johannesburg", "johannesburg", "lagos-johannesburg"),
     ]
+
+
+def test_every_profile_of_the_default_topology_is_sourced_and_above_the_floor():
+    """Johannesburg included: a real choice for the router, nearer than Virginia, farther than London."""
+    t = load_topology("lagos")
+    rtts = {}
+    for region in t.regions:
+        profile = load_profile(region.link)
+        assert (profile.a, profile.b) == ("lagos", region.city)
+        for text in (profile.source.delay, profile.source.jitter, profile.source.loss, profile.source.rate):
+            assert text.startswith(("measured", "estimate")) and len(text) > 20
+        assert profile.rtt_ms > 1.5 * profile.floor_rtt_ms
+        rtts[region.name] = profile.rtt_ms
+    assert rtts["london"] < rtts["johannesburg"] < rtts["virginia"]
 
 
 @pytest.mark.parametrize(
@@ -50,6 +66,16 @@ def test_default_topology_is_lagos_london_virginia():
         (
             'name = "x"\ncolour = 1\n[user]\ncity = "lagos"\nlink = "lagos-4g"\n[edge]\ncity = "lagos"\n',
             "colour",
+        ),
+        (  # a link whose profile joins other cities than the ones it stands between
+            'name = "x"\n[user]\ncity = "lagos"\nlink = "lagos-4g"\n[edge]\ncity = "lagos"\n'
+            '[[regions]]\nname = "london"\ncity = "london"\nlink = "lagos-virginia"\n',
+            "regions[0].link: profile 'lagos-virginia' joins lagos and virginia",
+        ),
+        (
+            'name = "x"\n[user]\ncity = "lagos"\nlink = "lagos-4g"\n[edge]\ncity = "lagos"\n'
+            '[[regions]]\nname = "mars"\ncity = "olympus"\nlink = "lagos-london"\n',
+            "regions[0].city: unknown city 'olympus'",
         ),
     ],
 )
