@@ -1,7 +1,7 @@
 """Exact and semantic response cache at the edge (see DESIGN.md, step 2)."""
 
 from cache.embedder import DEFAULT_NAME, Embedder, EmbedderLoadError, MiniLMEmbedder, load_embedder
-from cache.embedder_pool import Embedded, EmbedderBusy, EmbedderPool
+from cache.embedder_pool import Embedded, EmbedderBusy, EmbedderPool, TooManyTokens
 
 __all__ = [
     "DEFAULT_NAME",
@@ -11,5 +11,6 @@ __all__ = [
     "EmbedderLoadError",
     "EmbedderPool",
     "MiniLMEmbedder",
+    "TooManyTokens",
     "load_embedder",
 ]

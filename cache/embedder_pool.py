@@ -34,6 +34,16 @@ class EmbedderBusy(RuntimeError):
     """More requests are waiting than the queue holds; try again shortly."""
 
 
+class TooManyTokens(ValueError):
+    """The texts of one call come to more word pieces than its budget (counted before any is embedded)."""
+
+    def __init__(self, num_tokens: int, max_tokens: int) -> None:
+        super().__init__(
+            f"the input comes to {num_tokens} tokens; at most {max_tokens} may be embedded at once"
+        )
+        self.num_tokens, self.max_tokens = num_tokens, max_tokens
+
+
 @dataclass(frozen=True, slots=True)
 class Embedded:
     vectors: np.ndarray  # [n, dim] float32, unit rows
@@ -92,20 +102,23 @@ class EmbedderPool:
         return await asyncio.shield(self._begin_load())
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return (await self._run(texts, count=False)).vectors
+        return (await self._run(texts, count=False, max_tokens=None)).vectors
 
-    async def embed_counted(self, texts: Sequence[str]) -> Embedded:
-        """The vectors and the number of word pieces they came from (what /v1/embeddings bills)."""
-        return await self._run(texts, count=True)
+    async def embed_counted(self, texts: Sequence[str], max_tokens: int | None = None) -> Embedded:
+        """The vectors and the number of word pieces they came from (what /v1/embeddings bills);
+        :class:`TooManyTokens` past ``max_tokens``, before any work on the vectors."""
+        return await self._run(texts, count=True, max_tokens=max_tokens)
 
-    async def _run(self, texts: Sequence[str], count: bool) -> Embedded:
+    async def _run(self, texts: Sequence[str], count: bool, max_tokens: int | None) -> Embedded:
         if self.num_waiting >= self.max_waiting:
             raise EmbedderBusy(f"{self.num_waiting} embedding requests are already waiting")
         self.num_waiting += 1
         try:
             embedder = await self.embedder()
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._worker(), _embed, embedder, list(texts), count)
+            return await loop.run_in_executor(
+                self._worker(), _embed, embedder, list(texts), count, max_tokens
+            )
         finally:
             self.num_waiting -= 1
 
@@ -146,6 +159,8 @@ class EmbedderPool:
         raise EmbedderLoadError(self.failure)
 
 
-def _embed(embedder: Embedder, texts: list[str], count: bool) -> Embedded:
-    vectors = embedder.embed(texts)
-    return Embedded(vectors, sum(embedder.count_tokens(texts)) if count else 0)
+def _embed(embedder: Embedder, texts: list[str], count: bool, max_tokens: int | None) -> Embedded:
+    num_tokens = sum(embedder.count_tokens(texts)) if count else 0
+    if max_tokens is not None and num_tokens > max_tokens:
+        raise TooManyTokens(num_tokens, max_tokens)
+    return Embedded(embedder.embed(texts), num_tokens)

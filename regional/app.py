@@ -32,6 +32,7 @@ from nearshore.protocol.schemas import (
 )
 from nearshore.tls import peer_certificate_name
 from regional.config import RegionConfig, ServerConfig
+from regional.embeddings import EMBEDDINGS, EmbeddingsService, add_embeddings
 from regional.engine import Engine
 from regional.load_report import LoadReporter, load_header
 from regional.service import Generation, RegionService, Timings
@@ -46,7 +47,12 @@ STARTED_AT = int(time.time())
 OPEN_PATHS = frozenset({"/health", "/health/ready", "/metrics"})
 
 
-def create_app(config: RegionConfig, engine: Engine, service: RegionService) -> web.Application:
+def create_app(
+    config: RegionConfig,
+    engine: Engine,
+    service: RegionService,
+    embeddings: EmbeddingsService | None = None,
+) -> web.Application:
     middlewares = [request_ids, openai_errors]
     if guard := edges_only(config.server):
         middlewares.append(guard)  # inside openai_errors, so a refusal leaves OpenAI-shaped
@@ -58,6 +64,8 @@ def create_app(config: RegionConfig, engine: Engine, service: RegionService) -> 
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/v1/models", list_models)
+    if embeddings is not None:
+        add_embeddings(app, embeddings)
     app.router.add_get("/health", health)
     app.router.add_get("/health/ready", readiness)
     app.router.add_get("/metrics", metrics)
@@ -158,8 +166,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    cards = [ModelCard(id=name, created=STARTED_AT) for name in sorted(service.model_names)]
+    names = set(request.app[SERVICE].model_names)
+    if embeddings := request.app.get(EMBEDDINGS):
+        names |= embeddings.model_names
+    cards = [ModelCard(id=name, created=STARTED_AT) for name in sorted(names)]
     return web.Response(body=json_encoder.encode(ModelList(cards)), content_type="application/json")
 
 
@@ -169,6 +179,8 @@ async def health(request: web.Request) -> web.Response:
     stats = request.app[SERVICE].engine.stats()
     payload = {"status": "ok", "model": stats.state, "running": stats.running, "waiting": stats.waiting}
     payload["load"] = msgspec.to_builtins(request.app[LOAD_REPORTER].current()[0])
+    if embeddings := request.app.get(EMBEDDINGS):
+        payload["embeddings"] = embeddings.health()  # its failure is not the node's: chat still serves
     if stats.failure:
         payload.update(status="failed", reason=stats.failure)
     return web.json_response(payload, status=503 if stats.failure else 200)

@@ -71,9 +71,31 @@ class SafetyConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     hook: str = ""
 
 
+class EmbeddingsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/embeddings`` with the sentence embedder of the edge's semantic cache (cache/embedder.py)."""
+
+    enabled: bool = True
+    # The name clients send as `model`; aliases are accepted too.
+    model: Annotated[str, Meta(min_length=1)] = "all-minilm-l6-v2"
+    aliases: list[str] = field(default_factory=lambda: ["sentence-transformers/all-MiniLM-L6-v2"])
+    # A sentence-transformers BERT folder (config.json, tokenizer.json, model.safetensors, ...); empty means
+    # the embedded all-MiniLM-L6-v2. A folder that does not load is no start error: embeddings answer 503
+    # naming it, and chat goes on.
+    path: str = ""
+    # Load at start, in the embedder's thread ("eager"), or on the first request ("lazy").
+    load: Literal["eager", "lazy"] = "lazy"
+    # BLAS threads for the embedder (process-wide); the event loop and llama.cpp need the other cores.
+    threads: Positive = 1
+    # Requests allowed to wait for the embedder; beyond that, 503 with Retry-After.
+    max_waiting: Positive = 64
+    # The most word pieces one request may embed (each input is cut at the model's 256); past it, 400.
+    max_request_tokens: Positive = 16384
+
+
 class RegionConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     name: str = "local"
     server: ServerConfig = field(default_factory=ServerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
+    embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)

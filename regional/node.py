@@ -13,6 +13,7 @@ from nearshore.httpkit import install_uvloop, serve
 from nearshore.tls import server_context
 from regional.app import SERVICE, create_app
 from regional.config import RegionConfig
+from regional.embeddings import EmbeddingsService
 from regional.llama_engine import LlamaCppEngine
 from regional.model_store import resolve_model_path
 from regional.safety import build_filter
@@ -30,6 +31,9 @@ def check_config(config: RegionConfig) -> None:
         raise ValueError("engine.max_sequences must not exceed engine.batch_tokens")
     if e.batch_tokens > e.kv_cache_tokens:
         raise ValueError("engine.batch_tokens must not exceed engine.kv_cache_tokens")
+    m, emb = config.model, config.embeddings
+    if emb.enabled and (shared := {emb.model, *emb.aliases} & {m.name, *m.aliases}):
+        raise ValueError(f"embeddings.model: {sorted(shared)[0]!r} also names the chat model")
     _check_tls(config)
 
 
@@ -76,7 +80,8 @@ def build_region_app(config: RegionConfig) -> web.Application:
         safety = build_filter(config.safety.blocklist, config.safety.hook)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ValueError(f"safety.hook: {exc}") from exc
-    return create_app(config, engine, RegionService(config, engine, safety))
+    embeddings = EmbeddingsService(config.embeddings) if config.embeddings.enabled else None
+    return create_app(config, engine, RegionService(config, engine, safety), embeddings)
 
 
 def run_region(app: web.Application, config: RegionConfig, port: int | None = None) -> None:

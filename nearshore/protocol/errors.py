@@ -58,6 +58,8 @@ EXCEEDS_LIMIT = ErrorKind(400, "invalid_request_error", "request_exceeds_limit")
 INTERNAL = ErrorKind(500, "server_error", "internal_error")
 OVERLOADED = ErrorKind(503, "server_error", "overloaded")
 MODEL_LOADING = ErrorKind(503, "server_error", "model_loading")
+# The embedding model could not be loaded (the message names its folder); chat may still be served.
+EMBEDDER_UNAVAILABLE = ErrorKind(503, "server_error", "embedder_unavailable")
 # The engine cannot go on; the process is about to exit so that its supervisor restarts it.
 ENGINE_FAILED = ErrorKind(503, "server_error", "engine_failed")
 

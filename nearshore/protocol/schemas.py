@@ -195,6 +195,46 @@ class ModelList(Struct):
     object: Literal["list"] = "list"
 
 
+# --- embeddings --------------------------------------------------------------------------------------
+
+# OpenAI's cap on the inputs of one embeddings request.
+MAX_EMBEDDING_INPUTS = 2048
+EmbeddingText = Annotated[str, Meta(min_length=1)]
+
+
+class EmbeddingRequest(Struct, forbid_unknown_fields=True, kw_only=True):
+    model: ModelName
+    # Strings only: token-id arrays (OpenAI accepts them for its own tokenizer) are refused.
+    input: EmbeddingText | Annotated[list[EmbeddingText], Meta(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+    encoding_format: Literal["float", "base64"] = "float"
+    # Accepted on the wire so that the refusal can name it: no served model can shorten its vectors.
+    dimensions: int | None = None
+    user: Annotated[str, Meta(max_length=256)] | None = None
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class Embedding(Struct, kw_only=True):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    # A list of floats, or with encoding_format "base64" the little-endian float32 bytes in base64.
+    embedding: list[float] | str
+
+
+class EmbeddingUsage(Struct):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(Struct, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
 chat_request_decoder = msgspec.json.Decoder(ChatCompletionRequest)
 completion_request_decoder = msgspec.json.Decoder(CompletionRequest)
+embedding_request_decoder = msgspec.json.Decoder(EmbeddingRequest)
 json_encoder = msgspec.json.Encoder()
