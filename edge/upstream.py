@@ -114,6 +114,8 @@ class UpstreamPool:
         """Open ``warm_connections`` connections to every replica at once (each one a probe)."""
         n = self.config.warm_connections
         await asyncio.gather(*(self.probe(u) for u in self.upstreams for _ in range(max(1, n))))
+        # Those probes timed their handshakes too; one on a warm connection times the round trip alone.
+        await asyncio.gather(*(self.probe(u) for u in self.upstreams))
 
     async def probe(self, upstream: Upstream) -> None:
         """GET /health on a warm connection: its round trip, its load, whether it serves."""
@@ -143,7 +145,8 @@ class UpstreamPool:
         if why:
             if router.probe_failed(upstream.replica, why):
                 log.warning("region %s is DOWN: %s", upstream.name, why)
-        elif router.probe_passed(upstream.replica, rtt_ms, load):
+        # A probe that opened its connection timed the handshakes too: its round trip is no sample.
+        elif router.probe_passed(upstream.replica, None if response.connect_s else rtt_ms, load):
             log.warning("region %s is up again", upstream.name)
 
     async def _health_loop(self) -> None:

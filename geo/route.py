@@ -362,8 +362,10 @@ class Router:
 
     # --- what probes and responses tell it --------------------------------------------------------------
 
-    def probe_passed(self, replica: Replica, rtt_ms: float, load: LoadReport | None) -> bool:
-        replica.latency.rtt.add(rtt_ms)
+    def probe_passed(self, replica: Replica, rtt_ms: float | None, load: LoadReport | None) -> bool:
+        """``rtt_ms`` None: the probe timed no round trip worth a sample (it opened its connection)."""
+        if rtt_ms is not None:
+            replica.latency.rtt.add(rtt_ms)
         if load is not None:
             replica.load = load
         return replica.health.probe_passed()
