@@ -124,6 +124,8 @@ _error_decoder = msgspec.json.Decoder(ErrorEnvelope)
 class Answer:
     body: bytes
     usage: bytes | None  # the region's ``usage`` JSON, still to be audited
+    text: str = ""  # the answer's content
+    finish_reason: str = ""
 
 
 def check_answer(
@@ -141,10 +143,10 @@ def check_answer(
         raise UpstreamFault.bad(f"the region's answer is not a {kind} completion: {exc}") from None
     if not answer.choices:
         raise UpstreamFault.bad("the region's answer has no choices")
-    texts = (c.message.content or "" if isinstance(c, _ChatChoice) else c.text for c in answer.choices)
+    texts = [c.message.content or "" if isinstance(c, _ChatChoice) else c.text for c in answer.choices]
     if sum(len(t.encode()) for t in texts) > max_text_bytes:
         raise UpstreamFault.bad("the region's answer holds more text than max_tokens tokens can")
-    return Answer(body, usage_bytes(answer.usage))
+    return Answer(body, usage_bytes(answer.usage), texts[0], answer.choices[0].finish_reason or "")
 
 
 async def read_refusal(response: Response) -> tuple[ApiError, bool]:

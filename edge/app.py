@@ -7,6 +7,7 @@ What happens to a request lives in the journey's stages (:mod:`edge.stages`) and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import time
@@ -101,8 +102,20 @@ async def health(request: web.Request) -> web.Response:
             "limits_backend": state.config.limits.backend,
             "limits": "up" if limiter_up else f"down ({state.config.limits.fail_mode})",
             "regions": regions,
+            "cache": _cache_health(state),
         }
     )
+
+
+def _cache_health(state: EdgeState) -> str:
+    cache = state.cache
+    if cache is None:
+        return f"off ({state.cache_off})"
+    if cache.failure:
+        return f"bypassed ({cache.failure})"
+    if cache.semantic_off:
+        return f"exact only ({cache.semantic_off})"
+    return "up"
 
 
 async def guarded_metrics(request: web.Request) -> web.Response:
@@ -117,6 +130,12 @@ async def guarded_metrics(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[EDGE]
     state.metrics.limiter_up.set(1 if state.limiter.backend_up() else 0)
+    if state.cache is not None:
+        m_ = state.metrics
+        m_.cache_up.set(0 if state.cache.failure else 1)
+        with contextlib.suppress(Exception):  # a broken cache folder must not break /metrics
+            m_.cache_entries.set(len(state.cache.store.entries))
+            m_.cache_bytes.set(state.cache.store.entries.volume())
     now = time.monotonic()
     for upstream in state.pool.upstreams:
         replica, name, m = upstream.replica, upstream.name, state.metrics

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
 
+from cache.settings import CacheSettings
 from edge.billing import Price
 from geo.catalog import GeoConfig, RegionSpec
 from geo.rightsize import SizeAlias
@@ -129,6 +130,8 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     regions: list[RegionSpec] = field(default_factory=list)
     # Size aliases (e.g. `auto`): the small or the large model, by what the request needs.
     aliases: list[SizeAlias] = field(default_factory=list)
+    # The response cache: exact and semantic, on diskcache, at the edge.
+    cache: CacheSettings = field(default_factory=CacheSettings)
     # Per-pool in-flight limits and the tier-ordered queue in front of them.
     pools: PoolsConfig = field(default_factory=PoolsConfig)
     # Where this edge is, the GeoIP database, trusted proxies, residency policies, health and routing.

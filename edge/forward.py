@@ -11,8 +11,11 @@ raised as :class:`ApiError`; after, they end the stream as an error event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -25,7 +28,7 @@ from edge.answer import (
     read_refusal,
     with_usage,
 )
-from edge.journey import Journey, Reply
+from edge.journey import Journey, Preempting, Reply
 from edge.relay import Opened, SseRelay, StreamLimits, StreamWatchdog, open_upstream
 from edge.resume import combine_usage, may_continue, open_continuation
 from edge.usage_audit import AuditedUsage
@@ -52,17 +55,44 @@ async def forward(journey: Journey) -> Reply | None:
         # A unary answer's first byte is its whole answer: allow for the tokens it may have to generate.
         first_byte_s = up.first_byte_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
     state.metrics.overhead.observe(time.perf_counter() - journey.started)
+    order = state.pool.ordered(journey.route)
+    opening = open_upstream(
+        state.pool, order, call.path, call.body, call.headers, state.metrics, first_byte_s
+    )
     try:
-        order = state.pool.ordered(journey.route)
-        opened = await open_upstream(
-            state.pool, order, call.path, call.body, call.headers, state.metrics, first_byte_s
-        )
+        if journey.preempt is None:
+            opened = await opening
+        else:
+            raced = await _race(journey.preempt, opening)
+            if not isinstance(raced, Opened):
+                return raced  # the other stage's answer came first: the region's request is cancelled
+            opened = raced
     except ApiError as exc:
         return _failed_before_first_byte(journey, stream, exc)
     journey.opened, journey.region = opened, opened.upstream.replica.region
     opened.timing.route_s, opened.timing.queue_s = journey.route_s, journey.queue_s
     journey.cleanups.append(_release(journey, opened))
     return None
+
+
+async def _race(
+    preempt: asyncio.Task[Preempting | None], opening: Coroutine[Any, Any, Opened]
+) -> Opened | Reply:
+    """The region's answer head, unless ``preempt`` first ends with a reply (then the region's request is
+    cancelled: its connection closes and the region aborts the work)."""
+    upstream = asyncio.ensure_future(opening)
+    done, _ = await asyncio.wait({upstream, preempt}, return_when=asyncio.FIRST_COMPLETED)
+    if preempt in done and not preempt.cancelled() and preempt.exception() is None:
+        reply = preempt.result()
+        if reply is not None:
+            reply.won()
+            upstream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ApiError):
+                opened = await upstream
+                opened.response.close()  # it answered in the same instant: drop it
+                opened.upstream.replica.inflight -= 1
+            return reply
+    return await upstream
 
 
 def _release(journey: Journey, opened: Opened):
@@ -134,6 +164,7 @@ async def _read_unary(journey: Journey) -> Reply:
     except UpstreamFault as fault:
         return _failed_before_first_byte(journey, None, fault.error)
     journey.answered(answer.usage)
+    journey.answer_text, journey.finish_reason = answer.text, answer.finish_reason
     edge_s = opened.timing.forwarded_at - journey.started
     headers = {**call.client_headers, REGION: journey.region, SERVER_TIMING: opened.timing.header(edge_s)}
     state.metrics.e2e.observe(time.perf_counter() - journey.started)
@@ -250,6 +281,7 @@ async def _relay_stream(journey: Journey, stream: StreamReply) -> Reply:
             stream.failure = outcome.failure
         else:
             journey.answered(outcome.usage)
+            journey.answer_text, journey.finish_reason = "".join(outcome.text), outcome.finish_reason
         return stream
     except (ConnectionError, TimeoutError):
         # The client stopped reading (write timeout) or its socket broke: it is cut off, billed what it got.

@@ -7,6 +7,7 @@ module-level context.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -59,6 +60,12 @@ class Reply(Protocol):
     async def finish(self, audited: AuditedUsage | None) -> web.StreamResponse: ...
 
 
+class Preempting(Reply, Protocol):
+    """A reply that raced the region's answer; ``won`` records it on the journey once it wins."""
+
+    def won(self) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
 class Journey:
     request: web.Request
@@ -78,6 +85,14 @@ class Journey:
     stream: Reply | None = None  # a stream's client side, from the forward stage on
     region: str = ""
     chosen_model: str = ""  # a size alias's choice, for x-nearshore-model
+    # A stage may race the region: if this task ends first with a reply, the region's request is cancelled
+    # and that reply answers (the response cache's semantic lookup).
+    preempt: asyncio.Task[Preempting | None] | None = None
+    cache_status: str = "bypass"  # "miss" | "exact" | "semantic" | "bypass" (the ledger's cache_status)
+    cache_s: float = 0.0  # the cache lookup's time (Server-Timing cache;dur)
+    # The answer as the region gave it (its text and how it ended), for the response cache.
+    answer_text: str = ""
+    finish_reason: str = ""
     continued_from: str = ""  # the region that died mid-answer, when another finished the stream
     # The outcome, as the stages record it; until then the request counts as left by its client.
     status: Status = "aborted"

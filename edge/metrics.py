@@ -37,6 +37,24 @@ class EdgeMetrics:
             registry=r,
             buckets=_LATENCY,
         )
+        self.cache_lookups = Counter(
+            P + "cache_lookups",
+            "Response cache lookups by result (exact, semantic, miss).",
+            ["result"],
+            registry=r,
+        )
+        self.cache_rejections = Counter(
+            P + "cache_verifier_rejections", "Semantic candidates the verifier turned down.", registry=r
+        )
+        self.cache_lookup_seconds = Histogram(
+            P + "cache_lookup_seconds",
+            "Semantic lookup time (embedding included).",
+            registry=r,
+            buckets=_LATENCY,
+        )
+        self.cache_entries = Gauge(P + "cache_entries", "Entries in the response cache.", registry=r)
+        self.cache_bytes = Gauge(P + "cache_bytes", "Bytes the response cache's entries take.", registry=r)
+        self.cache_up = Gauge(P + "cache_up", "1 while the response cache works (0: bypassed).", registry=r)
         self.continued = Counter(
             P + "streams_continued",
             "Streams whose region died mid-answer, finished by another.",

@@ -15,6 +15,7 @@ from aiohttp import web
 from edge.app import EdgeState, create_app, create_metrics_app
 from edge.billing import PriceTable
 from edge.budget import BudgetBook, SharedBudgets
+from edge.cache_setup import cache_lifetime, make_cache
 from edge.config import EdgeConfig
 from edge.gate_stage import make_gates
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
@@ -127,12 +128,14 @@ def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.
         locator=make_locator(config.geo),
     )
     state.gates = make_gates(config.pools, state.pool.router.replicas)
+    state.cache, state.cache_off = make_cache(config)
     state.aliases = {a.name: a for a in config.aliases}
     if pipeline is None and not config.geo.route:
         pipeline = default_pipeline().without("route")
     app = create_app(state, pipeline)
     app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
     app.cleanup_ctx.append(_key_refresher(state.keys, KEY_REFRESH_S))
+    app.cleanup_ctx.append(cache_lifetime(state))
     if config.metrics.port:
         app.cleanup_ctx.append(_metrics_listener(state))
     return app

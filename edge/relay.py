@@ -162,6 +162,7 @@ class StreamOutcome:
     usage_event: bytes | None = None  # the usage chunk's JSON, for a client that asked for it
     content_events: int = 0
     text: list[str] = field(default_factory=list)  # the content relayed, piece by piece (to continue it)
+    finish_reason: str = ""  # as the region's last choice said
     failure: ApiError | None = None  # what the client is told at the end (the region's error, or the edge's)
     fault: bool = False  # the edge stopped the stream because the region broke a rule
     done: bool = False
@@ -179,6 +180,7 @@ class _Delta(msgspec.Struct):
 class _Choice(msgspec.Struct):
     delta: _Delta | None = None
     text: str | None = None
+    finish_reason: str | None = None
 
 
 class _Chunk(msgspec.Struct):
@@ -408,6 +410,8 @@ class SseRelay:
                 outcome.text.append(text)
         elif self._resumed and choice.delta is not None and choice.delta.role is not None:
             return False  # the client had the role from the first region
+        if choice.finish_reason:
+            outcome.finish_reason = choice.finish_reason
         return True
 
 

@@ -28,6 +28,8 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         _report_anomalies(journey, audited)
     cached = usage.prompt_tokens_details.cached_tokens
     cost = state.prices.cost(model, usage.prompt_tokens, cached, usage.completion_tokens)
+    if journey.cache_status in ("exact", "semantic"):
+        cost *= state.config.cache.price_factor  # an answer that never crossed the ocean
     # A prompt the region refused (too long, ...) still cost it work: it keeps its share of the TPM window.
     tpm_tokens = admission.prompt_estimate if journey.refused else usage.total_tokens
     if admission.decision.reservation is not None:
@@ -43,7 +45,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         prompt_tokens=usage.prompt_tokens,
         cached_tokens=cached,
         completion_tokens=usage.completion_tokens,
-        cache_status="bypass",
+        cache_status=journey.cache_status,
         cost_usd=cost,
         status=journey.status,
         http_status=journey.http_status,

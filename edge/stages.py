@@ -1,9 +1,9 @@
 """The edge's stages, in order, and the pipeline they make (DESIGN.md, "the journey of one request").
 
 authenticate -> parse (schema, size, model) -> rightsize (a size alias's model) -> admit (budget hold,
-RPM/TPM reservation; from here the request is billed) -> route (geo: the replicas in failover order) ->
-gate (a slot in the pool, by tier) -> forward (failover before the first byte) -> relay. The response
-cache comes in as a stage of its own, before route.
+RPM/TPM reservation; from here the request is billed) -> cache (an exact hit answers; a semantic lookup
+races the region) -> route (geo: the replicas in failover order) -> gate (a slot in the pool, by tier) ->
+forward (failover before the first byte) -> relay.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from edge.admission import admit, authenticate, check_request, read_body
+from edge.cache_stage import cache_stage
 from edge.forward import forward, relay
 from edge.gate_stage import gate_stage
 from edge.journey import Call, Journey, Reply
@@ -74,6 +75,7 @@ def default_pipeline() -> Pipeline:
             Stage("parse", parse_stage),
             Stage("rightsize", rightsize_stage),
             Stage("admit", admit_stage),
+            Stage("cache", cache_stage),
             Stage("route", route_stage),
             Stage("gate", gate_stage),
             Stage("forward", forward),

@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from cache.response_cache import ResponseCache
 from edge.billing import PriceTable
 from edge.budget import BudgetBook, Budgets
 from edge.config import EdgeConfig
@@ -34,6 +35,8 @@ class EdgeState:
     pool: UpstreamPool
     metrics: EdgeMetrics = field(default_factory=EdgeMetrics)
     budget: Budgets = None  # type: ignore[assignment]  # a BudgetBook unless given (shared through Redis)
+    cache: ResponseCache | None = None  # the response cache (the cache stage), None when off
+    cache_off: str = ""  # why there is no cache
     locator: Locator | None = None  # where clients are (the route stage needs it)
     aliases: dict[str, SizeAlias] = field(default_factory=dict)  # size aliases by name (the rightsize stage)
     gates: dict[str, PoolGate] = field(default_factory=dict)  # per-pool in-flight limits (the gate stage)

@@ -52,6 +52,9 @@ class PacerSettings:
         # Reported as a region reports its load; None: no report (an older region, or not a region).
         self.load = LoadReport(state=load_state) if load_state else None
         self.load_header = format_load(self.load) if self.load else ""
+        # Requests answered to the end, and those whose client left first (an edge that cancelled them).
+        self.answered = 0
+        self.abandoned = 0
 
 
 PACER = web.AppKey("pacer", PacerSettings)
@@ -75,7 +78,13 @@ async def _add_load(request: web.Request, response: web.StreamResponse) -> None:
 
 async def _health(request: web.Request) -> web.Response:
     settings = request.app[PACER]
-    payload: dict[str, object] = {"status": "ok", "model": "ready", "pacer": settings.name}
+    payload: dict[str, object] = {
+        "status": "ok",
+        "model": "ready",
+        "pacer": settings.name,
+        "answered": settings.answered,
+        "abandoned": settings.abandoned,
+    }
     if settings.load is not None:
         payload.update(model=settings.load.state, load=msgspec.to_builtins(settings.load))
     return web.json_response(payload)
@@ -87,6 +96,16 @@ async def _models(_request: web.Request) -> web.Response:
 
 async def _answer(request: web.Request) -> web.StreamResponse:
     settings = request.app[PACER]
+    try:
+        response = await _answer_paced(request, settings)
+    except asyncio.CancelledError:
+        settings.abandoned += 1  # the client (an edge) went away: as a region, stop working on it
+        raise
+    settings.answered += 1
+    return response
+
+
+async def _answer_paced(request: web.Request, settings: PacerSettings) -> web.StreamResponse:
     body = await request.json()
     if settings.fail_status:
         return web.json_response(

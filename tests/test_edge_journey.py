@@ -76,7 +76,18 @@ async def test_a_new_stage_plugs_in_without_touching_the_others(tmp_path: Path, 
         return None
 
     pipeline = default_pipeline().with_stage(Stage("noop", noop), before="forward")
-    assert pipeline.names == ["authenticate", "parse", "rightsize", "admit", "route", "gate", "noop", "forward", "relay"]
+    assert pipeline.names == [
+        "authenticate",
+        "parse",
+        "rightsize",
+        "admit",
+        "cache",
+        "route",
+        "gate",
+        "noop",
+        "forward",
+        "relay",
+    ]
     key = new_key(tmp_path)
     async for url in serve(build_edge_app(edge_config(tmp_path, pacer.url), pipeline)):
         async with aiohttp.ClientSession() as s:

@@ -26,3 +26,6 @@ CONTINUE = "x-nearshore-continue"
 MODEL = "x-nearshore-model"
 # A client's hint for a size alias: `small` or `large`.
 SIZE_HINT = "x-nearshore-size"
+# Whether the edge's response cache answered: HIT (exact), SEMANTIC or MISS; and the similarity of a hit.
+CACHE = "x-nearshore-cache"
+CACHE_SIMILARITY = "x-nearshore-cache-similarity"

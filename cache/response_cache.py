@@ -1,0 +1,133 @@
+"""The response cache: exact, then semantic lookup inside a partition, and the store of complete answers.
+
+``exact`` costs a SQLite read (microseconds) and runs first, on the event loop. ``semantic`` embeds the
+question off the loop, takes the nearest entries of its partition above the similarity threshold and returns
+the first one the verifier (:mod:`cache.verify`) accepts. The threshold comes from the operator's target
+false-hit rate through the calibration curve measured on the shipped labelled set (``cache-eval``), not
+from a raw cosine. Nothing raised in here reaches a request: a broken cache is a miss, a warning and a
+metric, and ``healthy`` turns false for ``/health``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from cache.embedder_pool import EmbedderPool
+from cache.keys import CacheKey
+from cache.store import CacheStore, Entry
+from cache.verify import verify
+
+log = logging.getLogger("nearshore.cache")
+HitKind = Literal["exact", "semantic"]
+
+# (threshold, false-hit rate on the hard negatives), as `nearshore cache-eval --calibrate` measures it on the
+# shipped set with the verifier on: the lowest threshold whose false-hit rate is within the target is used.
+CALIBRATION: Sequence[tuple[float, float]] = (
+    (0.70, 0.048),
+    (0.75, 0.036),
+    (0.80, 0.024),
+    (0.85, 0.012),
+    (0.90, 0.006),
+    (0.95, 0.0),
+)
+CANDIDATES = 5  # nearest entries checked by the verifier, best first
+
+
+def threshold_for(target_false_hit_rate: float, curve: Sequence[tuple[float, float]] = CALIBRATION) -> float:
+    for threshold, false_hits in sorted(curve):
+        if false_hits <= target_false_hit_rate:
+            return threshold
+    return max(t for t, _ in curve)
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    entry: Entry
+    kind: HitKind
+    similarity: float  # 1.0 for an exact hit
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """A semantic lookup's result; ``vector`` is kept to store the answer without embedding it again."""
+
+    hit: Hit | None
+    vector: np.ndarray | None
+    rejected: int = 0  # candidates above the threshold that the verifier turned down
+
+
+class ResponseCache:
+    def __init__(
+        self, folder: Path, embedder: EmbedderPool, dim: int, size_limit_bytes: int, threshold: float
+    ) -> None:
+        self.embedder = embedder
+        self.threshold = threshold
+        self.store = CacheStore(folder, dim, size_limit_bytes)
+        self.failure = ""  # why the cache is bypassed, for /health
+        self.semantic_off = ""  # why only exact hits are served (no embedding model), for /health
+
+    @property
+    def healthy(self) -> bool:
+        return not self.failure
+
+    def exact(self, key: CacheKey) -> Hit | None:
+        try:
+            entry = self.store.get(key.exact)
+        except Exception as exc:  # a disk problem: serve without the cache
+            self._broke("exact lookup", exc)
+            return None
+        self.failure = ""  # it works (again)
+        return Hit(entry, "exact", 1.0) if entry is not None else None
+
+    async def semantic(self, key: CacheKey) -> Lookup:
+        if self.semantic_off:
+            return Lookup(None, None)
+        try:
+            vector = (await self.embedder.embed([key.query]))[0]
+        except Exception as exc:
+            self._broke("embedding", exc)
+            return Lookup(None, None)
+        try:
+            candidates = await asyncio.to_thread(
+                self.store.nearest, key.partition, vector, CANDIDATES, self.threshold
+            )
+            rejected = 0
+            for similarity, exact in candidates:
+                entry = self.store.get(exact)
+                if entry is None or entry.partition != key.partition:
+                    continue
+                if verify(key.query, entry.query).ok:
+                    return Lookup(Hit(entry, "semantic", similarity), vector, rejected)
+                rejected += 1
+            return Lookup(None, vector, rejected)
+        except Exception as exc:
+            self._broke("semantic lookup", exc)
+            return Lookup(None, vector)
+
+    async def save(self, key: CacheKey, entry: Entry, vector: np.ndarray | None) -> bool:
+        """Store a complete answer (embedding its question if the lookup did not); False if not stored."""
+        try:
+            if vector is None and not self.semantic_off:
+                vector = (await self.embedder.embed([key.query]))[0]
+            return await asyncio.to_thread(self.store.put, key.exact, entry, vector)
+        except Exception as exc:
+            self._broke("store", exc)
+            return False
+
+    def _broke(self, what: str, exc: BaseException) -> None:
+        reason = f"{what} failed: {type(exc).__name__}: {exc}"[:300]
+        if reason != self.failure:
+            log.warning("cache bypassed: %s", reason)
+        self.failure = reason
+        self.failed_at = time.monotonic()
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,32 @@
+"""The response cache's settings: the ``[cache]`` section of an edge's config."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from msgspec import Meta, Struct, field
+
+
+class CacheSettings(Struct, forbid_unknown_fields=True, kw_only=True):
+    enabled: bool = True
+    # The cache folder (several edge processes on one machine may share it); empty: beside the ledger.
+    folder: str = ""
+    size_limit_mb: Annotated[int, Meta(ge=1)] = 1024
+    ttl_s: Annotated[float, Meta(gt=0)] = 24 * 3600.0
+    # The semantic level (an embedding of the last user turn, searched in the request's partition).
+    semantic: bool = True
+    # What the operator accepts: the share of semantic hits that may answer a different question. The
+    # similarity threshold follows from it through the calibration curve (`nearshore cache-eval`).
+    target_false_hit_rate: Annotated[float, Meta(ge=0, le=1)] = 0.01
+    # Only temperature-0 requests are cached, except for these tenants' keys.
+    any_temperature_tenants: list[str] = field(default_factory=list)
+    # Tenants whose keys share one scope (otherwise each tenant's entries are its own).
+    shared_tenants: list[str] = field(default_factory=list)
+    # Store answers cut at max_tokens (finish_reason "length") too.
+    store_truncated: bool = False
+    # A cached answer costs this share of the model's price (input and output).
+    price_factor: Annotated[float, Meta(ge=0, le=1)] = 0.1
+    # Where questions are embedded: on this edge (default) or by a region's /v1/embeddings.
+    embed: Literal["local", "region"] = "local"
+    # A sentence-transformers folder replacing the embedded all-MiniLM-L6-v2.
+    embedder_path: str = ""

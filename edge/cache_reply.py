@@ -1,0 +1,133 @@
+"""A cached answer, sent as the region would have sent it: the same JSON for a unary request, the same SSE
+framing for a stream (a role event, the text in word-sized chunks, the finish, the usage if asked,
+``[DONE]``), so the official ``openai`` client parses a hit exactly like a miss."""
+
+from __future__ import annotations
+
+import re
+import time
+
+from aiohttp import web
+
+from cache.response_cache import Hit
+from edge.journey import Journey
+from edge.usage_audit import AuditedUsage
+from nearshore.protocol import sse
+from nearshore.protocol.headers import CACHE, CACHE_SIMILARITY, SERVER_TIMING
+from nearshore.protocol.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    Completion,
+    CompletionChoice,
+    Usage,
+    json_encoder,
+)
+
+_PIECE = re.compile(r"\s*\S+|\s+$")  # a word with the spaces before it: about a token or two
+_CHUNKS_PER_WRITE = 16
+
+
+def pieces(text: str) -> list[str]:
+    return _PIECE.findall(text) or [text]
+
+
+class CachedReply:
+    """The reply a hit answers with; :meth:`taken` records it on the journey once it wins."""
+
+    def __init__(self, journey: Journey, hit: Hit) -> None:
+        self.journey = journey
+        self.hit = hit
+
+    def taken(self, lookup_s: float) -> None:
+        journey, entry = self.journey, self.hit.entry
+        admission = journey.admission
+        assert admission is not None
+        usage = Usage.of(admission.prompt_estimate, entry.completion_tokens)
+        journey.answered(json_encoder.encode(usage))
+        journey.cache_status = self.hit.kind
+        journey.cache_s = lookup_s
+        journey.relayed_events = entry.completion_tokens if journey.body and journey.body.stream else None
+
+    def _headers(self, audited: AuditedUsage | None) -> dict[str, str]:
+        journey = self.journey
+        assert journey.call is not None
+        headers = dict(journey.call.client_headers)
+        headers[CACHE] = "HIT" if self.hit.kind == "exact" else "SEMANTIC"
+        headers[CACHE_SIMILARITY] = f"{self.hit.similarity:.4f}"
+        edge_ms = (time.perf_counter() - journey.started) * 1000
+        headers[SERVER_TIMING] = f"edge;dur={edge_ms:.2f}, cache;dur={journey.cache_s * 1000:.2f}"
+        return headers
+
+    def _usage(self, audited: AuditedUsage | None) -> Usage:
+        if audited is not None:
+            return audited.usage
+        admission = self.journey.admission
+        assert admission is not None
+        return Usage.of(admission.prompt_estimate, self.hit.entry.completion_tokens)
+
+    async def finish(self, audited: AuditedUsage | None) -> web.StreamResponse:
+        journey, entry = self.journey, self.hit.entry
+        body = journey.body
+        assert body is not None
+        rid, created = journey.request_id, int(time.time())
+        usage = self._usage(audited)
+        finish = entry.finish_reason if entry.finish_reason in ("stop", "length") else "stop"
+        if not body.stream:
+            if journey.kind == "chat":
+                answer = ChatCompletion(
+                    f"chatcmpl-{rid}", created, body.model,
+                    [ChatChoice(0, AssistantMessage(entry.text), finish)], usage,
+                )  # fmt: skip
+            else:
+                answer = Completion(
+                    f"cmpl-{rid}", created, body.model, [CompletionChoice(0, entry.text, finish)], usage
+                )
+            return web.Response(
+                body=json_encoder.encode(answer),
+                content_type="application/json",
+                headers=self._headers(audited),
+            )
+        events = self._events(rid, created, body.model, finish, usage, body.wants_usage_chunk())
+        stream = journey.stream
+        client: web.StreamResponse = getattr(stream, "client", None) or web.StreamResponse(
+            headers=sse.HEADERS
+        )
+        if not client.prepared:
+            client.headers.update(self._headers(audited))
+            await client.prepare(journey.request)
+        for i in range(0, len(events), _CHUNKS_PER_WRITE):
+            await client.write(b"".join(events[i : i + _CHUNKS_PER_WRITE]))
+        await client.write(sse.DONE)
+        await client.write_eof()
+        return client
+
+    def _events(
+        self, rid: str, created: int, model: str, finish: str, usage: Usage, with_usage: bool
+    ) -> list[bytes]:
+        text = self.hit.entry.text
+        if self.journey.kind == "chat":
+            cid = f"chatcmpl-{rid}"
+
+            def chunk(delta: ChatDelta, reason: str | None = None) -> bytes:
+                return sse.event(
+                    ChatCompletionChunk(cid, created, model, [ChatChunkChoice(0, delta, reason)])
+                )
+
+            events = [chunk(ChatDelta(role="assistant", content=""))]
+            events += [chunk(ChatDelta(content=p)) for p in pieces(text)]
+            events.append(chunk(ChatDelta(), finish))
+            if with_usage:
+                events.append(sse.event(ChatCompletionChunk(cid, created, model, [], usage=usage)))
+            return events
+        cid = f"cmpl-{rid}"
+        events = [
+            sse.event(Completion(cid, created, model, [CompletionChoice(0, p, None)])) for p in pieces(text)
+        ]
+        events.append(sse.event(Completion(cid, created, model, [CompletionChoice(0, "", finish)])))
+        if with_usage:
+            events.append(sse.event(Completion(cid, created, model, [], usage=usage)))
+        return events

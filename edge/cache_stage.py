@@ -1,0 +1,170 @@
+"""The cache stage (after admission, before routing): answer repeated questions at the edge.
+
+An exact hit (a SQLite read) answers at once. Otherwise the request goes on to its region while the
+semantic lookup (embedding off the event loop, then the verifier) races the region's first byte: a hit that
+comes first answers and the region's request is cancelled (never billed as served, its slot freed); a miss
+costs the request nothing. A complete, successful answer is stored afterwards, off the request's path.
+
+Policy: only temperature-0 requests are cached (``cache.any_temperature_tenants`` widen it);
+``Cache-Control: no-cache`` skips the lookup, ``no-store`` the write, ``max-age=N`` accepts only entries
+younger than N seconds and keeps a new one at most N seconds. Errors, filtered and cut-short answers are
+never stored; answers cut at max_tokens only with ``cache.store_truncated``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import msgspec
+
+from cache.keys import CacheKey, cache_key
+from cache.response_cache import Hit, Lookup, ResponseCache
+from cache.store import Entry
+from edge.cache_reply import CachedReply
+from edge.journey import Journey, Reply
+from nearshore.protocol.headers import CACHE
+
+SHARED_SCOPE = "shared"
+
+
+@dataclass(frozen=True, slots=True)
+class Directives:
+    read: bool = True
+    write: bool = True
+    max_age_s: float | None = None
+
+
+def cache_control(header: str) -> Directives:
+    """The request's ``Cache-Control`` as the cache obeys it (unknown directives are ignored)."""
+    read = write = True
+    max_age: float | None = None
+    for part in header.lower().split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "no-cache":
+            read = False
+        elif name == "no-store":
+            write = False
+        elif name == "max-age":
+            try:
+                max_age = max(0.0, float(value.strip().strip('"')))
+            except ValueError:
+                continue
+    return Directives(read, write, max_age)
+
+
+def _key(journey: Journey) -> CacheKey | None:
+    state, body, key = journey.state, journey.body, journey.key
+    assert body is not None and key is not None
+    settings = state.config.cache
+    if body.temperature != 0 and key.tenant not in settings.any_temperature_tenants:
+        return None
+    scope = SHARED_SCOPE if key.tenant in settings.shared_tenants else f"tenant:{key.tenant}"
+    return cache_key(body, scope)
+
+
+async def cache_stage(journey: Journey) -> Reply | None:
+    cache = journey.state.cache
+    if cache is None:
+        return None
+    directives = cache_control(journey.request.headers.get("Cache-Control", ""))
+    key = _key(journey) if directives.read or directives.write else None
+    if key is None:
+        return None
+    assert journey.call is not None
+    journey.cache_status = "miss"
+    journey.call.client_headers[CACHE] = "MISS"
+    metrics = journey.state.metrics
+    lookup: asyncio.Task[Lookup] | None = None
+    if directives.read:
+        started = time.perf_counter()
+        hit = cache.exact(key)
+        if hit is not None and _fresh(hit.entry, directives):
+            reply = CachedReply(journey, hit)
+            reply.taken(time.perf_counter() - started)
+            metrics.cache_lookups.labels("exact").inc()
+            return reply
+        if journey.state.config.cache.semantic:
+            lookup = asyncio.create_task(cache.semantic(key))
+            journey.preempt = asyncio.create_task(_semantic(journey, lookup, directives, started))
+    if directives.write:
+        journey.cleanups.append(_store_later(journey, cache, key, lookup, directives))
+    return None
+
+
+def _fresh(entry: Entry, directives: Directives) -> bool:
+    return directives.max_age_s is None or time.time() - entry.created_s <= directives.max_age_s
+
+
+async def _semantic(
+    journey: Journey, lookup: asyncio.Task[Lookup], directives: Directives, started: float
+) -> Reply | None:
+    result = await lookup
+    metrics = journey.state.metrics
+    metrics.cache_lookup_seconds.observe(time.perf_counter() - started)
+    if result.rejected:
+        metrics.cache_rejections.inc(result.rejected)
+    if result.hit is None or not _fresh(result.hit.entry, directives):
+        metrics.cache_lookups.labels("miss").inc()
+        return None
+    metrics.cache_lookups.labels("semantic").inc()
+    return _Preempting(journey, result.hit, time.perf_counter() - started)
+
+
+class _Preempting(CachedReply):
+    """A semantic hit: recorded on the journey only if it wins the race (forward calls ``won``)."""
+
+    def __init__(self, journey: Journey, hit: Hit, lookup_s: float) -> None:
+        super().__init__(journey, hit)
+        self.lookup_s = lookup_s
+
+    def won(self) -> None:
+        self.taken(self.lookup_s)
+
+
+def _store_later(
+    journey: Journey, cache: ResponseCache, key: CacheKey, lookup: asyncio.Task[Lookup] | None, d: Directives
+):
+    async def store() -> None:
+        settings = journey.state.config.cache
+        ok = journey.status == "ok" and journey.cache_status == "miss" and journey.answer_text
+        allowed = ("stop", "length") if settings.store_truncated else ("stop",)
+        if not ok or journey.finish_reason not in allowed or journey.body is None:
+            if lookup is not None and not lookup.done():
+                lookup.cancel()
+            return
+        ttl = settings.ttl_s if d.max_age_s is None else min(settings.ttl_s, d.max_age_s)
+        now = time.time()
+        entry = Entry(
+            partition=key.partition,
+            query=key.query,
+            kind=journey.kind,
+            text=journey.answer_text,
+            finish_reason=journey.finish_reason,
+            completion_tokens=journey.relayed_events or _completion_tokens(journey),
+            model=journey.body.model,
+            created_s=now,
+            expires_s=now + ttl,
+        )
+
+        async def save() -> None:
+            vector = None
+            if lookup is not None:
+                result = await lookup
+                vector = result.vector
+            await cache.save(key, entry, vector)
+
+        journey.state.in_background(save())
+
+    return store
+
+
+def _completion_tokens(journey: Journey) -> int:
+    """The region's completion count from its usage JSON (0 when it sent none)."""
+    if not journey.usage:
+        return 0
+    try:
+        return int(msgspec.json.decode(journey.usage).get("completion_tokens", 0))
+    except (msgspec.DecodeError, AttributeError, TypeError, ValueError):
+        return 0
