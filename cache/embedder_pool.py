@@ -75,6 +75,10 @@ class EmbedderPool:
         self.num_waiting = 0  # calls submitted and not yet finished
 
     @property
+    def loaded(self) -> Embedder | None:
+        return self._embedder
+
+    @property
     def state(self) -> PoolState:
         if self.failure is not None:
             return "failed"
@@ -147,10 +151,11 @@ class EmbedderPool:
             self.load_s = time.perf_counter() - started
             self._embedder = embedder
             log.info(
-                "embedder %s loaded from %s in %.2fs (%d dims, up to %d tokens a text)",
+                "embedder %s loaded from %s in %.2fs (%s, %d dims, up to %d tokens a text)",
                 embedder.name,
                 self.source,
                 self.load_s,
+                embedder.backend,
                 embedder.dim,
                 embedder.max_tokens,
             )

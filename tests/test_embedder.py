@@ -27,10 +27,16 @@ from cache.embedder_pool import EmbedderBusy, EmbedderPool
 REFERENCE = Path(__file__).parent / "data" / "minilm_reference.npz"
 
 
-@pytest.fixture(scope="module")
-def embedder() -> MiniLMEmbedder:
+BACKENDS = ["numpy", "onnxruntime"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def embedder(request: pytest.FixtureRequest) -> MiniLMEmbedder:
+    """Each test that takes it runs once per backend: numpy, and ONNX Runtime on the graph built here."""
     limit_blas_threads(1)  # as the pools do: 2 BLAS threads on 2 busy cores spin against each other
-    return load_embedder()
+    loaded = load_embedder(backend=request.param)
+    assert loaded.backend == request.param
+    return loaded
 
 
 @pytest.fixture(scope="module")
@@ -106,16 +112,32 @@ def test_a_model_folder_that_does_not_load_names_its_path(tmp_path: Path):
         folder = tmp_path / broken
         shutil.copytree(source, folder)
         (folder / broken).write_bytes(content)
-        with pytest.raises(EmbedderLoadError, match=str(folder)):
-            load_embedder(str(folder))
+        for backend in BACKENDS:
+            with pytest.raises(EmbedderLoadError, match=str(folder)):
+                load_embedder(str(folder), backend=backend)
 
 
 def test_another_folder_with_the_same_layout_loads(tmp_path: Path, embedder: MiniLMEmbedder):
     folder = tmp_path / "copy"
     shutil.copytree(embedded_model_dir(), folder)
-    other = load_embedder(str(folder), name="my-minilm")
+    other = load_embedder(str(folder), name="my-minilm", backend=embedder.backend)
     assert other.name == "my-minilm"
     np.testing.assert_array_equal(other.embed(["same"]), embedder.embed(["same"]))
+
+
+def test_the_backends_agree(reference):
+    """ONNX Runtime runs the very graph numpy does: the same vectors to float32 rounding."""
+    sentences, _ = reference
+    limit_blas_threads(1)
+    numpy_vectors = load_embedder(backend="numpy").embed(sentences)
+    ort_vectors = load_embedder(backend="onnxruntime").embed(sentences)
+    np.testing.assert_allclose(ort_vectors, numpy_vectors, atol=2e-6)
+    assert load_embedder().backend == "onnxruntime"  # "auto" takes it when installed
+
+
+def test_an_unknown_backend_is_a_load_error():
+    with pytest.raises(EmbedderLoadError, match="backend"):
+        load_embedder(backend="tpu")  # type: ignore[arg-type]
 
 
 # --- the pool ------------------------------------------------------------------------------------------

@@ -94,6 +94,7 @@ async def test_models_and_health_name_the_embedder(embed_region: Node):
     assert {MODEL, EMBEDDER} <= ids
     assert health["embeddings"]["model"] == EMBEDDER
     assert health["embeddings"]["state"] == "ready" and health["embeddings"]["load_s"] > 0
+    assert health["embeddings"]["backend"] == "onnxruntime"  # "auto", with onnxruntime installed
 
 
 @pytest.mark.parametrize(
