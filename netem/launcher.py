@@ -96,7 +96,17 @@ class Launcher:
         self.topology = topology
         self.run_dir = run_dir
         self.progress = progress
-        self.engine = {"max_sequences": 8, "kv_cache_tokens": 8192, "context_window": 2048, **(engine or {})}
+        # The regions share this machine's cores: each gets its share, so that two regions decoding at once
+        # do not oversubscribe them (llama.cpp's threads meet at a barrier every step: one thread the OS
+        # gave to another region stalls its whole step).
+        threads = max(1, (os.cpu_count() or 1) // len(topology.regions))
+        self.engine = {
+            "max_sequences": 8,
+            "kv_cache_tokens": 8192,
+            "context_window": 2048,
+            "n_threads": threads,
+            **(engine or {}),
+        }
         self.seed = seed
         self.health_interval_s = health_interval_s
         self.processes: list[ManagedProcess] = []

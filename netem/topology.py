@@ -90,6 +90,11 @@ def load_topology(name_or_path: str = "lagos") -> Topology:
     return topology
 
 
+def nearest_region(topology: Topology) -> RegionSpec:
+    """The region whose link has the shortest round trip: where the edge's router sends the user at rest."""
+    return min(topology.regions, key=lambda r: load_profile(r.link).rtt_ms)
+
+
 def describe(topology: Topology) -> str:
     regions = ", ".join(f"{r.name} ({r.link})" for r in topology.regions)
     return (

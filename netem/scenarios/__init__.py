@@ -7,9 +7,10 @@ Adding one is cheap: a module with a class that has ``name``, ``description`` an
 from __future__ import annotations
 
 from netem.scenarios.base import Scenario, ScenarioContext, ScenarioResult
+from netem.scenarios.degraded_link import DegradedLink
 from netem.scenarios.lagos_ttft import LagosTtft
 from netem.scenarios.region_outage import RegionOutage
 
-SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (LagosTtft, RegionOutage)}
+SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (LagosTtft, RegionOutage, DegradedLink)}
 
 __all__ = ["SCENARIOS", "Scenario", "ScenarioContext", "ScenarioResult"]

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from nearshore.config import ConfigError
 from netem.launcher import Launcher, RunningTopology
 from netem.topology import Topology
 
@@ -18,6 +19,10 @@ class ScenarioContext:
     launcher: Launcher
     out_dir: Path
     repeats: int = 10
+    # For scenarios that run in phases: how long each lasts (None: the scenario's own), and which to run
+    # (empty: all).
+    phase_s: float | None = None
+    phases: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -49,5 +54,15 @@ class ScenarioResult:
 class Scenario(Protocol):
     name: ClassVar[str]
     description: ClassVar[str]
+    health_interval_s: ClassVar[float]  # how often the edge the launcher starts probes its regions
+    phase_names: ClassVar[tuple[str, ...]]  # what ``--phases`` may choose from (empty: no phases)
 
     def run(self, ctx: ScenarioContext) -> ScenarioResult: ...
+
+
+def check_phases(scenario: Scenario, names: list[str]) -> None:
+    """Refuse ``--phases`` the scenario does not have (before anything starts), naming the flag."""
+    unknown = [n for n in names if n not in scenario.phase_names]
+    if unknown:
+        known = ", ".join(scenario.phase_names) or f"none: {scenario.name} has no phases"
+        raise ConfigError(f"--phases: unknown phase {', '.join(unknown)} (known: {known})")

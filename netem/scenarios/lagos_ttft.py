@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from nearshore import tls
 from netem.geo_floor import floor_rtt_ms
+from netem.launcher import HEALTH_INTERVAL_S
 from netem.profiles import load_profile
 from netem.scenarios.base import ScenarioContext, ScenarioResult
 from netem.scenarios.probe import Phases, probe
@@ -31,6 +32,8 @@ def link_rtt_ms(profile_name: str) -> float:
 class LagosTtft:
     name: ClassVar[str] = "lagos-ttft"
     description: ClassVar[str] = "time to first token for a Lagos user: direct, through the edge, the floor"
+    health_interval_s: ClassVar[float] = HEALTH_INTERVAL_S  # nothing moves: probes only keep pools warm
+    phase_names: ClassVar[tuple[str, ...]] = ()
 
     def run(self, ctx: ScenarioContext) -> ScenarioResult:
         return asyncio.run(self._run(ctx))

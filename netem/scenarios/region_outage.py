@@ -1,192 +1,238 @@
-"""``region-outage``: London dies under load. How long until users are served from elsewhere, and did any
-request that had not started streaming fail?
+"""``region-outage``: the region serving Lagos dies under load, then comes back. How long until the edge
+takes it out and users are served from elsewhere, did any request fail, and how long until it is back?
 
-Clients in Lagos keep streaming through the edge; partway through, the London node is killed (SIGKILL,
-no goodbye). Requests already streaming from London may end with an error event (the edge never switches
-region after the first byte); every request that had not started must be served by the next region.
+Clients in Lagos stream steadily through the edge (``traffic.SteadyLoad``). Once the edge's round trips
+have settled, the region serving them (London: the nearest) is killed (SIGKILL, no goodbye). Every request
+that had not started streaming must be served by another region (target: 0 failed before the first byte);
+a stream already under way when its region died is either continued by another region or cut (target 0).
+Then the region's node is started again, and the edge must let it back in and send traffic to it again.
+
+Timings come from the edge's operator ``/health`` (each region's status as the router sees it, sampled
+every 100 ms: ``up``, ``down (...)`` after failed probes, ``ejected ...`` after failed requests) and from
+the requests themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import signal
-import statistics
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
-import aiohttp
-
-from nearshore import tls
-from netem.bench.client import Stream, stream_once
 from netem.scenarios.base import ScenarioContext, ScenarioResult
+from netem.scenarios.charts import traffic_chart
+from netem.scenarios.traffic import (
+    CUT_MID_STREAM,
+    FAILED_BEFORE_FIRST_BYTE,
+    OK,
+    Attempt,
+    HealthWatch,
+    SteadyLoad,
+    in_window,
+    moved_after_s,
+    ms,
+    one_request,
+    per_region,
+    percentile_ms,
+    seconds,
+    until,
+)
+from netem.topology import nearest_region
 
-CLIENTS = 4
-BEFORE_S = 6.0
-AFTER_S = 10.0
+__all__ = ["Attempt", "RegionOutage"]
 
-
-@dataclass
-class Attempt:
-    started: float
-    region: str = ""
-    ttft_s: float = 0.0
-    outcome: str = "pending"  # ok | failed-before-first-byte | failed-mid-stream
+RATE_PER_S = 2.0
+MAX_TOKENS = 24  # about a second of streaming each: a few streams are under way at the kill
+PHASE_S = 8.0  # traffic before the kill, and after each step has settled (``--phase-s``)
+WARMUP_PROBES = 3  # a few probes and requests before anything is measured
+MAX_WAIT_S = 40.0  # for the edge to take the region out, or to let it back in
 
 
 class RegionOutage:
     name: ClassVar[str] = "region-outage"
-    description: ClassVar[str] = "kill the first region under load; failover time and failed requests"
+    description: ClassVar[str] = (
+        "kill the serving region under load, then restart it: ejection, failover, cut streams, recovery"
+    )
+    health_interval_s: ClassVar[float] = 1.0
+    phase_names: ClassVar[tuple[str, ...]] = ()
+
+    # One request and its verdict (tests call it on scripted servers).
+    _one = staticmethod(one_request)
 
     def run(self, ctx: ScenarioContext) -> ScenarioResult:
         return asyncio.run(self._run(ctx))
 
     async def _run(self, ctx: ScenarioContext) -> ScenarioResult:
-        running = ctx.running
-        victim = ctx.topology.regions[0].name
-        attempts: list[Attempt] = []
-        stop_at = time.perf_counter() + BEFORE_S + AFTER_S
-        connector = aiohttp.TCPConnector(ssl=tls.client_context(ca=Path(running.edge_ca)), limit=0)
-        payload = {
-            "model": "gemma-3-270m",
-            "messages": [{"role": "user", "content": "Tell me about Lagos."}],
-            "max_tokens": 24,
-            "temperature": 0,
-            "stream": True,
-        }
-        body = json.dumps(payload).encode()
-        headers = {"Authorization": f"Bearer {running.api_key}", "Content-Type": "application/json"}
-        async with aiohttp.ClientSession(connector=connector) as session:
+        phase_s = ctx.phase_s or PHASE_S
+        load = SteadyLoad(ctx.running, rate_per_s=RATE_PER_S, max_tokens=MAX_TOKENS)
+        watch = HealthWatch(ctx.running.metrics_url)
+        stop = asyncio.Event()
+        marks: dict[str, float] = {}
+        victim = nearest_region(ctx.topology).name
 
-            async def client() -> None:
-                while time.perf_counter() < stop_at:
-                    attempt = Attempt(time.perf_counter())
-                    attempts.append(attempt)
-                    await self._one(session, running.edge_url, body, headers, attempt)
+        async def drive() -> None:
+            nonlocal victim
+            try:
+                # Warm up, and start from where traffic belongs at rest: the nearest region.
+                begun = time.perf_counter()
+                await asyncio.sleep(WARMUP_PROBES * self.health_interval_s)
+                await until(lambda: load.settled(begun, lambda r: r == victim), MAX_WAIT_S)
+                marks["start"] = time.perf_counter()
+                await asyncio.sleep(phase_s)
+                victim = _serving(load.attempts) or victim  # the one serving Lagos now
+                ctx.launcher.kill_region(victim)
+                marks["kill"] = time.perf_counter()
+                await until(lambda: _status(watch, victim) not in ("up", "loading"), MAX_WAIT_S)
+                await until(lambda: load.settled(marks["kill"], lambda r: r != victim), MAX_WAIT_S)
+                await asyncio.sleep(phase_s)
+                marks["restart"] = time.perf_counter()
+                ctx.launcher.restart_region(victim)
+                await asyncio.to_thread(ctx.launcher.wait_region, victim)
+                marks["ready"] = time.perf_counter()
+                await until(lambda: _status(watch, victim) == "up", MAX_WAIT_S)
+                await until(lambda: load.settled(marks["restart"], lambda r: r == victim), MAX_WAIT_S)
+                await asyncio.sleep(phase_s)
+                marks["end"] = time.perf_counter()
+            finally:
+                marks.setdefault("end", time.perf_counter())
+                stop.set()
 
-            killed_at = 0.0
-
-            async def killer() -> None:
-                nonlocal killed_at
-                await asyncio.sleep(BEFORE_S)
-                process = ctx.launcher.by_name[f"region-{victim}"]
-                assert process.proc is not None
-                process.proc.send_signal(signal.SIGKILL)
-                killed_at = time.perf_counter()
-
-            await asyncio.gather(killer(), *(client() for _ in range(CLIENTS)))
-        return self._result(ctx, victim, attempts, killed_at)
-
-    @staticmethod
-    async def _one(
-        session: aiohttp.ClientSession, url: str, body: bytes, headers: dict, attempt: Attempt
-    ) -> None:
-        url += "/v1/chat/completions"
-        answer = await stream_once(session, url, body, headers, Stream(), started=attempt.started)
-        attempt.region, attempt.ttft_s = answer.region, answer.ttft_s
-        if not answer.tokens:
-            attempt.outcome = "failed-before-first-byte"
-        else:
-            attempt.outcome = "failed-mid-stream" if answer.error else "ok"
+        await asyncio.gather(drive(), load.run(stop), watch.run(stop))
+        return self._result(ctx, victim, load.attempts, watch, marks)
 
     def _result(
-        self, ctx: ScenarioContext, victim: str, attempts: list[Attempt], killed_at: float
+        self,
+        ctx: ScenarioContext,
+        victim: str,
+        attempts: list[Attempt],
+        watch: HealthWatch,
+        marks: dict[str, float],
     ) -> ScenarioResult:
-        before = [a for a in attempts if a.started < killed_at]
-        after = [a for a in attempts if a.started >= killed_at]
-        in_flight = [a for a in before if a.outcome != "ok" or a.started + a.ttft_s >= killed_at]
-        recovered = sorted(a.started + a.ttft_s for a in after if a.outcome == "ok")
-        failover_s = (recovered[0] - killed_at) if recovered else float("nan")
-
-        def count(group: list[Attempt], outcome: str) -> int:
-            return sum(1 for a in group if a.outcome == outcome)
-
-        def ttft(group: list[Attempt]) -> str:
-            values = [a.ttft_s * 1000 for a in group if a.outcome == "ok"]
-            return f"{statistics.median(values):.0f}" if values else "-"
-
-        regions = lambda group: ", ".join(sorted({a.region for a in group if a.region}))  # noqa: E731
-        rows = [
-            [
-                "before the kill",
-                len(before),
-                count(before, "ok"),
-                count(before, "failed-before-first-byte"),
-                count(before, "failed-mid-stream"),
-                ttft(before),
-                regions(before),
-            ],
-            [
-                "after the kill",
-                len(after),
-                count(after, "ok"),
-                count(after, "failed-before-first-byte"),
-                count(after, "failed-mid-stream"),
-                ttft(after),
-                regions(after),
-            ],
+        start, kill, restart, end = marks["start"], marks["kill"], marks["restart"], marks["end"]
+        attempts = [a for a in attempts if a.started >= start]
+        ejected_at = watch.first(kill, victim, lambda s: s not in ("up", "loading"))
+        back_at = watch.first(marks["ready"], victim, lambda s: s == "up")
+        not_victim = lambda region: region != victim  # noqa: E731
+        moved = moved_after_s(in_window(attempts, kill, restart), kill, not_victim)
+        returned = moved_after_s(in_window(attempts, restart, end), restart, lambda r: r == victim)
+        # Streams under way at the kill: sent before it, first token before it, not ended before it.
+        in_flight = [
+            a
+            for a in attempts
+            if a.started < kill and a.served and a.started + a.ttft_s < kill and a.ended > kill
         ]
-        not_started_failed = count(attempts, "failed-before-first-byte")
+        failovers = sorted(a.started + a.ttft_s for a in in_window(attempts, kill, restart) if a.served)
+        first_answer_ms = (failovers[0] - kill) * 1000 if failovers else float("nan")
+        phases = [
+            ("before the kill", start, kill),
+            ("after the kill", kill, restart),
+            ("after the restart", restart, end),
+        ]
+        rows, phase_data = [], []
+        for label, a, b in phases:
+            group = in_window(attempts, a, b)
+            ttfts = [x.ttft_s for x in group if x.served]
+            figures = {
+                "phase": label,
+                "requests": len(group),
+                "ok": sum(x.outcome == OK for x in group),
+                "failed_before_first_byte": sum(x.outcome == FAILED_BEFORE_FIRST_BYTE for x in group),
+                "cut_mid_stream": sum(x.outcome == CUT_MID_STREAM for x in group),
+                "ttft_p50_ms": percentile_ms(ttfts, 50),
+                "ttft_p95_ms": percentile_ms(ttfts, 95),
+                "per_region": per_region(group),
+            }
+            phase_data.append(figures)
+            rows.append(
+                [
+                    label,
+                    str(figures["requests"]),
+                    str(figures["ok"]),
+                    str(figures["failed_before_first_byte"]),
+                    str(figures["cut_mid_stream"]),
+                    ms(figures["ttft_p50_ms"]),
+                    ms(figures["ttft_p95_ms"]),
+                    ", ".join(f"{r} {n}" for r, n in figures["per_region"].items()) or "-",
+                ]
+            )
+        failed = sum(p["failed_before_first_byte"] for p in phase_data)
+        cut = [a for a in in_flight if a.outcome == CUT_MID_STREAM]
+        data = {
+            "victim": victim,
+            "ejected_after_s": _since(ejected_at, kill),
+            "status_at_ejection": _status_at(watch, victim, ejected_at),
+            "moved_after_s": moved,
+            "first_answer_elsewhere_ms": first_answer_ms,
+            "failed_before_first_byte": failed,
+            "in_flight_at_kill": len(in_flight),
+            "cut_mid_stream": len(cut),
+            "continued": len(in_flight) - len(cut),
+            "restart_ready_after_s": marks["ready"] - restart,
+            "routable_again_after_s": _since(back_at, restart),
+            "traffic_back_after_s": returned,
+            "phases": phase_data,
+            "requests": len(attempts),
+            "attempts": [a.row(start) for a in attempts],
+        }
+        ready_s = data["restart_ready_after_s"]
         notes = [
-            f"{victim} was killed {BEFORE_S:.0f}s into the run; {CLIENTS} clients kept streaming for "
-            f"{AFTER_S:.0f}s more.",
-            f"Failover: the first answer from another region reached a user {failover_s * 1000:.0f} ms after "
-            "the kill.",
-            f"Requests that had not started streaming and failed: {not_started_failed} (the goal is 0); "
-            f"requests cut mid-stream: {count(attempts, 'failed-mid-stream')} of {len(in_flight)} in flight "
-            "at the kill (the edge never switches region after the first byte).",
+            f"{victim} was killed (SIGKILL) after {kill - start:.0f}s of {RATE_PER_S:g} requests/s from "
+            f"Lagos, then started again {restart - kill:.0f}s later; the edge probes every "
+            f"{self.health_interval_s:g}s.",
+            f"After the kill: taken out at the edge {_after(data['ejected_after_s'])} (its /health: "
+            f"{data['status_at_ejection']!r}); traffic moved {_after(moved)}; the first answer from "
+            f"elsewhere reached a user after {ms(first_answer_ms)} ms.",
+            f"Failed before the first byte: {failed} (target 0). Streams under way at the kill: "
+            f"{len(in_flight)}; cut mid-answer: {len(cut)} (target 0), completed: {data['continued']}.",
+            f"After the restart: the node was ready after {ready_s:.1f}s, routable at the edge "
+            f"{_after(data['routable_again_after_s'])}, traffic back on {victim} {_after(returned)}.",
         ]
-        chart = self._chart(ctx.out_dir, attempts, killed_at)
+        chart = traffic_chart(
+            ctx.out_dir / f"{self.name}.png",
+            attempts,
+            start,
+            phases,
+            f"region-outage: {victim} killed under load, then restarted",
+            events=[("killed", kill), ("restarted", restart)]
+            + ([("taken out", ejected_at)] if ejected_at else [])
+            + ([("routable", back_at)] if back_at else []),
+        )
         return ScenarioResult(
-            title=f"region-outage: {victim} dies under load",
+            title=f"region-outage: {victim} dies under load and comes back",
             columns=[
                 "phase",
                 "requests",
                 "ok",
-                "failed before first byte",
+                "failed before 1st byte",
                 "cut mid-stream",
                 "TTFT p50 ms",
+                "TTFT p95 ms",
                 "served by",
             ],
-            rows=[[str(v) for v in row] for row in rows],
+            rows=rows,
             notes=notes,
             chart=str(chart),
-            data={
-                "failover_ms": failover_s * 1000,
-                "failed_before_first_byte": not_started_failed,
-                "cut_mid_stream": count(attempts, "failed-mid-stream"),
-                "requests": len(attempts),
-            },
+            data=data,
         )
 
-    @staticmethod
-    def _chart(out_dir: Path, attempts: list[Attempt], killed_at: float) -> Path:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+def _after(value: float | None) -> str:
+    text = seconds(value)
+    return "never" if text == "never" else f"after {text}s"
 
-        t0 = min(a.started for a in attempts)
-        fig, ax = plt.subplots(figsize=(9, 3.6))
-        colours = {}
-        for a in attempts:
-            if a.outcome == "ok":
-                colour = colours.setdefault(a.region, f"C{len(colours)}")
-                ax.scatter(a.started - t0, a.ttft_s * 1000, s=14, color=colour, label=a.region)
-            else:
-                ax.scatter(a.started - t0, 0, s=30, marker="x", color="red", label=a.outcome)
-        ax.axvline(killed_at - t0, color="black", linestyle="--", label="region killed")
-        handles, labels = ax.get_legend_handles_labels()
-        unique = dict(zip(labels, handles, strict=False))
-        ax.legend(unique.values(), unique.keys(), fontsize=8, loc="upper left")
-        ax.set_xlabel("request start (s)")
-        ax.set_ylabel("time to first token (ms)")
-        ax.set_title("Region outage: who served each request")
-        fig.tight_layout()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path = out_dir / "region-outage.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
+
+def _serving(attempts: list[Attempt]) -> str:
+    """The region that served the latest request whose answer has started."""
+    served = [a for a in attempts if a.region and a.outcome != FAILED_BEFORE_FIRST_BYTE]
+    return served[-1].region if served else ""
+
+
+def _status(watch: HealthWatch, region: str) -> str:
+    return watch.samples[-1][1].get(region, "") if watch.samples else ""
+
+
+def _status_at(watch: HealthWatch, region: str, at: float | None) -> str:
+    return next((s.get(region, "") for t, s in watch.samples if t == at), "")
+
+
+def _since(at: float | None, since: float) -> float | None:
+    return None if at is None else at - since
