@@ -93,9 +93,10 @@ class EmbedderPool:
             self._begin_load()
 
     async def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        """Drop what still waits and let the text in hand finish, without blocking the event loop."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
 
     async def embedder(self) -> Embedder:
         """The loaded embedder, loading it first if needed; :class:`EmbedderLoadError` if it cannot load."""
