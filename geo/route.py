@@ -24,117 +24,61 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+import numpy as np
+
 from geo.affinity import AffinityTable
 from geo.catalog import GeoConfig, Place, RegionSpec, edge_place, region_place
+from geo.decision import NoRoute, Replica, Route, Where, _Row
 from geo.health import Health
 from geo.latency import Latency
 from geo.places import EARTH_RADIUS_KM, FIBRE_KM_PER_MS, floor_one_way_ms, great_circle_km
 from geo.residency import Allowed, Residency
 from nearshore.protocol.load import LoadReport
 
+__all__ = ["LOAD_PENALTY_MS", "NoRoute", "Replica", "Route", "Router", "Where"]
+
 LOAD_PENALTY_MS = 20.0
 _MAX_GROUPS = 4096
 _MAX_CACHED = 4096  # client places (and model + residency keys) whose per-replica work is kept
 _sort_key = itemgetter(0)
 _ROUTABLE_STATES = frozenset(("ready", "unloaded"))  # LoadReport.routable, read without the call
+# Client places within a quarter degree (~28 km: under 0.5 ms of fibre round trip) share their per-replica
+# work: GeoIP places are cities, and a city's addresses are one place anyway.
+_PLACE_GRID = 4.0
+_SLACK_MS = 1.0  # scores within a millisecond tie (the catalog's order decides): scan those too
 
 
-@dataclass(eq=False, slots=True)
-class Replica:
-    id: str  # the region's name, or "<region>/<n>" when it has several replicas
-    region: str
-    url: str
-    spec: RegionSpec
-    place: Place
-    health: Health
-    latency: Latency
-    models: frozenset[str]
-    load: LoadReport | None = None
-    inflight: int = 0
-    index: int = 0  # its place in Router.replicas
-    edge_one_way_ms: float = 0.0  # the fibre floor from the edge, one way (0: the place is not known)
+@dataclass(slots=True)
+class _Order:
+    """The routable replicas serving a (model, residency) scope, in the catalog's order, with the part of
+    their bound that is the same for every client (the round trip) as an array."""
 
-    @property
-    def capacity(self) -> int:
-        reported = self.load.capacity if self.load is not None else 0
-        return min(reported, self.spec.capacity) if reported else self.spec.capacity
-
-    @property
-    def busy(self) -> int:
-        reported = self.load.running + self.load.waiting if self.load is not None else 0
-        return max(reported, self.inflight)
-
-    @property
-    def loading(self) -> bool:
-        return self.load is not None and not self.load.routable
+    epoch: int
+    valid_until: float  # the next ejection's end: the set changes then
+    replicas: list[Replica]
+    rtt_ms: np.ndarray  # float64, each one's round trip (measured, floored; or the inflated floor)
+    index: np.ndarray  # each one's place in Router.replicas (to gather client terms)
+    position: dict[str, int]  # replica id -> its place in ``replicas``
+    by_region: dict[str, list[int]]  # region -> its replicas' places
 
 
 @dataclass(frozen=True, slots=True)
-class Where:
-    """Where the client is, as the router needs it."""
+class _PlaceArrays:
+    """The replicas' places as arrays (radians), for the client terms of a new client place at once."""
 
-    latitude: float
-    longitude: float
-    country: str = ""
-    continent: str = ""
-    located: bool = False  # False: the edge's own place stands in (private, loopback, unknown address)
+    lat: np.ndarray
+    lon: np.ndarray
+    known: np.ndarray
+    edge_one_way_ms: np.ndarray
 
-
-@dataclass(frozen=True, slots=True)
-class Terms:
-    rtt_ms: float
-    client_ms: float
-    queue_ms: float
-    load_ms: float
-    prefill_ms: float
-    affinity_ms: float
-
-    @property
-    def total_ms(self) -> float:
-        rtt = max(0.0, self.rtt_ms + self.client_ms)
-        return rtt + self.queue_ms + self.load_ms + self.prefill_ms - self.affinity_ms
-
-
-_Row = tuple[float, float, float, float, float, float]  # Terms' fields, in order
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    ranked: list[Replica]  # failover order, the chosen one first
-    rows: list[_Row]  # each one's score terms, the same order (as Terms: ``terms``)
-    policies: tuple[str, ...] = ()  # residency policies that applied
-    affinity: bool = False  # a shared prefix decided
-    held: bool = False  # hysteresis kept the current region over a better-scoring one
-
-    @property
-    def terms(self) -> list[Terms]:
-        # Made when asked (an explanation, a test): a request routed without one never builds them.
-        return [Terms(*row) for row in self.rows]
-
-    def explain(self) -> str:
-        """``x-nearshore-route``: the choice, its terms and the runner-up."""
-
-        def one(r: Replica, t: Terms) -> str:
-            return (
-                f"{r.id} score={t.total_ms:.1f}ms rtt={t.rtt_ms:.1f} client={t.client_ms:.1f} "
-                f"queue={t.queue_ms:.1f} load={t.load_ms:.1f} prefill={t.prefill_ms:.1f} "
-                f"affinity=-{t.affinity_ms:.1f}"
-            )
-
-        parts = [one(self.ranked[0], Terms(*self.rows[0]))]
-        if len(self.ranked) > 1:
-            parts.append("runner-up " + one(self.ranked[1], Terms(*self.rows[1])))
-        flags = [f"policy={'+'.join(self.policies)}"] if self.policies else []
-        flags += ["affinity"] * self.affinity + ["held"] * self.held
-        return "; ".join(parts + flags)
-
-
-class NoRoute(Exception):
-    """No replica may serve the request now; the message says why (and names the residency policy)."""
-
-    def __init__(self, message: str, policies: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.policies = policies
+    @classmethod
+    def of(cls, replicas: list[Replica]) -> _PlaceArrays:
+        return cls(
+            np.radians([r.place.latitude for r in replicas]),
+            np.radians([r.place.longitude for r in replicas]),
+            np.array([r.place.known for r in replicas]),
+            np.array([r.edge_one_way_ms for r in replicas]),
+        )
 
 
 @dataclass(slots=True)
@@ -162,7 +106,12 @@ class Router:
     # What depends only on the catalog: the replicas serving a model within a residency scope, and the
     # client term of every replica for a client's place (GeoIP places repeat: cities, not addresses).
     _serving: dict[tuple[str, frozenset[str] | None], list[Replica]] = field(default_factory=dict)
-    _client_ms: dict[tuple[float, float], list[float]] = field(default_factory=dict)
+    _client_ms: dict[tuple[int, int, bool], np.ndarray] = field(default_factory=dict)
+    _places: _PlaceArrays | None = None
+    # The routable replicas in bound order, per (serving list, client place); valid while _epoch stands
+    # (every probe sample, health change and ejection moves it) and until the next ejection ends.
+    _static: dict[tuple, _Order] = field(default_factory=dict)
+    _epoch: int = 0
 
     @classmethod
     def build(cls, regions: Sequence[RegionSpec], config: GeoConfig, models: Sequence[str]) -> Router:
@@ -208,8 +157,8 @@ class Router:
     ) -> Route:
         allowed = self.residency.allowed(where.country, where.continent, tenant)
         serving = self._serving_now(model, allowed)
-        up = [r for r in serving if r.health.probed_up and now >= r.health.ejected_until]
-        if not up:
+        static = self._static_order(serving, now)
+        if not static.replicas:
             why = "; ".join(f"{r.id}: {r.health.why_not(now)}" for r in serving)
             scope = (
                 f" allowed by data-residency policy {' + '.join(allowed.policies)}"
@@ -217,22 +166,129 @@ class Router:
                 else ""
             )
             raise NoRoute(f"Every region{scope} serving {model!r} is unavailable ({why}).", allowed.policies)
-        # Not loading, then not over capacity, unless none is (better late than a refusal).
-        eligible = [r for r in up if r.load is None or r.load.state in _ROUTABLE_STATES] or up
-        eligible = [r for r in eligible if r.inflight < r.spec.capacity] or eligible
         holder = self.affinity.lookup(prefix) if prefix else None
-        use_affinity = holder is not None and _balanced(eligible, self.config.routing)
-        scored = self._score(eligible, where, prompt_tokens, holder if use_affinity else None)
+        group_key = (model, where.country if where.located else "", allowed.policies)
+        group = self._groups.get(group_key)
+        scored, rest, balanced = self._scan(
+            static, where, prompt_tokens, holder, group.region if group is not None else ""
+        )
+        use_affinity = holder is not None and balanced
         scored.sort(key=_sort_key)
         affinity = use_affinity and holder is not None and scored[0][2].id == holder[0]
         held = False
         if not affinity:
-            scored, held = self._hold(
-                (model, where.country if where.located else "", allowed.policies), scored, now
-            )
+            scored, held = self._hold(group_key, scored, now)
         if prefix:
             self.affinity.record(prefix, scored[0][2].id)
-        return Route([s[2] for s in scored], [s[3] for s in scored], allowed.policies, affinity, held)
+        return Route([s[2] for s in scored] + rest, [s[3] for s in scored], allowed.policies, affinity, held)
+
+    def _static_order(self, serving: list[Replica], now: float) -> _Order:
+        """The routable replicas of a scope and their round trips: rebuilt when a probe moved a round trip
+        by a millisecond, a replica went down or came back, or an ejection ended."""
+        key = id(serving)
+        cached = self._static.get(key)
+        if cached is not None and cached.epoch == self._epoch and now < cached.valid_until:
+            return cached
+        replicas: list[Replica] = []
+        rtts: list[float] = []
+        valid_until = math.inf
+        for r in serving:
+            health = r.health
+            if health.ejected_until > now:
+                valid_until = min(valid_until, health.ejected_until)
+            if not health.probed_up or now < health.ejected_until:
+                continue
+            replicas.append(r)
+            rtts.append(r.latency.rtt_ms)
+        by_region: dict[str, list[int]] = {}
+        for i, r in enumerate(replicas):
+            by_region.setdefault(r.region, []).append(i)
+        built = _Order(
+            self._epoch,
+            valid_until,
+            replicas,
+            np.array(rtts, dtype=np.float64),
+            np.array([r.index for r in replicas], dtype=np.intp),
+            {r.id: i for i, r in enumerate(replicas)},
+            by_region,
+        )
+        if len(self._static) >= _MAX_CACHED:
+            self._static.clear()
+        self._static[key] = built
+        return built
+
+    def _scan(
+        self,
+        static: _Order,
+        where: Where,
+        prompt_tokens: int,
+        holder: tuple[str, int] | None,
+        current_region: str,
+    ) -> tuple[list[_Scored], list[Replica], bool]:
+        """Score the replicas that can win, best bound first: a replica's score is at least its round trip
+        and client term plus the prefill (queue and load only add), so the scan stops once that bound
+        passes the runner-up's score. Always scored too: the affinity holder (its credit can beat any
+        bound) and the hysteresis group's current region. Loading or full replicas count only if no other
+        can serve. Returns the scored, the rest in bound order (the tail of the failover order), and
+        whether the holder's load is in balance with the best others (SGLang's rule)."""
+        prefill_ms = 1000.0 * prompt_tokens / self.config.routing.prefill_tokens_per_s
+        replicas = static.replicas
+        near = static.rtt_ms + self._client_terms(where)[static.index] if where.located else static.rtt_ms
+        near = np.maximum(near, 0.0)
+        # Within a millisecond, the catalog's order decides (``replicas`` is in it): a stable sort.
+        ranked = np.argsort(np.round(near), kind="stable").tolist()
+        good: list[int] = []
+        deferred: list[int] = []
+        best = runner_up = math.inf
+        scanned = len(ranked)
+        for j, i in enumerate(ranked):
+            bound = float(near[i])
+            if bound + prefill_ms >= runner_up + _SLACK_MS:
+                scanned = j
+                break
+            r = replicas[i]
+            load = r.load
+            if (load is not None and load.state not in _ROUTABLE_STATES) or r.inflight >= r.spec.capacity:
+                deferred.append(i)
+                continue
+            good.append(i)
+            total = self._quick_total(r, bound, prefill_ms)
+            if total < best:
+                best, runner_up = total, best
+            elif total < runner_up:
+                runner_up = total
+        seen = set(ranked[:scanned])
+        must: list[int] = []
+        if holder is not None:
+            i = static.position.get(holder[0], -1)
+            if i >= 0 and i not in seen:
+                must.append(i)
+        if current_region:
+            must += [i for i in static.by_region.get(current_region, ()) if i not in seen and i not in must]
+        picked = (good or deferred) + must
+        chosen = [replicas[i] for i in picked]
+        taken = set(picked)
+        rest = [replicas[i] for i in deferred if i not in taken] if good else []
+        rest += [replicas[i] for i in ranked[scanned:] if i not in taken]
+        balanced = True
+        if holder is not None:
+            balanced = _balanced(chosen, self.config.routing, holder[0])
+        return self._score(chosen, where, prompt_tokens, holder if balanced else None), rest, balanced
+
+    def _quick_total(self, r: Replica, near: float, prefill_ms: float) -> float:
+        """The score without affinity, for the scan's bound (the same terms as _score)."""
+        load, capacity, busy = r.load, r.spec.capacity, r.inflight
+        if load is not None:
+            if 0 < load.capacity < capacity:
+                capacity = load.capacity
+            if load.running + load.waiting > busy:
+                busy = load.running + load.waiting
+        capacity = max(capacity, 1)
+        service = r.latency.service
+        service_ms = service.value if service.samples else self.config.routing.default_service_ms
+        over = busy + 1 - capacity
+        queue_ms = over / capacity * service_ms if over > 0 else 0.0
+        return near + queue_ms + min(busy, capacity) / capacity * LOAD_PENALTY_MS + prefill_ms
 
     def _serving_now(self, model: str, allowed: Allowed) -> list[Replica]:
         """The replicas that serve ``model`` within the residency scope (the catalog's order)."""
@@ -276,7 +332,7 @@ class Router:
                 rtt_ms = rtt.value if rtt.value > floor_ms else floor_ms
             else:
                 rtt_ms = floor_ms * latency.inflation
-            client_ms = client[r.index] if client is not None else 0.0
+            client_ms = float(client[r.index]) if client is not None else 0.0
             load, capacity, busy = r.load, r.spec.capacity, r.inflight
             if load is not None:
                 if 0 < load.capacity < capacity:
@@ -300,29 +356,26 @@ class Router:
             scored.append(((round(total_ms) << _POSITION_BITS) + r.index, total_ms, r, row))
         return scored
 
-    def _client_terms(self, where: Where) -> list[float]:
+    def _client_terms(self, where: Where) -> np.ndarray:
         """Per replica, how much farther the client is from it than the edge is (floors x inflation, both
-        ways): computed once per client place, as great_circle_km does (same operations, same result)."""
-        key = (where.latitude, where.longitude)
+        ways), for every replica at once; kept per client place (a quarter-degree cell)."""
+        key = _place_key(where)
         terms = self._client_ms.get(key)
         if terms is not None:
             return terms
-        double_inflation = 2 * self.config.routing.path_inflation
+        if self._places is None:
+            self._places = _PlaceArrays.of(self.replicas)
+        p = self._places
         lat1 = math.radians(where.latitude)
-        cos_lat1 = math.cos(lat1)
-        terms = []
-        for r in self.replicas:
-            p = r.place
-            if not p.known:
-                terms.append(0.0)
-                continue
-            lat2 = math.radians(p.latitude)
-            h = (
-                math.sin((lat2 - lat1) / 2) ** 2
-                + cos_lat1 * math.cos(lat2) * math.sin(math.radians(p.longitude - where.longitude) / 2) ** 2
-            )
-            from_client_km = 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(h)))
-            terms.append(double_inflation * (from_client_km / FIBRE_KM_PER_MS - r.edge_one_way_ms))
+        h = (
+            np.sin((p.lat - lat1) / 2) ** 2
+            + math.cos(lat1) * np.cos(p.lat) * np.sin((p.lon - math.radians(where.longitude)) / 2) ** 2
+        )
+        from_client_km = 2 * EARTH_RADIUS_KM * np.arcsin(np.minimum(1.0, np.sqrt(h)))
+        double_inflation = 2 * self.config.routing.path_inflation
+        terms = np.where(
+            p.known, double_inflation * (from_client_km / FIBRE_KM_PER_MS - p.edge_one_way_ms), 0.0
+        )
         if len(self._client_ms) >= _MAX_CACHED:
             self._client_ms.clear()
         self._client_ms[key] = terms
@@ -348,7 +401,10 @@ class Router:
             return scored, False
         current_ms = current[1]
         margin = max(routing.switch_margin_ms, routing.switch_margin_ratio * current_ms)
-        if best_ms + margin < current_ms:
+        # A challenger must lead by the margin to be noted, and keep at least half of it while it waits
+        # (probe noise around the margin restarting the wait kept traffic away for tens of seconds).
+        needed = margin / 2 if group.challenger == best.region else margin
+        if best_ms + needed < current_ms:
             if group.challenger != best.region:
                 group.challenger, group.since = best.region, now
             elif now - group.since >= routing.hold_s:
@@ -364,15 +420,21 @@ class Router:
 
     def probe_passed(self, replica: Replica, rtt_ms: float | None, load: LoadReport | None) -> bool:
         """``rtt_ms`` None: the probe timed no round trip worth a sample (it opened its connection)."""
+        latency = replica.latency
+        before = round(latency.rtt_ms)
         if rtt_ms is not None:
-            replica.latency.rtt.add(rtt_ms)
+            latency.rtt.add(rtt_ms)
         if load is not None:
             replica.load = load
-        return replica.health.probe_passed()
+        back = replica.health.probe_passed()
+        if back or round(latency.rtt_ms) != before:  # the bound order may change: rebuild it when next asked
+            self._epoch += 1
+        return back
 
     def probe_failed(self, replica: Replica, why: str) -> bool:
         went_down = replica.health.probe_failed(why)
         if went_down:
+            self._epoch += 1
             self.affinity.forget(replica.id)
         return went_down
 
@@ -391,15 +453,24 @@ class Router:
         ejected = sum(1 for r in self.replicas if r.health.ejected(now))
         limit = self.config.health.max_ejected_percent / 100 * len(self.replicas)
         if replica.health.request_failed(why, now, may_eject=ejected + 1 <= limit):
+            self._epoch += 1
             self.affinity.forget(replica.id)
             return True
         return False
 
 
-def _balanced(replicas: list[Replica], routing) -> bool:
-    """SGLang's cache-aware rule: follow the cache unless loads are far apart (then least-loaded)."""
-    loads = [
-        r.inflight if r.load is None else max(r.load.running + r.load.waiting, r.inflight) for r in replicas
-    ]
-    high, low = max(loads), min(loads)
+def _place_key(where: Where) -> tuple[int, int, bool]:
+    return (round(where.latitude * _PLACE_GRID), round(where.longitude * _PLACE_GRID), where.located)
+
+
+def _balanced(replicas: list[Replica], routing, holder_id: str) -> bool:
+    """SGLang's cache-aware rule: follow the cache unless the holder is far busier than the best others
+    (``max - min > balance_abs`` and ``max > balance_rel * min``, in requests in flight)."""
+    loads = {
+        r.id: r.inflight if r.load is None else max(r.load.running + r.load.waiting, r.inflight)
+        for r in replicas
+    }
+    if holder_id not in loads:
+        return True  # the holder cannot serve now: no affinity to weigh
+    high, low = loads[holder_id], min(loads.values())
     return not (high - low > routing.balance_abs and high > routing.balance_rel * low)
