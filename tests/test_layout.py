@@ -98,7 +98,7 @@ FLAGS = {
     "ca issue": ["name", "--dir", "--out", "--host", "--client", "--server"],
     "up": ["topology", "--run-dir"],
     "chat": ["question", "--max-tokens", "--temperature", "--state"],
-    "scenario": ["name", "--topology", "--out", "--repeats"],
+    "scenario": ["name", "--topology", "--out", "--repeats", "--phase-s", "--phases"],
     "link": ["--link", "--config", "--control", "--seed", "--no-handshake"],
     "fidelity": ["profiles", "--round-trips", "--seconds", "--seed"],
     "pacer": [
