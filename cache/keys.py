@@ -36,6 +36,7 @@ class CacheKey:
     partition: str  # hex digest of scope + model + parameters + the conversation before the last turn
     exact: str  # hex digest of the partition + the normalised last turn
     query: str  # the last user turn, as sent: what the semantic level embeds and the verifier reads
+    scope: str = ""  # the tenant or shared scope hashed into the partition (kept on the entry for operators)
 
 
 def normalise(text: str) -> str:
@@ -82,4 +83,4 @@ def cache_key(body: ChatCompletionRequest | CompletionRequest, scope: str) -> Ca
     exact = hashlib.blake2b(
         partition.encode() + b"\0" + normalise(query).encode(), digest_size=16
     ).hexdigest()
-    return CacheKey(partition, exact, query)
+    return CacheKey(partition, exact, query, scope)

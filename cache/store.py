@@ -40,6 +40,7 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     created_s: float
     expires_s: float
+    scope: str = ""  # the tenant (or shared scope) it belongs to: shown by `nearshore cache` on request only
 
 
 _entry_decoder = msgspec.msgpack.Decoder(Entry)
@@ -54,13 +55,17 @@ class _Vectors:
 
 
 class CacheStore:
-    def __init__(self, folder: Path, dim: int, size_limit_bytes: int) -> None:
+    def __init__(self, folder: Path, dim: int, size_limit_bytes: int | None) -> None:
+        """``size_limit_bytes=None`` keeps the folder's own settings (an operator's tool opening it)."""
         self.folder = folder
         self.dim = dim
         folder.mkdir(parents=True, exist_ok=True)
-        self.entries = diskcache.Cache(
-            str(folder / "entries"), size_limit=size_limit_bytes, eviction_policy="least-recently-used"
+        settings = (
+            {"size_limit": size_limit_bytes, "eviction_policy": "least-recently-used"}
+            if size_limit_bytes is not None
+            else {}
         )
+        self.entries = diskcache.Cache(str(folder / "entries"), **settings)
         self.index_dir = folder / "index"
         self.index_dir.mkdir(exist_ok=True)
         self._vectors: dict[str, _Vectors] = {}

@@ -4,17 +4,21 @@ Sentence embeddings put "Is it safe to drink tap water in London?" and "... unsa
 Celsius->Fahrenheit beside Fahrenheit->Celsius, 100 dollars beside 1000. So after the similarity threshold a
 candidate must pass cheap structural checks, each of which names why it failed:
 
-numbers   the same numbers (digits, number words, 10k / 1.5m), in the same order
-negation  the same negation cues (not, never, no, n't, without, ...) and no word that is the other's
-          word with a negating prefix (safe / unsafe, legal / illegal)
-entities  the same capitalised names and acronyms (London / Paris, USD / EUR)
+language  the same language (script, then the common words of a few languages, English on a tie)
+numbers   the same numbers (digits, number words, ordinals, 10k / 1.5m, 50kg), in the same order
+negation  the same negation cues, one form for all of not / n't / cannot / no (and stop / avoid, which
+          negate what follows); no word that is the other's with a negating prefix (safe / unsafe,
+          venomous / non-venomous); no pair of opposites, one on each side (good / bad, enable / disable)
+entities  the same capitalised names and acronyms (London / Paris, USD / EUR), casefolded
 units     the same units of measure and currencies, in the same order (Celsius -> Fahrenheit)
-direction the same direction and comparison words (to / from, before / after, more / less, buy / sell)
-          and, when a sentence has "from X to Y", the same X and Y in that order
-dates     the same years, months, weekdays and relative days (today, tomorrow, next, last)
-language  the same language (script, and the common words of a few languages)
+direction no pair of opposite directions or comparisons, one on each side (buy / sell, before / after,
+          largest / smallest); nothing that is "from X" on one side and "to X" on the other; the same
+          target of "than" / "vs"
+dates     the same years, months, weekdays, seasons, parts of the day and relative days (today, next)
 
-A check is a comparison of small sets extracted once per text (microseconds), so it runs on every hit.
+The checks compare opposites only when each side has its own half of a pair: a word present on one side
+alone ("set up Python" beside "install Python") is left to the similarity threshold. A check compares small
+sets extracted once per text (``facts`` is cached): microseconds, so it runs on every candidate.
 """
 
 from __future__ import annotations
@@ -24,83 +28,37 @@ import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache
 
-
-def _set(words: str) -> frozenset[str]:
-    return frozenset(words.split())
-
-
-_WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*|[$€£¥₦%°]", re.UNICODE)
-_NUMBER = re.compile(r"(?<![\w.])(\d+(?:[.,]\d+)*)\s*([kKmMbB]n?|thousand|million|billion|%)?(?![\w])")
-
-_NUMBER_WORDS = {
-    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
-    "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15,
-    "sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40,
-    "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90, "hundred": 100, "thousand": 1000,
-    "million": 1_000_000, "billion": 1_000_000_000, "half": 0.5, "dozen": 12, "first": "1st", "second": "2nd",
-    "third": "3rd", "once": 1, "twice": 2, "double": 2, "triple": 3,
-}  # fmt: skip
-_SCALE = {"k": 1e3, "thousand": 1e3, "m": 1e6, "mn": 1e6, "million": 1e6, "b": 1e9, "bn": 1e9, "billion": 1e9}
-
-_NEGATIONS = _set(
-    "not no never none nobody nothing nowhere neither nor without cannot cant can't won't don't doesn't "
-    "didn't isn't aren't wasn't weren't shouldn't wouldn't couldn't mustn't hasn't haven't hadn't n't "
-    "ne pas nie kein keine nicht nunca nada sin jamais"
+from cache.verify_words import (
+    DATE_WORDS,
+    DETERMINERS,
+    DIRECTION_PAIRS,
+    FILLER,
+    KINDS,
+    LANGUAGE_WORDS,
+    NEGATING_PREFIXES,
+    NEGATION_CUES,
+    NEGATION_PAIRS,
+    NUMBER_WORDS,
+    ONE_SIDED_DOWNWARDS,
+    PHRASES,
+    SCALE,
+    UNITS,
+    ordinal,
 )
-_NEGATING_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non", "non-", "mis", "a")
 
-_DIRECTION_WORDS = _set(
-    "into onto before after above below over under more less most least higher lower bigger smaller "
-    "larger greater fewer increase decrease increases decreases rise fall up down buy sell buying selling "
-    "import export imports exports north south east west northern southern eastern western left right "
-    "first last earliest latest maximum minimum max min older younger oldest youngest faster slower "
-    "cheaper dearer expensive cheap hot cold warmer colder heavier lighter longer shorter inbound outbound "
-    "send receive sent received borrow lend lent win lose won lost add subtract plus minus multiply divide "
-    "vs versus than between"
+# Words (hyphens and apostrophes inside a word kept), and currency / percent signs as words of their own.
+_WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*|[$€£¥₦%°]", re.UNICODE)
+# A number and its scale (10k, 1.5m, 2bn, 10 thousand) or percent; an ordinal (2nd) is read as a word.
+_NUMBER = re.compile(
+    r"(?<![\w.])((?>\d+(?:[.,]\d+)*))(?!(?:st|nd|rd|th)\b)"
+    r"(?:\s*(k|m|mn|b|bn|thousand|million|billion)\b|\s*(%))?",
+    re.IGNORECASE,
 )
-_UNITS = {
-    "celsius": "°C", "centigrade": "°C", "°c": "°C", "c°": "°C", "fahrenheit": "°F", "°f": "°F",
-    "kelvin": "K",
-    "km": "km", "kilometer": "km", "kilometers": "km", "kilometre": "km", "kilometres": "km",
-    "mile": "mi", "miles": "mi", "mi": "mi", "meter": "m", "meters": "m", "metre": "m", "metres": "m",
-    "foot": "ft", "feet": "ft", "ft": "ft", "inch": "in", "inches": "in", "cm": "cm", "centimeter": "cm",
-    "centimeters": "cm", "mm": "mm", "yard": "yd", "yards": "yd",
-    "kg": "kg", "kilogram": "kg", "kilograms": "kg", "kilo": "kg", "kilos": "kg", "gram": "g", "grams": "g",
-    "g": "g", "pound": "lb", "pounds": "lb", "lb": "lb", "lbs": "lb", "ounce": "oz", "ounces": "oz",
-    "oz": "oz",
-    "ton": "t", "tons": "t", "tonne": "t", "tonnes": "t",
-    "liter": "l", "liters": "l", "litre": "l", "litres": "l", "gallon": "gal", "gallons": "gal",
-    "ml": "ml", "cup": "cup", "cups": "cup",
-    "second": "s", "seconds": "s", "minute": "min", "minutes": "min", "hour": "h", "hours": "h", "day": "d",
-    "days": "d", "week": "wk", "weeks": "wk", "month": "mo", "months": "mo", "year": "yr", "years": "yr",
-    "mph": "mph", "kph": "kph", "kmh": "kph", "byte": "B", "bytes": "B", "kb": "kB", "mb": "MB", "gb": "GB",
-    "tb": "TB", "watt": "W", "watts": "W", "kw": "kW", "kwh": "kWh", "volt": "V", "volts": "V",
-    "percent": "%", "%": "%", "$": "USD", "usd": "USD", "dollar": "USD", "dollars": "USD", "€": "EUR",
-    "eur": "EUR", "euro": "EUR", "euros": "EUR", "£": "GBP", "gbp": "GBP", "sterling": "GBP", "¥": "JPY",
-    "yen": "JPY", "jpy": "JPY", "₦": "NGN", "naira": "NGN", "ngn": "NGN", "cedi": "GHS", "cedis": "GHS",
-    "rand": "ZAR", "zar": "ZAR", "shilling": "KES", "shillings": "KES", "kes": "KES", "yuan": "CNY",
-    "rupee": "INR", "rupees": "INR", "bitcoin": "BTC", "btc": "BTC",
-}  # fmt: skip
-_DATE_WORDS = _set(
-    "january february march april may june july august september october november december "
-    "jan feb mar apr jun jul aug sep sept oct nov dec "
-    "monday tuesday wednesday thursday friday saturday sunday today tomorrow yesterday tonight "
-    "morning evening weekend next last ago previous upcoming"
-)
-# A few languages' commonest words, to tell them apart (other scripts are told apart by script).
-_LANGUAGE_WORDS = {
-    "en": _set("the is are what how why who which of and to in it for you do does can"),
-    "fr": _set("le la les est sont quel quelle comment pourquoi qui des et en pour vous une un du"),
-    "es": _set("el la los las es son qué cómo por qué quién de y en para usted una un del"),
-    "de": _set("der die das ist sind was wie warum wer und in für sie ein eine nicht mit"),
-    "pt": _set("o a os as é são que como por quem de e em para você uma um do da"),
-    "yo": _set("ni ti kò jẹ́ bí wo ṣe fún àti"),
-    "sw": _set("ni na ya wa kwa la za katika je nini gani"),
-}
-_FILLER = _set(
-    "i a an the please can could would you tell me what whats what's is are was were do does how much many "
-    "of for in on at by with about my your our it this that these those be to"
-)
+# Letters stuck to a number that are neither a scale nor an ordinal suffix are a unit: 50kg -> 50 kg.
+_ATTACHED = re.compile(r"(?<=\d)(?=[a-zA-Z])(?!(?:st|nd|rd|th|k|m|mn|b|bn)\b)", re.IGNORECASE)
+_ORDINAL = re.compile(r"^(\d+)(?:st|nd|rd|th)$")
+_POSSESSIVE = re.compile(r"['’]s$", re.IGNORECASE)  # Africa's: Africa (what's: what)
+_GREETING = re.compile(r"\bgood (morning|afternoon|evening|night|day)\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,9 +69,11 @@ class Facts:
     negations: frozenset[str]
     words: frozenset[str]
     entities: frozenset[str]
+    entity_order: tuple[str, ...]  # the entities in the order they first appear
     units: tuple[str, ...]
-    directions: frozenset[str]
-    from_to: tuple[str, ...]
+    sources: frozenset[str]  # what follows "from"
+    targets: frozenset[str]  # what follows "to" / "into" / "towards"
+    compared: tuple[str, ...]  # what follows "than" / "vs" / "versus"
     dates: frozenset[str]
     language: str
 
@@ -124,28 +84,46 @@ class Verdict:
     reason: str = ""  # which check failed, e.g. "numbers: 100 vs 1000"
 
 
+def _tokens(text: str) -> tuple[list[str], list[str]]:
+    """The words as written (hyphens dropped: M-Pesa is mpesa) and lowercased, phrases joined
+    (turn on -> turn_on), ordinals kept whole (2nd) and units split from their numbers (50kg -> 50 kg)."""
+    text = _GREETING.sub(" ", text)  # "Good morning!" greets; it does not ask about the morning
+    tokens = [_POSSESSIVE.sub("", t.replace("-", "")) for t in _WORD.findall(text)]
+    lower = [t.lower().replace("’", "'") for t in tokens]
+    joined, out_tokens, i = [], [], 0
+    while i < len(lower):
+        pair = f"{lower[i]} {lower[i + 1]}" if i + 1 < len(lower) else ""
+        if pair in PHRASES:
+            joined.append(PHRASES[pair])
+            out_tokens.append(PHRASES[pair])
+            i += 2
+            continue
+        joined.append(lower[i])
+        out_tokens.append(tokens[i])
+        i += 1
+    return out_tokens, joined
+
+
 @lru_cache(maxsize=65536)
 def facts(text: str) -> Facts:
-    text = unicodedata.normalize("NFKC", text)
-    tokens = _WORD.findall(text)
-    lower = [t.lower().replace("’", "'") for t in tokens]
+    text = _ATTACHED.sub(" ", unicodedata.normalize("NFKC", text))
+    tokens, lower = _tokens(text)
     words = frozenset(lower)
-    negations = frozenset(w for w in lower if w in _NEGATIONS or w.endswith("n't"))
+    entities = _entities(tokens)
     numbers = _numbers(text, lower)
-    entities = frozenset(_entities(tokens))
-    units = tuple(_UNITS[w] for w in lower if w in _UNITS and w not in ("second", "may"))
-    directions = frozenset(w for w in lower if w in _DIRECTION_WORDS)
-    dates = frozenset(w for w in lower if w in _DATE_WORDS and w != "may") | frozenset(
+    dates = frozenset(w for w in lower if w in DATE_WORDS) | frozenset(
         n for n in numbers if len(n) == 4 and n.isdigit() and 1000 < int(n) < 2200
     )
     return Facts(
         numbers=numbers,
-        negations=negations,
+        negations=frozenset(NEGATION_CUES.get(w, "not" if w.endswith("n't") else "") for w in lower) - {""},
         words=words,
-        entities=entities,
-        units=units,
-        directions=directions,
-        from_to=_from_to(lower),
+        entities=frozenset(entities),
+        entity_order=tuple(dict.fromkeys(entities)),
+        units=tuple(UNITS[w] for w in lower if w in UNITS),
+        sources=_after(lower, ("from",)),
+        targets=_after(lower, ("to", "into", "towards")),
+        compared=tuple(sorted(_after(lower, ("than", "vs", "versus")))),
         dates=dates,
         language=_language(text, lower),
     )
@@ -160,19 +138,33 @@ def verify(query: str, cached: str) -> Verdict:
         return Verdict(False, f"numbers: {' '.join(a.numbers) or '-'} vs {' '.join(b.numbers) or '-'}")
     if a.negations != b.negations:
         return Verdict(False, f"negation: {sorted(a.negations)} vs {sorted(b.negations)}")
-    antonym = _prefixed_antonym(a.words, b.words)
-    if antonym:
-        return Verdict(False, f"negation: {antonym}")
+    opposite = _prefixed_antonym(a.words, b.words) or _opposites(a.words, b.words, NEGATION_PAIRS)
+    if opposite:
+        return Verdict(False, f"negation: {opposite}")
     # A name must be in the other text too, capitalised or not ("france" asks about France).
     missing = (a.entities - b.words) | (b.entities - a.words)
     if missing:
         return Verdict(False, f"entities: {sorted(missing)}")
+    other = _other_of_kind(a.words, b.words)
+    if other:
+        return Verdict(False, f"entities: {other}")
     if a.units != b.units:
         return Verdict(False, f"units: {' '.join(a.units) or '-'} vs {' '.join(b.units) or '-'}")
-    if a.directions != b.directions:
-        return Verdict(False, f"direction: {sorted(a.directions ^ b.directions)}")
-    if a.from_to != b.from_to:
-        return Verdict(False, f"direction: {a.from_to} vs {b.from_to}")
+    opposite = _opposites(a.words, b.words, DIRECTION_PAIRS)
+    if opposite:
+        return Verdict(False, f"direction: {opposite}")
+    downwards = (a.words ^ b.words) & ONE_SIDED_DOWNWARDS
+    if downwards:
+        return Verdict(False, f"direction: {sorted(downwards)} on one side")
+    shared = a.entities & b.entities
+    order_a = [e for e in a.entity_order if e in shared]
+    if len(shared) > 1 and order_a != [e for e in b.entity_order if e in shared]:
+        return Verdict(False, f"direction: {order_a} in another order")
+    swapped = (a.sources & b.targets) | (a.targets & b.sources)
+    if swapped:
+        return Verdict(False, f"direction: from/to {sorted(swapped)} swapped")
+    if a.compared and b.compared and a.compared != b.compared:
+        return Verdict(False, f"direction: than {a.compared} vs {b.compared}")
     if a.dates != b.dates:
         return Verdict(False, f"dates: {sorted(a.dates ^ b.dates)}")
     return Verdict(True)
@@ -186,16 +178,21 @@ def _numbers(text: str, lower: list[str]) -> tuple[str, ...]:
             digits = m.group(1)  # a version or a date: keep as written
         scale = (m.group(2) or "").lower()
         try:
-            value = float(digits) * _SCALE.get(scale, 1.0)
-            normal = f"{value:g}" if value < 1e15 else digits
+            value = float(digits) * SCALE.get(scale, 1.0)
+            normal = f"{value:.12g}" if value < 1e15 else digits
         except ValueError:
             normal = digits
-        if scale == "%":
+        if m.group(3):
             normal += "%"
         found.append((m.start(), normal))
-    for position, word in enumerate(lower):  # number words, after the digits (their order among themselves)
-        if word in _NUMBER_WORDS:
-            found.append((10**9 + position, str(_NUMBER_WORDS[word])))
+    for position, word in enumerate(lower):  # number words and ordinals, after the digits
+        match = _ORDINAL.match(word)
+        if match:
+            found.append((10**9 + position, ordinal(int(match.group(1)))))
+        elif word in SCALE and position and lower[position - 1][-1:].isdigit():
+            continue  # "1.5 million": the scale of the number before it, read with the digits
+        elif word in NUMBER_WORDS:
+            found.append((10**9 + position, str(NUMBER_WORDS[word])))
     return tuple(n for _, n in sorted(found))
 
 
@@ -208,41 +205,78 @@ def _entities(tokens: list[str]) -> list[str]:
             sentence_start = True
             continue
         acronym = len(token) > 1 and token.isupper() and token.isalpha()
-        if acronym or (token[:1].isupper() and not sentence_start and token.casefold() not in _FILLER):
+        if acronym or (token[:1].isupper() and not sentence_start and token.casefold() not in FILLER):
             out.append(token.casefold())
         sentence_start = False
     return out
 
 
-def _from_to(lower: list[str]) -> tuple[str, ...]:
-    """Which way a comparison or a move goes: the words after "from" and "to"/"into" when the text has a
-    "from", and after "vs"/"versus"/"than"."""
-    has_from = "from" in lower
-    out = []
-    for i, w in enumerate(lower[:-1]):
-        if w in ("vs", "versus", "than") or (has_from and w in ("from", "to", "into")):
-            out.append(f"{w}:{lower[i + 1]}")
-    return tuple(out)
+def _after(lower: list[str], markers: tuple[str, ...]) -> frozenset[str]:
+    """The word after each marker, past determiners ("from my savings" -> savings)."""
+    out = set()
+    for i, w in enumerate(lower):
+        if w in markers:
+            j = i + 1
+            while j < len(lower) and lower[j] in DETERMINERS:
+                j += 1
+            if j < len(lower):
+                out.add(lower[j])
+    return frozenset(out)
+
+
+def _opposites(a: frozenset[str], b: frozenset[str], pairs: dict[str, frozenset[str]]) -> str:
+    """A word on one side only whose opposite is on the other side only."""
+    only_a, only_b = a - b, b - a
+    for word in only_a:
+        for other in pairs.get(word, ()):
+            if other in only_b:
+                return f"{word} vs {other}"
+    return ""
+
+
+def _kind(word: str) -> tuple[str, str] | None:
+    found = KINDS.get(word)
+    if found is None and word.endswith("s"):
+        found = KINDS.get(word[:-1]) or (KINDS.get(word[:-2]) if word.endswith("es") else None)
+    return found
+
+
+def _other_of_kind(a: frozenset[str], b: frozenset[str]) -> str:
+    """A thing of some kind on one side only, and another thing of that kind on the other side only."""
+    only_b = {}
+    for word in b - a:
+        found = _kind(word)
+        if found is not None:
+            only_b.setdefault(found[0], (found[1], word))
+    for word in a - b:
+        found = _kind(word)
+        if found is not None and found[0] in only_b and only_b[found[0]][0] != found[1]:
+            return f"{word} vs {only_b[found[0]][1]}"
+    return ""
 
 
 def _prefixed_antonym(a: frozenset[str], b: frozenset[str]) -> str:
     only_a, only_b = a - b, b - a
     for x, y in ((only_a, only_b), (only_b, only_a)):
         for word in x:
-            for prefix in _NEGATING_PREFIXES:
+            for prefix in NEGATING_PREFIXES:
                 if word.startswith(prefix) and len(word) - len(prefix) >= 3 and word[len(prefix) :] in y:
                     return f"{word} vs {word[len(prefix) :]}"
     return ""
 
 
 def _language(text: str, lower: list[str]) -> str:
+    """A script other than Latin names itself; in Latin script, the language with the most of its common
+    words, English unless another has more and two or more (or one, and accented letters or no English
+    word); four words or more with no common word of any language listed: "unknown"."""
     scripts = {unicodedata.name(ch, "?").split()[0] for ch in text if ch.isalpha()}
     scripts.discard("LATIN")
     if scripts:
         return "script:" + "+".join(sorted(scripts))
-    best, best_count = "en", 0
-    for language, common in _LANGUAGE_WORDS.items():
-        count = sum(1 for w in lower if w in common)
-        if count > best_count:
-            best, best_count = language, count
-    return best
+    accented = any(ord(ch) > 127 and ch.isalpha() for ch in text)
+    counts = {language: sum(1 for w in lower if w in common) for language, common in LANGUAGE_WORDS.items()}
+    english = counts.pop("en")
+    best, best_count = max(counts.items(), key=lambda kv: kv[1])
+    if best_count > english and (best_count >= 2 or accented or english == 0):
+        return best
+    return "en" if english or len(lower) < 4 else "unknown"

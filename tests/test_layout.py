@@ -114,6 +114,10 @@ FLAGS = {
     ],
     "hostile": ["--host", "--port", "--mode", "--name", "--tokens", "--limit-s", "--max-connections"],
     "demo": ["question", "--max-tokens", "--topology"],
+    "cache-eval": ["file", "--json", "--calibrate", "--misses"],
+    "cache stats": ["--config", "--folder", "--top", "--json", "--show-tenants"],
+    "cache clear": ["--config", "--folder", "--all", "--partition", "--older-than"],
+    "cache inspect": ["--config", "--folder", "--partition", "--grep", "--limit", "--show-tenants"],
     "bench region": [
         "--concurrency",
         "--max-tokens",

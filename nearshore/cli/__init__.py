@@ -117,6 +117,25 @@ COMMANDS = [
         "user field (mode:<name>); --mode sets the default.",
     ),
     Command(
+        "cache-eval",
+        "nearshore.cli.cache",
+        "measure the response cache on labelled pairs: paraphrase hits, false hits, the setting's curve",
+        "For each pair of a JSON Lines file ({a, b, same, kind}), store an answer for a in a fresh cache "
+        "with the shipped settings and look up b; report the paraphrase hit rate, the false-hit rate with "
+        "its 95% interval, per kind, and the curve over the target false-hit rate.",
+        add="add_eval_arguments",
+        run="run_eval",
+    ),
+    Command(
+        "cache",
+        "nearshore.cli.cache",
+        "an edge's response cache: stats, clear, inspect",
+        "Look into an edge's cache folder (from its config, or --folder): counts, sizes and ages; clear "
+        "all, a partition or old entries; show entries. Tenants are shown only with --show-tenants.",
+        add="add_cache_arguments",
+        run="run_cache",
+    ),
+    Command(
         "demo",
         "nearshore.cli.demo",
         "the main job: bring up the Lagos topology, stream one answer as a Lagos user, stop",

@@ -1,0 +1,198 @@
+"""``nearshore cache-eval`` (how well the shipped cache tells paraphrases from different questions) and
+``nearshore cache stats|clear|inspect`` (an operator's look into an edge's cache folder)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cache import admin, evaluate
+from edge.config import EdgeConfig
+from nearshore.config import load_config
+
+SHIPPED_PAIRS = Path(evaluate.__file__).resolve().parent / "data" / "pairs.jsonl"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+# --- cache-eval --------------------------------------------------------------------------------------------
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "file",
+        nargs="?",
+        type=Path,
+        default=SHIPPED_PAIRS,
+        help="JSON Lines of labelled pairs {a, b, same, kind} (default: the shipped set)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
+    parser.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also print the threshold -> false-hit-rate table for CALIBRATION in cache/response_cache.py",
+    )
+    parser.add_argument("--misses", action="store_true", help="also list the paraphrases it missed, and why")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    try:
+        report, outcomes = evaluate.evaluate(args.file)
+    except (OSError, ValueError) as exc:
+        print(f"nearshore cache-eval: {exc}", file=sys.stderr)
+        return 2
+    table = evaluate.calibration(outcomes) if args.calibrate else None
+    if args.json:
+        if table is not None:
+            report["calibration"] = [list(row) for row in table]
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
+    print(evaluate.format_report(report))
+    if args.misses:
+        print(evaluate.format_misses(report))
+    if table is not None:
+        print("\nmeasured calibration (threshold, false-hit rate on hard negatives, verifier on):")
+        print(evaluate.format_calibration(table))
+    return 0
+
+
+# --- cache stats | clear | inspect -------------------------------------------------------------------------
+
+
+def duration_s(text: str) -> float:
+    """``90``, ``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds."""
+    match = _DURATION.match(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 3600, 30m, 12h, 7d)")
+    return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    stats = actions.add_parser("stats", help="entries, bytes, partitions, ages, expired")
+    clear = actions.add_parser("clear", help="remove all entries, a partition's, or old ones")
+    inspect = actions.add_parser("inspect", help="show entries of a partition or matching a text")
+    for sub in (stats, clear, inspect):
+        where = sub.add_mutually_exclusive_group()
+        where.add_argument("--config", type=Path, help="an edge's config file (its [cache] folder)")
+        where.add_argument("--folder", type=Path, help="the cache folder itself")
+    stats.add_argument("--top", type=_positive, default=10, help="partitions listed (default 10)")
+    stats.add_argument("--json", action="store_true", help="print one JSON object")
+    what = clear.add_mutually_exclusive_group(required=True)
+    what.add_argument("--all", action="store_true", help="every entry")
+    what.add_argument("--partition", help="one partition's entries (a prefix of it as printed is enough)")
+    what.add_argument(
+        "--older-than", type=duration_s, metavar="AGE", help="entries stored more than AGE ago (30m, 12h, 7d)"
+    )
+    inspect.add_argument("--partition", help="only this partition (a prefix of it is enough)")
+    inspect.add_argument("--grep", default="", help="only entries whose question or answer contains this")
+    inspect.add_argument(
+        "--limit", type=_positive, default=20, help="entries shown, newest first (default 20)"
+    )
+    for sub in (stats, inspect):
+        sub.add_argument("--show-tenants", action="store_true", help="show which tenant each entry is for")
+
+
+def cache_folder(args: argparse.Namespace) -> Path:
+    """--folder, or the folder the edge config's [cache] names (beside its ledger when empty), as the edge
+    itself resolves it (edge/cache_setup.py)."""
+    if args.folder is not None:
+        return args.folder.expanduser()
+    config = load_config(args.config, EdgeConfig)
+    if config.cache.folder:
+        return Path(config.cache.folder).expanduser()
+    return Path(config.ledger_db).expanduser().parent / "cache"
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    folder = cache_folder(args)
+    try:
+        if args.cache_command == "stats":
+            report = admin.stats(folder, top=args.top, show_tenants=args.show_tenants)
+            print(json.dumps(_stats_dict(report)) if args.json else _format_stats(report))
+        elif args.cache_command == "clear":
+            partition = admin.resolve_partition(folder, args.partition) if args.partition else None
+            removed = admin.clear(folder, partition=partition, older_than_s=args.older_than)
+            print(f"removed {removed} entries from {folder}")
+        else:
+            partition = admin.resolve_partition(folder, args.partition) if args.partition else None
+            shown = admin.inspect(folder, partition=partition, grep=args.grep, limit=args.limit)
+            print(_format_inspect(shown, args.show_tenants))
+    except (admin.NoCache, ValueError) as exc:
+        print(f"nearshore cache: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _stats_dict(s: admin.Stats) -> dict:
+    return {name: getattr(s, name) for name in s.__slots__}  # type: ignore[attr-defined]
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    stamp = datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{stamp} ({_age(time.time() - ts)} ago)"
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _format_stats(s: admin.Stats) -> str:
+    lines = [
+        f"cache folder   {s.folder}",
+        f"entries        {s.entries} ({s.expired} expired, {s.undecodable} undecodable)",
+        f"on disk        {_mb(s.bytes_on_disk)} (entries {_mb(s.entries_bytes)}, vector index "
+        f"{_mb(s.index_bytes)})",
+        f"partitions     {s.partitions}",
+        f"oldest         {_when(s.oldest_created_s)}",
+        f"newest         {_when(s.newest_created_s)}",
+    ]
+    if s.top_partitions:
+        tenants = "scope" in s.top_partitions[0]
+        lines.append(
+            f"\n  partition                           entries   rows{'   tenant' if tenants else ''}"
+        )
+        for row in s.top_partitions:
+            tenant = f"   {row['scope'] or '-'}" if tenants else ""
+            lines.append(f"  {row['partition']:<34}{row['entries']:>8}{row['rows']:>7}{tenant}")
+    return "\n".join(lines)
+
+
+def _preview(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _format_inspect(shown: list[admin.Shown], show_tenants: bool) -> str:
+    if not shown:
+        return "no entries match"
+    lines = []
+    for s in shown:
+        tenant = f"  tenant {s.scope or '-'}" if show_tenants else ""
+        lines.append(
+            f"{s.partition[:12]}  age {_age(s.age_s)}  ttl left {_age(s.ttl_left_s)}{tenant}\n"
+            f"  Q: {_preview(s.query, 100)}\n  A: {_preview(s.answer, 100)}"
+        )
+    return "\n".join(lines)

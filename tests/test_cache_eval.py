@@ -1,0 +1,72 @@
+"""``nearshore cache-eval``: each pair through a real ResponseCache (the embedded all-MiniLM-L6-v2, the real
+verifier, the shipped threshold); the shipped set meets issue 10's target, and CALIBRATION is the curve
+that the shipped set measures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cache import evaluate
+from cache.response_cache import CALIBRATION, threshold_for
+from cache.settings import CacheSettings
+from nearshore.cli import main
+from nearshore.cli.cache import SHIPPED_PAIRS
+
+pytestmark = pytest.mark.slow  # loads the embedding model
+
+
+def write_pairs(path: Path, pairs: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    return path
+
+
+def test_wilson_interval_and_a_bad_line_named(tmp_path: Path):
+    lo, hi = evaluate.wilson(0, 100)
+    assert lo == 0.0 and 0.036 < hi < 0.038  # the 95% upper bound of 0 in 100
+    lo, hi = evaluate.wilson(50, 100)
+    assert 0.40 < lo < 0.41 and 0.59 < hi < 0.60
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"a": "x", "b": "y", "same": true}\n{"a": "x"}\n')
+    with pytest.raises(ValueError, match=r"bad\.jsonl:2"):
+        evaluate.load_pairs(bad)
+
+
+def test_a_small_file_through_the_real_cache_counts_hits_and_false_hits(tmp_path: Path, capsys):
+    pairs = [
+        {"a": "What is the capital of Kenya?", "b": "Which city is the capital of Kenya?", "same": True},
+        {"a": "What is the capital of Kenya?", "b": "What is the capital of Kenya?", "same": True},
+        {"a": "Is it safe to drink tap water in London?", "b": "Is it unsafe to drink tap water in London?",
+         "same": False, "kind": "negation"},
+        {"a": "What can I buy with 100 dollars?", "b": "What can I buy with 1000 dollars?", "same": False,
+         "kind": "number", "note": "other fields are ignored"},
+        {"a": "How do I make jollof rice?", "b": "How do I fix a flat tyre?", "same": False, "kind": "topic"},
+    ]  # fmt: skip
+    path = write_pairs(tmp_path / "pairs.jsonl", pairs)
+    assert main(["cache-eval", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["positives"] == 2 and report["hits_on_positives"] == 2 and report["exact_hits"] == 1
+    assert report["negatives"] == 3 and report["false_hits"] == 0 and report["hard_negatives"] == 2
+    assert report["threshold"] == threshold_for(CacheSettings().target_false_hit_rate)
+    assert report["offline_disagreements"] == 0  # the cache's lookups and the curve's rule agree
+    assert report["kinds"]["negation"] == {"same": False, "pairs": 1, "hits": 0}
+    assert [row["target_false_hit_rate"] for row in report["curve"]] == list(evaluate.TARGETS)
+    cosine_only = report["cosine_only"][0]
+    assert cosine_only["threshold"] == 0.90 and cosine_only["false_hits"] >= 1  # tap water: cosine 0.99
+
+
+def test_the_shipped_set_meets_the_target_and_calibration_is_its_measured_curve(capsys):
+    report, outcomes = evaluate.evaluate(SHIPPED_PAIRS)
+    assert report["pairs"] >= 300 and report["hard_negatives"] >= 200
+    assert {"negation", "number", "entity", "unit", "direction", "date", "language"} <= set(report["kinds"])
+    assert report["hard_false_hit_rate"] < 0.01
+    assert report["hit_rate"] >= 0.85
+    measured = evaluate.calibration(outcomes)
+    kept = [row for i, row in enumerate(measured) if i == 0 or row[1] != measured[i - 1][1]]
+    assert kept == list(CALIBRATION), evaluate.format_calibration(measured)
+    # The text report and the table to paste.
+    assert main(["cache-eval", "--calibrate"]) == 0
+    out = capsys.readouterr().out
+    assert "paraphrase hit rate" in out and "95% CI" in out and "CALIBRATION: Sequence" in out
