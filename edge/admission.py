@@ -26,10 +26,11 @@ from nearshore.protocol.errors import (
     PERMISSION_DENIED,
     RATE_LIMITED,
     REQUEST_TIMEOUT,
+    UNSUPPORTED_PARAMETER,
     UPSTREAM_UNAVAILABLE,
     ApiError,
 )
-from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
+from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 Body = ChatCompletionRequest | CompletionRequest
 
@@ -62,7 +63,11 @@ async def read_body(request: web.Request, state: EdgeState, decoder: msgspec.jso
 
 
 def check_request(state: EdgeState, key: ApiKey, body: Body) -> None:
-    if body.model in state.aliases:
+    if isinstance(body, EmbeddingRequest):
+        if body.dimensions is not None:
+            message = "dimensions is not supported: no served embedding model can shorten its vectors."
+            raise ApiError(UNSUPPORTED_PARAMETER, message, param="dimensions")
+    elif body.model in state.aliases:
         return check_supported(body)  # the rightsize stage picks the model and checks the key may use it
     if body.model not in state.config.models:
         raise ApiError(MODEL_NOT_FOUND, f"The model `{body.model}` does not exist.", param="model")
@@ -70,18 +75,25 @@ def check_request(state: EdgeState, key: ApiKey, body: Body) -> None:
         raise ApiError(
             PERMISSION_DENIED, f"This API key may not use the model `{body.model}`.", param="model"
         )
-    check_supported(body)
+    if not isinstance(body, EmbeddingRequest):
+        check_supported(body)
 
 
 async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
     """Hold the request's worst-case cost and reserve its tokens, or raise the refusal."""
-    if isinstance(body, ChatCompletionRequest):
+    if isinstance(body, EmbeddingRequest):
+        # Word pieces of another tokenizer than the chat model's: no exact count here, the ceiling holds.
+        ceiling = sum(text_ceiling(text) for text in body.texts())
+        estimate = ceiling
+    elif isinstance(body, ChatCompletionRequest):
         ceiling = chat_ceiling(body.messages)
         estimate = state.counter.count_chat(body.messages, continue_final=body.continue_final_message)
     else:
         ceiling = text_ceiling(body.prompt_text())
         estimate = state.counter.count_text(body.prompt_text())
-    max_tokens = body.token_limit() or state.config.default_max_tokens
+    max_tokens = (
+        0 if isinstance(body, EmbeddingRequest) else body.token_limit() or state.config.default_max_tokens
+    )
     # An exact count cannot be beaten; an estimate can (digits are about a token a byte): reserve the ceiling.
     prompt = min(estimate, ceiling) if state.counter.exact else ceiling
     tokens = prompt + max_tokens

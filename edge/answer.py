@@ -149,6 +149,43 @@ def check_answer(
     return Answer(body, usage_bytes(answer.usage), texts[0], answer.choices[0].finish_reason or "")
 
 
+class _Vector(msgspec.Struct):
+    index: int
+    embedding: list[float] | str
+
+
+class _EmbeddingUsage(msgspec.Struct):
+    prompt_tokens: int
+
+
+class _EmbeddingAnswer(msgspec.Struct):
+    data: list[_Vector]
+    usage: _EmbeddingUsage
+
+
+_embedding_answer = msgspec.json.Decoder(_EmbeddingAnswer)
+# The most bytes one vector may take in JSON (a 4096-dim float vector at ~24 bytes a number).
+MAX_VECTOR_BYTES = 96 * 1024
+
+
+def check_embeddings(response: Response, body: bytes, num_inputs: int) -> Answer:
+    """The region's /v1/embeddings answer, checked: JSON, one vector per input, and a usage (billed as
+    prompt tokens: an embedding generates nothing)."""
+    if response.content_type != "application/json":
+        raise UpstreamFault.bad(f"the region answered {response.content_type or 'no content type'}, not JSON")
+    try:
+        answer = _embedding_answer.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise UpstreamFault.bad(f"the region's answer is not an embedding list: {exc}") from None
+    if sorted(v.index for v in answer.data) != list(range(num_inputs)):
+        raise UpstreamFault.bad(
+            f"the region's answer does not hold one vector for each of the {num_inputs} inputs"
+        )
+    prompt = answer.usage.prompt_tokens
+    usage = json_encoder.encode({"prompt_tokens": prompt, "completion_tokens": 0, "total_tokens": prompt})
+    return Answer(body, usage)
+
+
 async def read_refusal(response: Response) -> tuple[ApiError, bool]:
     """A region's non-200, non-retryable answer as the error the client gets, and whether it is the
     region's own refusal of the request (passed on) rather than a 502 for a region that misbehaved."""

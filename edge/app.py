@@ -46,6 +46,7 @@ def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Applic
     app.cleanup_ctx.append(_lifetime)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", guarded_metrics)
@@ -81,6 +82,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await _proxy(request, "completions")
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await _proxy(request, "embeddings")
 
 
 async def list_models(request: web.Request) -> web.Response:

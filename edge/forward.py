@@ -21,9 +21,11 @@ from aiohttp import web
 
 from edge.answer import (
     MAX_TOKEN_TEXT_BYTES,
+    MAX_VECTOR_BYTES,
     Answer,
     UpstreamFault,
     check_answer,
+    check_embeddings,
     read_bounded,
     read_refusal,
     with_usage,
@@ -35,11 +37,14 @@ from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError
 from nearshore.protocol.headers import REGION, SERVER_TIMING
+from nearshore.protocol.schemas import EmbeddingRequest
 
 
 def _response_budget(journey: Journey) -> int:
-    up, admission = journey.state.config.upstream, journey.admission
+    up, admission, body = journey.state.config.upstream, journey.admission, journey.body
     assert admission is not None
+    if isinstance(body, EmbeddingRequest):
+        return up.response_base_bytes + MAX_VECTOR_BYTES * len(body.texts())
     return up.response_base_bytes + up.response_bytes_per_token * admission.max_tokens
 
 
@@ -160,7 +165,10 @@ async def _read_unary(journey: Journey) -> Reply:
         max_text = admission.max_tokens * MAX_TOKEN_TEXT_BYTES + (
             admission.prompt_ceiling if call.echo else 0
         )
-        answer = check_answer(journey.kind, upstream, body, max_text)
+        if isinstance(journey.body, EmbeddingRequest):
+            answer = check_embeddings(upstream, body, len(journey.body.texts()))
+        else:
+            answer = check_answer(journey.kind, upstream, body, max_text)
     except UpstreamFault as fault:
         return _failed_before_first_byte(journey, None, fault.error)
     journey.answered(answer.usage)

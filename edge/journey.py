@@ -22,11 +22,11 @@ from edge.state import EdgeState
 from edge.usage_audit import AuditedUsage, UsageBounds
 from geo.route import Route
 from nearshore.protocol.errors import ApiError
-from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
+from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
-Kind = Literal["chat", "completions"]
+Kind = Literal["chat", "completions", "embeddings"]
 Status = Literal["ok", "error", "aborted"]
-Body = ChatCompletionRequest | CompletionRequest
+Body = ChatCompletionRequest | CompletionRequest | EmbeddingRequest
 CLIENT_LEFT = 499  # nginx's code for a client that closed the connection before the answer
 
 

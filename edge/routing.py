@@ -18,7 +18,7 @@ from geo.locate import Location, Locator
 from geo.route import NoRoute, Where
 from nearshore.protocol.errors import NO_REGION_AVAILABLE, RESIDENCY_UNAVAILABLE, ApiError
 from nearshore.protocol.headers import DEBUG, ROUTE
-from nearshore.protocol.schemas import ChatCompletionRequest
+from nearshore.protocol.schemas import ChatCompletionRequest, EmbeddingRequest
 
 log = logging.getLogger("nearshore.edge.route")
 
@@ -58,9 +58,10 @@ def prompt_text(journey: Journey, limit: int) -> str:
             if size >= limit:
                 break
         return "\n".join(parts)[:limit]
+    if isinstance(body, EmbeddingRequest):
+        return ""  # an embedding has no prompt to keep in a KV cache
     assert body is not None
-    prompt = body.prompt
-    return (prompt if isinstance(prompt, str) else prompt[0])[:limit]
+    return body.prompt_text()[:limit]
 
 
 async def route_stage(journey: Journey) -> Reply | None:

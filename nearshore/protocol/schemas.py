@@ -214,6 +214,16 @@ class EmbeddingRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)
 
+    # As the edge's stages read any request: never streamed, no sampling, nothing generated.
+    stream = False
+    temperature = None
+
+    def token_limit(self) -> int:
+        return 0
+
+    def wants_usage_chunk(self) -> bool:
+        return False
+
 
 class Embedding(Struct, kw_only=True):
     object: Literal["embedding"] = "embedding"

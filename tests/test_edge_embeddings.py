@@ -1,0 +1,68 @@
+"""/v1/embeddings through the edge: routed to a region that serves the embedding model, checked, billed."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import aiohttp
+import openai
+import pytest
+
+from tests.conftest import Node
+from tests.edge_fixtures import Edge, start_edge
+
+pytestmark = pytest.mark.slow
+MODEL = "all-minilm-l6-v2"
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory, region: Node):
+    e = start_edge(tmp_path_factory.mktemp("embeddings"), [("london", region.url)])
+    yield e
+    e.stop()
+
+
+async def test_the_official_client_gets_the_regions_vectors_through_the_edge(edge: Edge, region: Node):
+    key = edge.new_key()
+    client = openai.AsyncOpenAI(
+        base_url=edge.url + "/v1",
+        api_key=key,
+        max_retries=0,
+        http_client=openai.DefaultAsyncHttpxClient(verify=edge.ssl_context()),
+    )
+    texts = ["Is it safe to drink tap water in Lagos?", "Jollof rice"]
+    through = await client.embeddings.create(model=MODEL, input=texts)
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(region.url + "/v1/embeddings", json={"model": MODEL, "input": texts}) as r,
+    ):
+        direct = await r.json()
+    assert [d.embedding for d in through.data] == [d["embedding"] for d in direct["data"]]
+    assert through.usage.prompt_tokens == direct["usage"]["prompt_tokens"] > 0
+    db = sqlite3.connect(edge.ledger_db)
+    try:
+        model, region_name, prompt, completion, cost = db.execute(
+            "SELECT model, region, prompt_tokens, completion_tokens, cost_usd"
+            " FROM usage ORDER BY ts DESC LIMIT 1"
+        ).fetchone()
+    finally:
+        db.close()
+    assert (model, region_name, prompt, completion) == (MODEL, "london", through.usage.prompt_tokens, 0)
+    assert cost == pytest.approx(prompt * 0.01 / 1e6)
+
+
+async def test_bad_embedding_requests_are_refused_at_the_edge(edge: Edge):
+    key = edge.new_key()
+    connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
+    async with aiohttp.ClientSession(connector=connector) as s:
+        for payload, status, param in (
+            ({"model": MODEL, "input": "x", "dimensions": 64}, 400, "dimensions"),
+            ({"model": MODEL, "input": []}, 400, "input"),
+            ({"model": "no-such-model", "input": "x"}, 404, "model"),
+            ({"model": MODEL, "input": [1, 2, 3]}, 400, "input[0]"),  # token ids: strings only
+        ):
+            async with s.post(
+                edge.url + "/v1/embeddings", json=payload, headers={"Authorization": f"Bearer {key}"}
+            ) as r:
+                body = await r.json()
+                assert r.status == status and body["error"]["param"] == param, (payload, body)
