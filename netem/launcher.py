@@ -231,6 +231,9 @@ class Launcher:
                     },
                     "metrics": {"port": metrics_port},
                     "geo": {"city": t.edge.city},
+                    # The embedded model is a base model: its answers run to max_tokens rather than stop,
+                    # so the demo's cache keeps answers cut at max_tokens too (off by default).
+                    "cache": {"store_truncated": True},
                     "regions": [
                         {"name": e.name, "url": e.via_edge_link, "city": r.city}
                         for e, r in zip(endpoints, t.regions, strict=True)

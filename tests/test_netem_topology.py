@@ -174,3 +174,6 @@ def test_lagos_ttft_scenario_through_the_edge_tracks_the_floor(tmp_path):
     # a busy CI machine; the closing note reports a full run).
     assert abs(data["gap_pct"]) < 30, data
     assert data["direct_ms"] > data["through_edge_ms"] + data["ocean_rtt_ms"]  # direct pays the ocean again
+    # A cache hit never crosses the ocean: after its handshakes, less than one Lagos-London round trip.
+    assert data["cache_hit_after_handshakes_ms"] < data["ocean_rtt_ms"], data
+    assert data["cache_hit_ms"] < data["through_edge_ms"], data
