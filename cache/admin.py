@@ -179,7 +179,7 @@ def _drop_index_rows(folder: Path, touched: set[str], live: set[str]) -> None:
     index = folder / "index"
     for partition in touched:
         if partition not in live:
-            for suffix in (".vec", ".ids", ".ann"):
+            for suffix in (".vec", ".ids", ".ivf", ".ivf.lock"):
                 with contextlib.suppress(OSError):
                     (index / f"{partition}{suffix}").unlink()
             continue

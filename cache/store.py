@@ -24,6 +24,9 @@ import diskcache
 import msgspec
 import numpy as np
 
+from cache import ivf
+from cache.partition_index import PartitionIndexes
+
 log = logging.getLogger("nearshore.cache")
 _ID_BYTES = 16
 
@@ -49,13 +52,29 @@ _encoder = msgspec.msgpack.Encoder()
 
 @dataclass(slots=True)
 class _Vectors:
-    size: int  # bytes of the ids file when mapped
-    ids: list[str]
-    matrix: np.ndarray  # (n, dim) float32
+    """A partition's rows as this process last mapped them."""
+
+    identity: tuple[int, int]  # (device, inode) of the .vec file: compaction replaces it
+    size: int  # bytes of the ids file read (whole ids only)
+    raw_ids: bytearray  # 16 bytes per row, appended to in place as the file grows
+    matrix: np.ndarray  # [rows, dim] float32, memory-mapped (the page cache is shared by processes)
+
+    @property
+    def rows(self) -> int:
+        return len(self.matrix)
+
+    def id_at(self, row: int) -> str:
+        return bytes(self.raw_ids[row * _ID_BYTES : (row + 1) * _ID_BYTES]).hex()
+
+    @property
+    def ids(self) -> list[str]:
+        return [self.id_at(i) for i in range(self.rows)]
 
 
 class CacheStore:
-    def __init__(self, folder: Path, dim: int, size_limit_bytes: int | None) -> None:
+    def __init__(
+        self, folder: Path, dim: int, size_limit_bytes: int | None, index_min_rows: int = ivf.MIN_ROWS
+    ) -> None:
         """``size_limit_bytes=None`` keeps the folder's own settings (an operator's tool opening it)."""
         self.folder = folder
         self.dim = dim
@@ -69,9 +88,11 @@ class CacheStore:
         self.index_dir = folder / "index"
         self.index_dir.mkdir(exist_ok=True)
         self._vectors: dict[str, _Vectors] = {}
+        self.indexes = PartitionIndexes(self.index_dir, dim, index_min_rows)
 
     def close(self) -> None:
         self.entries.close()
+        self.indexes.close()
 
     # --- entries -------------------------------------------------------------------------------------------
 
@@ -99,6 +120,25 @@ class CacheStore:
             self._append(entry.partition, exact, vector)
         return True
 
+    def put_many(self, items: list[tuple[str, Entry]], vectors: np.ndarray) -> int:
+        """Store many entries of one partition in one transaction, and their rows (``vectors[i]`` for
+        ``items[i]``) in one write; an exact key already stored keeps its answer and gets no row. Returns
+        the entries stored."""
+        if not items:
+            return 0
+        partition = items[0][1].partition
+        now = time.time()
+        kept = []
+        with self.entries.transact():
+            for i, (exact, entry) in enumerate(items):
+                if entry.partition != partition:
+                    raise ValueError("put_many stores one partition at a time")
+                if self.entries.add(exact, _encoder.encode(entry), expire=max(0.0, entry.expires_s - now)):
+                    kept.append(i)
+        if kept:
+            self._append_rows(partition, [items[i][0] for i in kept], np.asarray(vectors)[kept])
+        return len(kept)
+
     def delete(self, exact: str) -> None:
         self.entries.delete(exact)
 
@@ -108,49 +148,72 @@ class CacheStore:
         return self.index_dir / f"{partition}.vec", self.index_dir / f"{partition}.ids"
 
     def _append(self, partition: str, exact: str, vector: np.ndarray) -> None:
+        self._append_rows(partition, [exact], np.asarray(vector, dtype=np.float32).reshape(1, self.dim))
+
+    def _append_rows(self, partition: str, exacts: list[str], matrix: np.ndarray) -> None:
         vec_path, ids_path = self._paths(partition)
-        row = np.asarray(vector, dtype=np.float32).reshape(self.dim).tobytes()
+        rows = np.ascontiguousarray(matrix, dtype=np.float32).reshape(len(exacts), self.dim).tobytes()
         with open(ids_path, "ab") as ids:
             fcntl.flock(ids, fcntl.LOCK_EX)
             try:
                 # Both files end on a whole row: a crash mid-append leaves at most a torn tail, cut on read.
                 with open(vec_path, "ab") as vec:
-                    vec.write(row)
-                ids.write(bytes.fromhex(exact))
+                    vec.write(rows)
+                ids.write(b"".join(bytes.fromhex(exact) for exact in exacts))
             finally:
                 fcntl.flock(ids, fcntl.LOCK_UN)
 
     def vectors(self, partition: str) -> _Vectors | None:
-        """The partition's rows, mapped again if another writer added some since."""
+        """The partition's rows, mapped again if another writer added some since (only the new ids are
+        read; the vectors are memory-mapped, not read)."""
         vec_path, ids_path = self._paths(partition)
         try:
-            size = ids_path.stat().st_size
+            ids_stat, vec_stat = ids_path.stat(), vec_path.stat()
         except FileNotFoundError:
             self._vectors.pop(partition, None)
             return None
+        identity = (vec_stat.st_dev, vec_stat.st_ino)
         known = self._vectors.get(partition)
-        if known is not None and known.size == size:
+        if known is not None and known.identity == identity and known.size == ids_stat.st_size:
             return known
         try:
-            ids_raw = ids_path.read_bytes()
-            matrix = np.fromfile(vec_path, dtype=np.float32)
-        except OSError as exc:
+            if known is not None and known.identity == identity and ids_stat.st_size > known.size:
+                raw_ids, start = known.raw_ids, known.size
+            else:
+                raw_ids, start = bytearray(), 0
+            with open(ids_path, "rb") as f:
+                f.seek(start)
+                tail = f.read(ids_stat.st_size - start)
+            whole = len(tail) // _ID_BYTES * _ID_BYTES  # a torn id is read once it is whole
+            raw_ids += tail[:whole]
+            rows = min(len(raw_ids) // _ID_BYTES, vec_stat.st_size // (4 * self.dim))
+            matrix = (
+                np.memmap(vec_path, dtype=np.float32, mode="r", shape=(rows, self.dim))
+                if rows
+                else np.zeros((0, self.dim), dtype=np.float32)
+            )
+        except (OSError, ValueError) as exc:
             log.warning("cache: index of partition %s unreadable (%s)", partition, exc)
             return None
-        rows = min(len(ids_raw) // _ID_BYTES, matrix.size // self.dim)
-        ids = [ids_raw[i * _ID_BYTES : (i + 1) * _ID_BYTES].hex() for i in range(rows)]
-        loaded = _Vectors(size, ids, matrix[: rows * self.dim].reshape(rows, self.dim))
+        loaded = _Vectors(identity, start + whole, raw_ids, matrix)
         self._vectors[partition] = loaded
         return loaded
 
     def nearest(self, partition: str, query: np.ndarray, k: int, min_score: float) -> list[tuple[float, str]]:
-        """Up to ``k`` (similarity, exact key) in the partition at or above ``min_score``, best first."""
+        """Up to ``k`` (similarity, exact key) in the partition at or above ``min_score``, best first: over
+        every row of a small partition, over the rows its IVF index proposes in a large one."""
         loaded = self.vectors(partition)
-        if loaded is None or not loaded.ids:
+        if loaded is None or not loaded.rows:
             return []
-        scores = loaded.matrix @ np.asarray(query, dtype=np.float32).reshape(self.dim)
+        q = np.asarray(query, dtype=np.float32).reshape(self.dim)
+        rows = self.indexes.candidates(partition, loaded.matrix, loaded.identity, q)
+        # np.take gathers a memory-mapped matrix's rows faster (and steadier) than fancy indexing does.
+        scores = (loaded.matrix if rows is None else np.take(loaded.matrix, rows, axis=0)) @ q
         top = np.argpartition(scores, -k)[-k:] if len(scores) > k else np.arange(len(scores))
-        found = [(float(scores[i]), loaded.ids[i]) for i in top if scores[i] >= min_score]
+        found = []
+        for i in top:
+            if scores[i] >= min_score:
+                found.append((float(scores[i]), loaded.id_at(int(i if rows is None else rows[i]))))
         return sorted(found, reverse=True)
 
     def compact(self, partition: str) -> int:
@@ -165,15 +228,16 @@ class CacheStore:
                 loaded = self.vectors(partition)
                 if loaded is None:
                     return 0
-                keep = [i for i, exact in enumerate(loaded.ids) if exact in self.entries]
+                keep = [i for i in range(loaded.rows) if loaded.id_at(i) in self.entries]
                 tmp_vec, tmp_ids = vec_path.with_suffix(".vec.tmp"), ids_path.with_suffix(".ids.tmp")
-                loaded.matrix[keep].astype(np.float32).tofile(tmp_vec)
-                tmp_ids.write_bytes(b"".join(bytes.fromhex(loaded.ids[i]) for i in keep))
+                np.asarray(loaded.matrix[keep], dtype=np.float32).tofile(tmp_vec)
+                tmp_ids.write_bytes(b"".join(bytes.fromhex(loaded.id_at(i)) for i in keep))
                 os.replace(tmp_vec, vec_path)
                 os.replace(tmp_ids, ids_path)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
         self._vectors.pop(partition, None)
+        self.indexes.forget(partition)  # its rows were renumbered: the IVF file is rebuilt when needed
         return len(keep)
 
     def clear(self) -> None:
@@ -182,3 +246,4 @@ class CacheStore:
             with contextlib.suppress(OSError):
                 path.unlink()
         self._vectors.clear()
+        self.indexes.clear()

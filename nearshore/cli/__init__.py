@@ -181,6 +181,16 @@ BENCHMARKS = [
         add="add_geo_arguments",
         run="run_geo",
     ),
+    Command(
+        "cache",
+        "nearshore.cli.bench",
+        "the response cache: lookup latency at 1k-1M entries, the vector index, TTFT of a hit",
+        "Semantic lookup p50/p99 (embedding included) with 1k, 100k and 1M entries in one partition and over "
+        "many small ones; numpy brute force, the store's IVF index, hnswlib, usearch and faiss side by side; "
+        "memory and disk per entry; TTFT of a hit through an edge against a miss and against no cache.",
+        add="add_cache_arguments",
+        run="run_cache",
+    ),
 ]
 
 

@@ -1,5 +1,5 @@
-"""``nearshore bench edge|region|hostile|geo``: the benchmarks' flags; each run lives in netem/bench/ (geo's
-in geo/bench_route.py)."""
+"""``nearshore bench edge|region|hostile|geo|cache``: the benchmarks' flags; each run lives in netem/bench/
+(geo's in geo/bench_route.py, cache's in cache/bench_cache.py with its TTFT part in netem/bench/)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from cache import bench_cache
+from cache.embedder import load_embedder
 from geo import bench_route
-from netem.bench import edge, edge_routing, hostile, region
+from netem.bench import cache_ttft, edge, edge_routing, hostile, region
 
 T = TypeVar("T")
 
@@ -140,6 +142,75 @@ def add_geo_arguments(parser: argparse.ArgumentParser) -> None:
 def run_geo(args: argparse.Namespace) -> int:
     report = bench_route.run_from_args(args)
     print(bench_route.format_report(report))
+    if args.json:
+        Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2))
+    return 0
+
+
+# --- bench cache ---------------------------------------------------------------------------------------
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sizes", default="1000,100000,1000000", help="rows in one partition (default 1000,100000,1000000)"
+    )
+    parser.add_argument("--queries", type=int, default=200, help="lookups timed per size (default 200)")
+    parser.add_argument(
+        "--small-partitions", type=int, default=10_000, help="partitions of the many-tenants case; 0 skips it"
+    )
+    parser.add_argument("--rows-per-partition", type=int, default=10, help="rows in each (default 10)")
+    parser.add_argument(
+        "--peers", default="hnswlib,usearch,faiss", help="indexes compared with the store's, where installed"
+    )
+    parser.add_argument(
+        "--peer-sizes",
+        default="100000",
+        help="rows the indexes are compared at; empty skips (default 100000)",
+    )
+    parser.add_argument(
+        "--work-dir",
+        default="/tmp/nearshore-bench-cache",
+        help="filled folders and built indexes, kept for later runs (default %(default)s)",
+    )
+    parser.add_argument("--budget-s", type=float, default=1800.0, help="stop starting new parts after this")
+    parser.add_argument("--fresh", action="store_true", help="refill the folders a previous run left")
+    parser.add_argument(
+        "--ttft-rows",
+        type=int,
+        default=100_000,
+        help="the filled size the edge's TTFT is measured on (one of --sizes); 0 skips it (default 100000)",
+    )
+    parser.add_argument("--ttft-requests", type=int, default=100, help="streams per kind (default 100)")
+    parser.add_argument(
+        "--rtt-ms", type=float, default=100.0, help="the region's first byte: Lagos-London (default 100)"
+    )
+    parser.add_argument("--json", metavar="FILE", help="also write every number as JSON")
+    parser.add_argument("--logs", default="", help="folder for process logs (default: a temp folder)")
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    report = bench_cache.run(_settings(args, bench_cache.CacheBench))
+    if args.ttft_rows:
+        folder = Path(args.work_dir) / f"rows-{args.ttft_rows}"
+        if not (folder / "filled.json").exists():
+            print(f"bench cache: no filled folder of {args.ttft_rows} rows (add it to --sizes); TTFT skipped")
+        else:
+            corpus = bench_cache.load_corpus(load_embedder())
+            print(
+                f"bench cache: TTFT through an edge, {args.ttft_rows} rows, "
+                f"region's first byte {args.rtt_ms} ms"
+            )
+            ttft = cache_ttft.TtftBench(
+                folder,
+                args.ttft_rows,
+                corpus.stored,
+                bench_cache.answered_paraphrases(corpus),
+                requests=args.ttft_requests,
+                rtt_ms=args.rtt_ms,
+                logs=args.logs,
+            )
+            report["ttft"] = cache_ttft.run(ttft)
+    print(bench_cache.format_report(report))
     if args.json:
         Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2))
     return 0

@@ -92,9 +92,10 @@ def start_edge(
     upstream: dict[str, object] | None = None,
     regions: list[dict[str, object]] | None = None,
     geo: dict[str, object] | None = None,
+    cache: dict[str, object] | None = None,
 ) -> Endpoint:
     """An edge in front of one region (or the catalog ``regions``, with the ``geo`` section), with a key
-    that no limit stops (the key rides in ``headers``)."""
+    that no limit stops (the key rides in ``headers``); ``cache`` is its [cache] section, if given."""
     folder = logs / name
     folder.mkdir(parents=True, exist_ok=True)
     store = KeyStore(folder / "keys.sqlite3")
@@ -116,6 +117,7 @@ def start_edge(
         "metrics": {"port": 0},
         **({"upstream": upstream} if upstream else {}),
         **({"geo": geo} if geo else {}),
+        **({"cache": cache} if cache is not None else {}),
         "regions": regions or [{"name": region_name, "url": region_url}],
     }
     (folder / "edge.toml").write_text(dumps(config))

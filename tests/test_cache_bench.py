@@ -1,0 +1,49 @@
+"""``nearshore bench cache`` at toy sizes: every part runs and reports, a filled folder is reused, and
+through a real edge (over the pacer) stored questions and their paraphrases come from the cache while
+misses go to the region, with and without a cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nearshore.cli import main
+
+pytestmark = pytest.mark.slow  # loads the embedding model, starts an edge and the pacer
+
+
+def test_bench_cache_at_toy_sizes_reports_every_part(tmp_path: Path, capsys):
+    argv = ["bench", "cache", "--sizes", "400", "--queries", "20", "--small-partitions", "30"]
+    argv += ["--rows-per-partition", "3", "--peers", "", "--peer-sizes", "400", "--work-dir", str(tmp_path)]
+    argv += [
+        "--ttft-rows",
+        "400",
+        "--ttft-requests",
+        "3",
+        "--rtt-ms",
+        "100",
+        "--json",
+        str(tmp_path / "r.json"),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "r.json").read_text())
+    size = report["sizes"][0]
+    assert size["rows"] == 400 and size["index"] == "full scan" and size["lookups"] == 20
+    assert size["fill_s"] is not None and size["vector_bytes_per_entry"] == 384 * 4 + 16
+    assert report["small_partitions"]["partitions"] == 30
+    methods = [r["method"] for r in report["index_comparison"][0]["results"]]
+    assert methods == ["numpy brute force", "numpy IVF (the store's)"]
+    kinds = report["ttft"]["kinds"]
+    assert kinds["exact hit"]["answered_by_cache"] == 3 and kinds["semantic hit"]["answered_by_cache"] == 3
+    assert kinds["miss, cache on"]["answered_by_cache"] == 0 and kinds["miss, cache off"]["errors"] == 0
+    assert kinds["exact hit"]["ttft_p50_ms"] < 100 <= kinds["miss, cache off"]["ttft_p50_ms"]
+    assert "TTFT through an edge" in out and "the index at 400 rows" in out
+    # A second run reuses the filled folder.
+    assert (
+        main([*argv[:-2], "--ttft-rows", "0", "--small-partitions", "0", "--json", str(tmp_path / "r2.json")])
+        == 0
+    )
+    assert json.loads((tmp_path / "r2.json").read_text())["sizes"][0]["fill_s"] is None
