@@ -199,10 +199,12 @@ def _rates(outcomes: Sequence[Outcome], threshold: float, verifier: bool = True)
 def calibration(
     outcomes: Sequence[Outcome], grid: Sequence[float] = CALIBRATION_GRID
 ) -> list[tuple[float, float]]:
-    """(threshold, false-hit rate on the hard negatives with the verifier on), made non-increasing in the
-    threshold (a higher threshold can only drop hits; the max keeps noise from making a lower one look
-    safer than a higher one)."""
-    rows = [(t, _rates(outcomes, t)["hard_false_hit_rate"]) for t in grid]
+    """(threshold, upper end of the 95% Wilson interval of the false-hit rate on the hard negatives, with
+    the verifier on), made non-increasing in the threshold. The upper end, not the measured rate: the
+    verifier's rules were written with these pairs in view, and a question it has not seen is likelier to
+    slip through; a target is then met with 95% confidence on the set, not merely on average."""
+    hard = [o for o in outcomes if not o.pair.same and o.pair.kind not in EASY_KINDS]
+    rows = [(t, wilson(sum(o.hit_at(t) for o in hard), len(hard))[1]) for t in grid]
     out, floor = [], 0.0
     for t, rate in reversed(rows):
         floor = max(floor, rate)
@@ -336,8 +338,13 @@ def format_misses(r: dict) -> str:
     return "\n".join(lines)
 
 
+def compress(rows: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The rows where the rate changes, and the last (the strictest threshold, for targets below all)."""
+    return [row for i, row in enumerate(rows) if i in (0, len(rows) - 1) or row[1] != rows[i - 1][1]]
+
+
 def format_calibration(rows: Sequence[tuple[float, float]]) -> str:
-    """The table to paste into CALIBRATION (cache/response_cache.py): the rows where the rate changes."""
-    kept = [row for i, row in enumerate(rows) if i == 0 or row[1] != rows[i - 1][1]]
+    """The table to paste into CALIBRATION (cache/response_cache.py)."""
+    kept = compress(rows)
     body = "\n".join(f"    ({t:.2f}, {rate:.4f})," for t, rate in kept)
     return f"CALIBRATION: Sequence[tuple[float, float]] = (\n{body}\n)"

@@ -30,19 +30,21 @@ from cache.verify import verify
 log = logging.getLogger("nearshore.cache")
 HitKind = Literal["exact", "semantic"]
 
-# (threshold, false-hit rate on the hard negatives), as `nearshore cache-eval --calibrate` measures it on the
-# shipped set (cache/data/pairs.jsonl: 582 pairs, 214 paraphrases, 338 hard negatives) with the verifier on,
-# made non-increasing: the lowest threshold whose false-hit rate is within the target is used. Measured with
-# all-MiniLM-L6-v2 and cache/verify.py as of issue 10; re-measure after changing either.
+# (threshold, false-hit rate on the hard negatives, verifier on: the upper end of its 95% Wilson interval),
+# as `nearshore cache-eval --calibrate` measures it on the shipped set (cache/data/pairs.jsonl: 679 pairs,
+# 248 paraphrases, 399 hard negatives), non-increasing: the lowest threshold whose rate is within the target
+# is used, so a target is met with 95% confidence on the set. At 0.79 none of the 399 is a false hit (and
+# 93.5% of paraphrases hit); no threshold can promise less than 0.95% on 399 pairs, so a lower target gets
+# the strictest. Measured with all-MiniLM-L6-v2 and cache/verify.py as of issue 10: re-measure after
+# changing either.
 CALIBRATION: Sequence[tuple[float, float]] = (
-    (0.50, 0.0266),
-    (0.67, 0.0237),
-    (0.71, 0.0207),
-    (0.73, 0.0178),
-    (0.74, 0.0148),
-    (0.78, 0.0118),
-    (0.79, 0.0030),
-    (0.86, 0.0000),
+    (0.50, 0.0324),
+    (0.58, 0.0290),
+    (0.68, 0.0255),
+    (0.71, 0.0219),
+    (0.75, 0.0141),
+    (0.79, 0.0095),
+    (0.99, 0.0095),
 )
 CANDIDATES = 5  # nearest entries checked by the verifier, best first
 

@@ -54,9 +54,12 @@ _NUMBER = re.compile(
     r"(?:\s*(k|m|mn|b|bn|thousand|million|billion)\b|\s*(%))?",
     re.IGNORECASE,
 )
-# Letters stuck to a number that are neither a scale nor an ordinal suffix are a unit: 50kg -> 50 kg.
-_ATTACHED = re.compile(r"(?<=\d)(?=[a-zA-Z])(?!(?:st|nd|rd|th|k|m|mn|b|bn)\b)", re.IGNORECASE)
+# Letters stuck to a number that are neither a scale nor an ordinal suffix are a unit: 50kg, 10-day -> 50 kg,
+# 10 day.
+_ATTACHED = re.compile(r"(?<=\d)-?(?=[a-zA-Z])(?!(?:st|nd|rd|th|k|m|mn|b|bn)\b)", re.IGNORECASE)
 _ORDINAL = re.compile(r"^(\d+)(?:st|nd|rd|th)$")
+# An arithmetic sign before a number ("5 + 3", "-5 degrees", "3/4", "5 x 4"): part of what is asked.
+_OPERATOR = re.compile(r"(?:(?<=\d)|(?<=\d )|(?<=^)|(?<= ))([-+*/×÷^=<>]|x(?= ))(?= ?\d)")
 _POSSESSIVE = re.compile(r"['’]s$", re.IGNORECASE)  # Africa's: Africa (what's: what)
 _GREETING = re.compile(r"\bgood (morning|afternoon|evening|night|day)\b", re.IGNORECASE)
 
@@ -185,6 +188,7 @@ def _numbers(text: str, lower: list[str]) -> tuple[str, ...]:
         if m.group(3):
             normal += "%"
         found.append((m.start(), normal))
+    found += [(m.start(), m.group(1).replace("×", "*").replace("x", "*")) for m in _OPERATOR.finditer(text)]
     for position, word in enumerate(lower):  # number words and ordinals, after the digits
         match = _ORDINAL.match(word)
         if match:

@@ -103,7 +103,7 @@ DIRECTION_PAIRS = _pairs(
     "forward / backward, back; front / back; top / bottom; maximum / minimum; max / min;"
     "add / subtract; plus / minus; multiply / divide; multiplied / divided; debit / credit;"
     "winner / loser; arrival / departure; arrivals / departures; arrive / depart, leave; inhale / exhale;"
-    "sunrise / sunset; upstairs / downstairs; uphill / downhill"
+    "sunrise / sunset; upstairs / downstairs; uphill / downhill; am / pm"
 )
 # Two words read as one, so that their opposites can be paired.
 PHRASES = {
@@ -176,9 +176,31 @@ for _kind, _words in {
     "subject": "maths=math=mathematics physics chemistry biology history geography economics",
     "instrument": "guitar piano drums violin flute saxophone",
     "job": "doctor nurse lawyer engineer teacher pilot accountant farmer pharmacist dentist",
-    "operation": "install uninstall repair=fix clean build wash iron delete=remove=erase create edit "
-    "update=upgrade reset block unblock activate deactivate renew replace backup restore "
-    "reboot=restart",
+    # Places and languages are names, but typed in lowercase they are not told apart as names are.
+    "place": "nigeria ghana kenya uganda tanzania rwanda burundi ethiopia somalia sudan egypt libya "
+    "tunisia algeria morocco senegal mali niger chad cameroon gabon congo angola zambia zimbabwe malawi "
+    "mozambique namibia botswana lesotho eswatini madagascar mauritius benin togo liberia gambia guinea "
+    "usa=america canada mexico brazil argentina uk=britain ireland france germany spain portugal italy "
+    "netherlands belgium switzerland sweden norway denmark poland russia ukraine turkey israel "
+    "india pakistan bangladesh china japan korea indonesia malaysia singapore philippines vietnam "
+    "thailand australia dubai qatar lagos abuja ibadan kano kaduna enugu benin calabar jos accra kumasi "
+    "tamale nairobi mombasa kisumu nakuru eldoret kampala entebbe kigali dodoma arusha zanzibar "
+    "dakar bamako abidjan lome cotonou cairo alexandria casablanca tunis johannesburg durban pretoria "
+    "soweto harare lusaka lilongwe luanda kinshasa london paris berlin madrid rome amsterdam brussels "
+    "lisbon frankfurt manchester birmingham toronto chicago washington boston atlanta houston tokyo "
+    "beijing shanghai mumbai delhi singapore sydney",
+    "language": "english french spanish german portuguese italian arabic chinese mandarin japanese "
+    "korean hindi russian dutch swahili kiswahili yoruba igbo hausa amharic zulu xhosa somali wolof "
+    "twi lingala pidgin afrikaans",
+    "planet": "mercury venus mars jupiter saturn uranus neptune pluto",
+    # The action of a how-to question on the same object (cook / reheat porridge, write / read a CV); "make",
+    # "get" and "keep" say too little to be told apart, and are left out.
+    "operation": "install uninstall repair=fix clean build wash iron delete=remove=erase "
+    "create=write=compose edit update=upgrade reset block unblock activate deactivate "
+    "renew replace backup restore reboot=restart cook=prepare reheat=warm store plant=sow "
+    "prune=trim harvest read respond=reply grade apply repay send=transfer sign fill amend "
+    "host charge paint print scan share translate register=enroll=signup book=reserve "
+    "cancel drive",
 }.items():
     for _word in _words.split():
         _same = _word.split("=")

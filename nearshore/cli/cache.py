@@ -56,7 +56,10 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.misses:
         print(evaluate.format_misses(report))
     if table is not None:
-        print("\nmeasured calibration (threshold, false-hit rate on hard negatives, verifier on):")
+        print(
+            "\nmeasured calibration (threshold, false-hit rate on the hard negatives with the verifier on: "
+            "the upper end of its 95% interval):"
+        )
         print(evaluate.format_calibration(table))
     return 0
 
