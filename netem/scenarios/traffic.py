@@ -119,6 +119,8 @@ class SteadyLoad:
             "Authorization": f"Bearer {running.api_key}",
             "Content-Type": "application/json",
             DEBUG: "route",
+            # Every request must cross to a region: these scenarios measure routing, not the cache.
+            "Cache-Control": "no-cache, no-store",
         }
         body = chat_body(self.question, self.max_tokens)
         timeout = aiohttp.ClientTimeout(total=120)
