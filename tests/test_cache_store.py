@@ -91,3 +91,27 @@ def test_damaged_files_are_misses_and_compaction_drops_dead_rows(tmp_path: Path)
     assert sorted(store.vectors("p").ids) == [f"{2:032x}", f"{3:032x}"]
     ids.unlink()
     assert store.nearest("p", unit(1, 0), k=3, min_score=0.0) == []
+
+
+def _same_key_writer(folder: str, text: str, ready) -> None:
+    store = CacheStore(Path(folder), DIM, 1 << 20)
+    ready.wait()
+    store.put("cc" * 16, entry("race", "q", text=text), unit(1, 2))
+    store.close()
+
+
+def test_concurrent_writers_of_one_entry_store_one_answer(tmp_path: Path):
+    ready = multiprocessing.Event()
+    writers = [
+        multiprocessing.Process(target=_same_key_writer, args=(str(tmp_path), f"answer {i}", ready))
+        for i in range(6)
+    ]
+    for w in writers:
+        w.start()
+    ready.set()
+    for w in writers:
+        w.join(30)
+    store = CacheStore(tmp_path, DIM, 1 << 20)
+    assert store.get("cc" * 16).text.startswith("answer ")
+    loaded = store.vectors("race")
+    assert loaded is not None and list(loaded.ids) == ["cc" * 16]  # one row: the losers wrote none
