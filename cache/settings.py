@@ -26,7 +26,9 @@ class CacheSettings(Struct, forbid_unknown_fields=True, kw_only=True):
     store_truncated: bool = False
     # A cached answer costs this share of the model's price (input and output).
     price_factor: Annotated[float, Meta(ge=0, le=1)] = 0.1
-    # Where questions are embedded: on this edge (default) or by a region's /v1/embeddings.
+    # Where questions are embedded: on this edge (default) or by the nearest region's /v1/embeddings (an
+    # edge that should not hold the model), which serves region_model.
     embed: Literal["local", "region"] = "local"
+    region_model: str = "all-minilm-l6-v2"
     # A sentence-transformers folder replacing the embedded all-MiniLM-L6-v2.
     embedder_path: str = ""

@@ -15,13 +15,17 @@ from aiohttp import web
 from cache.embedder import EmbedderLoadError, embedded_model_dir, load_embedder, read_shape
 from cache.embedder_pool import EmbedderPool
 from cache.response_cache import ResponseCache, threshold_for
+from cache.settings import CacheSettings
 from edge.config import EdgeConfig
+from edge.region_embedder import RegionEmbedder
 from edge.state import EdgeState
+from edge.upstream import UpstreamPool
 
 log = logging.getLogger("nearshore.edge.cache")
+MINILM_DIM = 384  # all-MiniLM-L6-v2's vectors
 
 
-def make_cache(config: EdgeConfig) -> tuple[ResponseCache | None, str]:
+def make_cache(config: EdgeConfig, upstreams: UpstreamPool) -> tuple[ResponseCache | None, str]:
     """The cache, or None and why not."""
     settings = config.cache
     if not settings.enabled:
@@ -31,22 +35,11 @@ def make_cache(config: EdgeConfig) -> tuple[ResponseCache | None, str]:
         if settings.folder
         else Path(config.ledger_db).expanduser().parent / "cache"
     )
-    try:
-        model_dir = (
-            Path(settings.embedder_path).expanduser() if settings.embedder_path else embedded_model_dir()
-        )
-        dim = read_shape(model_dir).hidden
-    except (EmbedderLoadError, OSError, ValueError) as exc:
-        log.warning("response cache: no embedding model (%s); exact hits only", exc)
-        model_dir, dim = None, 0
-    path = str(model_dir) if model_dir is not None else ""
-    # Loaded on the first cacheable request (its lookup loses that race, nothing waits): an edge that never
-    # sees one never holds the model (~200 MB with its runtime).
-    pool = EmbedderPool(lambda: load_embedder(path), source=path or "<none>", load_when="lazy")
+    embedder, dim, why_not = _embedder(settings, upstreams)
     try:
         cache = ResponseCache(
             folder,
-            pool,
+            embedder,  # type: ignore[arg-type]  # the local pool or a region: the same three calls
             dim or 1,
             settings.size_limit_mb << 20,
             threshold_for(settings.target_false_hit_rate),
@@ -54,9 +47,33 @@ def make_cache(config: EdgeConfig) -> tuple[ResponseCache | None, str]:
     except Exception as exc:  # an unwritable or corrupt folder: serve without a cache
         log.warning("response cache at %s cannot be opened (%s): serving without it", folder, exc)
         return None, f"cannot open {folder}: {exc}"
-    if model_dir is None:
-        cache.semantic_off = "no embedding model"
+    if why_not:
+        cache.semantic_off = why_not
     return cache, ""
+
+
+def _embedder(
+    settings: CacheSettings, upstreams: UpstreamPool
+) -> tuple[EmbedderPool | RegionEmbedder, int, str]:
+    """Who embeds the questions, the vectors' size, and why there is no semantic level ("" if there is)."""
+    try:
+        model_dir = (
+            Path(settings.embedder_path).expanduser() if settings.embedder_path else embedded_model_dir()
+        )
+        dim = read_shape(model_dir).hidden
+    except (EmbedderLoadError, OSError, ValueError) as exc:
+        model_dir, dim = None, 0
+        why = f"no embedding model ({exc})"
+    if settings.embed == "region":
+        # The regions serve the same model: its folder (if this edge has it) gives the size, else MiniLM's.
+        return RegionEmbedder(upstreams, settings.region_model, dim or MINILM_DIM), dim or MINILM_DIM, ""
+    if model_dir is None:
+        log.warning("response cache: %s; exact hits only", why)
+        return EmbedderPool(lambda: load_embedder(""), source="<none>"), 0, why
+    path = str(model_dir)
+    # Loaded on the first cacheable request (its lookup loses that race, nothing waits): an edge that never
+    # sees one never holds the model (~200 MB with its runtime).
+    return EmbedderPool(lambda: load_embedder(path), source=path, load_when="lazy"), dim, ""
 
 
 def cache_lifetime(state: EdgeState):

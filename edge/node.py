@@ -128,7 +128,7 @@ def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.
         locator=make_locator(config.geo),
     )
     state.gates = make_gates(config.pools, state.pool.router.replicas)
-    state.cache, state.cache_off = make_cache(config)
+    state.cache, state.cache_off = make_cache(config, state.pool)
     state.aliases = {a.name: a for a in config.aliases}
     if pipeline is None and not config.geo.route:
         pipeline = default_pipeline().without("route")

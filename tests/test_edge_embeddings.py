@@ -66,3 +66,41 @@ async def test_bad_embedding_requests_are_refused_at_the_edge(edge: Edge):
             ) as r:
                 body = await r.json()
                 assert r.status == status and body["error"]["param"] == param, (payload, body)
+
+
+async def test_the_cache_can_embed_its_questions_at_a_region(tmp_path, region: Node):
+    """``cache.embed = "region"``: an edge without the model still answers a paraphrase from its cache."""
+    edge = start_edge(
+        tmp_path / "edge",
+        [("london", region.url)],
+        cache={"embed": "region", "store_truncated": True},
+    )
+    try:
+        key = edge.new_key()
+        connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
+        async with aiohttp.ClientSession(connector=connector) as s:
+
+            async def ask(content: str) -> str:
+                payload = {
+                    "model": "gemma-3-270m",
+                    "messages": [{"role": "user", "content": content}],
+                    "temperature": 0,
+                    "max_tokens": 24,
+                }
+                async with s.post(
+                    edge.url + "/v1/chat/completions",
+                    json=payload,
+                    headers={"Authorization": f"Bearer {key}"},
+                ) as r:
+                    assert r.status == 200, await r.text()
+                    return r.headers["x-nearshore-cache"]
+
+            assert await ask("What is the capital city of Nigeria?") == "MISS"
+            for _ in range(40):  # stored off the request's path
+                if await ask("Which city is the capital of Nigeria?") == "SEMANTIC":
+                    break
+            else:
+                raise AssertionError("the paraphrase never hit")
+        assert "loaded from" not in (edge.folder / "edge.log").read_text()  # the edge never held the model
+    finally:
+        edge.stop()

@@ -1,0 +1,93 @@
+"""The response cache's questions embedded at a region (``cache.embed = "region"``): its ``/v1/embeddings``
+over the edge's warm pools, for an edge that should not hold the embedding model (~200 MB with its runtime).
+
+The nearest routable replica serving the model answers (the router's round trips order them); a region
+that fails or answers something else is skipped. Nothing here is trusted: the answer is checked as the
+edge checks every embeddings answer (one vector per input) and the vectors' size is checked too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from edge.answer import MAX_VECTOR_BYTES, UpstreamFault, check_embeddings, read_bounded
+from edge.upstream import UPSTREAM_ERRORS, UpstreamPool
+
+
+class _Vector(msgspec.Struct):
+    index: int
+    embedding: list[float]
+
+
+class _Vectors(msgspec.Struct):
+    data: list[_Vector]
+
+
+_vectors = msgspec.json.Decoder(_Vectors)
+
+
+class RegionEmbedder:
+    """The same ``embed``/``start``/``close`` as the local embedder pool, the work done at a region."""
+
+    def __init__(self, pool: UpstreamPool, model: str, dim: int, timeout_s: float = 2.0) -> None:
+        self.pool = pool
+        self.model = model
+        self.dim = dim
+        self.timeout_s = timeout_s
+        self.source = f"a region's /v1/embeddings ({model})"
+
+    async def start(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        body = msgspec.json.encode({"model": self.model, "input": list(texts)})
+        headers = {"Content-Type": "application/json", **self.pool.headers}
+        now = time.monotonic()
+        replicas = [
+            u
+            for u in self.pool.upstreams
+            if self.model in u.replica.models and u.replica.health.routable(now)
+        ]
+        replicas.sort(key=lambda u: u.replica.latency.rtt_ms)
+        failures = []
+        for upstream in replicas:
+            try:
+                response = await upstream.pool.request(
+                    "POST", "/v1/embeddings", headers, body, self.timeout_s
+                )
+                try:
+                    raw = await read_bounded(response, MAX_VECTOR_BYTES * len(texts) + 4096, self.timeout_s)
+                    if response.status != 200:
+                        raise UpstreamFault.bad(f"HTTP {response.status}")
+                    check_embeddings(response, raw, len(texts))
+                finally:
+                    response.close()
+                answer = _vectors.decode(raw)
+            except (
+                TimeoutError,
+                UpstreamFault,
+                msgspec.DecodeError,
+                msgspec.ValidationError,
+                *UPSTREAM_ERRORS,
+            ) as exc:
+                failures.append(f"{upstream.name}: {type(exc).__name__} {exc}"[:120])
+                continue
+            vectors = np.array(
+                [v.embedding for v in sorted(answer.data, key=lambda v: v.index)], dtype=np.float32
+            )
+            if vectors.shape != (len(texts), self.dim) or not np.all(np.isfinite(vectors)):
+                failures.append(
+                    f"{upstream.name}: vectors of shape {vectors.shape}, not ({len(texts)}, {self.dim})"
+                )
+                continue
+            return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        raise RuntimeError(
+            "no region could embed the question: " + ("; ".join(failures) or "none serves " + self.model)
+        )
