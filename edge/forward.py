@@ -11,7 +11,6 @@ raised as :class:`ApiError`; after, they end the stream as an error event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -86,18 +85,32 @@ async def _race(
     """The region's answer head, unless ``preempt`` first ends with a reply (then the region's request is
     cancelled: its connection closes and the region aborts the work)."""
     upstream = asyncio.ensure_future(opening)
-    done, _ = await asyncio.wait({upstream, preempt}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({upstream, preempt}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # the client left mid-race: the region's request goes too
+        _abandon(upstream)
+        raise
     if preempt in done and not preempt.cancelled() and preempt.exception() is None:
         reply = preempt.result()
         if reply is not None:
             reply.won()
-            upstream.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ApiError):
-                opened = await upstream
-                opened.response.close()  # it answered in the same instant: drop it
-                opened.upstream.replica.inflight -= 1
+            _abandon(upstream)
             return reply
     return await upstream
+
+
+def _abandon(upstream: asyncio.Future[Opened]) -> None:
+    """Cancel the region's request; one that answered meanwhile is closed and its slot given back."""
+
+    def drop(task: asyncio.Future[Opened]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        opened = task.result()
+        opened.response.close()
+        opened.upstream.replica.inflight -= 1
+
+    upstream.add_done_callback(drop)
+    upstream.cancel()
 
 
 def _release(journey: Journey, opened: Opened):

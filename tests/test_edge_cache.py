@@ -206,3 +206,23 @@ async def health(edge: Edge) -> dict:
     connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
     async with aiohttp.ClientSession(connector=connector) as s, s.get(edge.url + "/health") as r:
         return await r.json()
+
+
+async def test_a_client_that_leaves_during_a_cached_miss_frees_the_regions_slot(tmp_path: Path):
+    slow = start_pacer(tmp_path, name="slow", tokens=4, interval_ms=1500)
+    edge = start_edge(tmp_path / "edge", [("slow", slow.url)])
+    edge.extra.append(slow.process)
+    try:
+        key = edge.new_key()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.4):  # the client gives up while the region is still "prefilling"
+                await ask(edge, key, question("Which river flows through Niamey?"))
+        await asyncio.sleep(0.5)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(slow.url + "/health") as r:
+                assert (await r.json())["abandoned"] >= 1  # the region was told
+            async with s.get(edge.metrics_url + "/metrics") as r:
+                metrics = await r.text()
+        assert 'nearshore_edge:region_inflight{region="slow"} 0.0' in metrics  # and no slot is held
+    finally:
+        edge.stop()
