@@ -278,18 +278,8 @@ class Router:
 
     def _quick_total(self, r: Replica, near: float, prefill_ms: float) -> float:
         """The score without affinity, for the scan's bound (the same terms as _score)."""
-        load, capacity, busy = r.load, r.spec.capacity, r.inflight
-        if load is not None:
-            if 0 < load.capacity < capacity:
-                capacity = load.capacity
-            if load.running + load.waiting > busy:
-                busy = load.running + load.waiting
-        capacity = max(capacity, 1)
-        service = r.latency.service
-        service_ms = service.value if service.samples else self.config.routing.default_service_ms
-        over = busy + 1 - capacity
-        queue_ms = over / capacity * service_ms if over > 0 else 0.0
-        return near + queue_ms + min(busy, capacity) / capacity * LOAD_PENALTY_MS + prefill_ms
+        queue_ms, load_ms = _queue_and_load(r, self.config.routing.default_service_ms)
+        return near + queue_ms + load_ms + prefill_ms
 
     def _serving_now(self, model: str, allowed: Allowed) -> list[Replica]:
         """The replicas that serve ``model`` within the residency scope (the catalog's order)."""
@@ -318,8 +308,8 @@ class Router:
         prompt_tokens: int,
         holder: tuple[str, int] | None,
     ) -> list[_Scored]:
-        """Every eligible replica's expected TTFT and its terms (see the module's docstring). The hot loop:
-        Replica.capacity, .busy and Latency.rtt_ms are read inline (the same rules), without calls."""
+        """Every eligible replica's expected TTFT and its terms (see the module's docstring); Latency.rtt_ms
+        is read inline (the same rule), without the call."""
         routing = self.config.routing
         default_service_ms = routing.default_service_ms
         prefill_ms = 1000.0 * prompt_tokens / routing.prefill_tokens_per_s
@@ -334,19 +324,7 @@ class Router:
             else:
                 rtt_ms = floor_ms * latency.inflation
             client_ms = float(client[r.index]) if client is not None else 0.0
-            load, capacity, busy = r.load, r.spec.capacity, r.inflight
-            if load is not None:
-                if 0 < load.capacity < capacity:
-                    capacity = load.capacity
-                if load.running + load.waiting > busy:
-                    busy = load.running + load.waiting
-            if capacity < 1:  # a spec made in code, unvalidated
-                capacity = 1
-            service = latency.service
-            service_ms = service.value if service.samples else default_service_ms
-            over = busy + 1 - capacity
-            queue_ms = over / capacity * service_ms if over > 0 else 0.0
-            load_ms = (busy if busy < capacity else capacity) / capacity * LOAD_PENALTY_MS
+            queue_ms, load_ms = _queue_and_load(r, default_service_ms)
             affinity_ms = 0.0
             if r.id == holder_id:
                 assert holder is not None
@@ -458,6 +436,24 @@ class Router:
             self.affinity.forget(replica.id)
             return True
         return False
+
+
+def _queue_and_load(r: Replica, default_service_ms: float) -> tuple[float, float]:
+    """The queue and load terms: requests beyond the replica's capacity (the smaller of the catalog's and
+    the one it reports) times its service time per slot, and its utilisation times LOAD_PENALTY_MS."""
+    load, capacity, busy = r.load, r.spec.capacity, r.inflight
+    if load is not None:
+        if 0 < load.capacity < capacity:
+            capacity = load.capacity
+        if load.running + load.waiting > busy:
+            busy = load.running + load.waiting
+    if capacity < 1:  # a spec made in code, unvalidated
+        capacity = 1
+    service = r.latency.service
+    service_ms = service.value if service.samples else default_service_ms
+    over = busy + 1 - capacity
+    queue_ms = over / capacity * service_ms if over > 0 else 0.0
+    return queue_ms, (busy if busy < capacity else capacity) / capacity * LOAD_PENALTY_MS
 
 
 def _place_key(where: Where) -> tuple[int, int, bool]:
