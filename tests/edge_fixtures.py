@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import ssl
 import time
 import urllib.error
@@ -36,6 +37,15 @@ class Edge:
 
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca))
+
+    def ledger_rows(self) -> list[dict]:
+        """Every usage row the edge wrote, oldest first."""
+        db = sqlite3.connect(self.ledger_db)
+        db.row_factory = sqlite3.Row
+        try:
+            return [dict(r) for r in db.execute("SELECT * FROM usage ORDER BY ts")]
+        finally:
+            db.close()
 
     def new_key(self, **fields: object) -> str:
         """A key made as `nearshore keys create` makes it, returned once the edge has loaded it."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import sqlite3
 import time
 from pathlib import Path
 
@@ -35,15 +34,6 @@ async def ask(edge: Edge, key: str, payload: dict, headers: dict | None = None) 
         ) as r,
     ):
         return r.status, dict(r.headers), await r.read()
-
-
-def rows(edge: Edge) -> list[dict]:
-    db = sqlite3.connect(edge.ledger_db)
-    db.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in db.execute("SELECT * FROM usage ORDER BY ts")]
-    finally:
-        db.close()
 
 
 async def stored(edge: Edge, key: str, payload: dict) -> None:
@@ -79,7 +69,7 @@ async def test_an_exact_repeat_is_answered_at_the_edge_and_billed_as_a_hit(edge:
     assert "cache;dur=" in headers["Server-Timing"] and "x-nearshore-region" not in headers
     answer = json.loads(body)
     assert answer["choices"][0]["message"]["content"] == " token" * 6
-    row = rows(edge)[-1]
+    row = edge.ledger_rows()[-1]
     assert row["cache_status"] == "exact" and row["region"] == "" and row["completion_tokens"] == 6
 
 
@@ -167,7 +157,7 @@ async def test_a_semantic_hit_cancels_its_region_request(tmp_path: Path):
         async with aiohttp.ClientSession() as s, s.get(slow.url + "/health") as r:
             health = await r.json()
         assert health["abandoned"] >= 1  # the region was told: its request ended when the edge left
-        row = rows(edge)[-1]
+        row = edge.ledger_rows()[-1]
         assert row["cache_status"] == "semantic" and row["region"] == ""
     finally:
         edge.stop()
@@ -179,13 +169,13 @@ async def test_a_broken_cache_folder_is_bypassed_and_nothing_is_lost(tmp_path: P
         key = edge.new_key()
         await stored(edge, key, question("What is jollof rice?"))
         shutil.rmtree(Path(edge.ledger_db).parent / "cache")  # deleted under the running edge
-        before = len(rows(edge))
+        before = len(edge.ledger_rows())
         for content in ("What is jollof rice?", "What is egusi soup?", "What is suya?"):
             status, _, body = await ask(edge, key, question(content))
             assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == " token" * 3
         await asyncio.sleep(0.3)
         assert (await health(edge))["cache"].startswith("bypassed")
-        assert len(rows(edge)) == before + 3  # every request has its row
+        assert len(edge.ledger_rows()) == before + 3  # every request has its row
     finally:
         edge.stop()
 

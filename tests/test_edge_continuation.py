@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import sqlite3
 
 import aiohttp
 import pytest
@@ -16,15 +15,6 @@ from tests.edge_fixtures import Edge, start_edge, start_pacer
 pytestmark = pytest.mark.slow
 
 MODEL = "gemma-3-270m"
-
-
-def rows(edge: Edge) -> list[dict]:
-    db = sqlite3.connect(edge.ledger_db)
-    db.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in db.execute("SELECT * FROM usage ORDER BY ts")]
-    finally:
-        db.close()
 
 
 async def read_stream(edge: Edge, key: str, payload: dict, headers: dict | None = None, on_event=None):
@@ -87,7 +77,7 @@ async def test_the_next_region_finishes_a_stream_whose_region_died(breaking_pair
     assert len(roles) == 1  # the second region's role event is not sent again
     usage = events[-2]["usage"]
     assert usage["completion_tokens"] == 20  # counted once: 6 relayed + 14 continued
-    row = rows(edge)[-1]
+    row = edge.ledger_rows()[-1]
     assert (row["status"], row["region"], row["continued_from"], row["completion_tokens"]) == (
         "ok",
         "spare",
@@ -103,7 +93,7 @@ async def test_a_client_may_opt_out_and_gets_the_error_event(breaking_pair: Edge
     events = await read_stream(edge, key, payload, headers={"x-nearshore-continue": "off"})
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "upstream_unavailable"
     assert content(events) == " token" * 6
-    row = rows(edge)[-1]
+    row = edge.ledger_rows()[-1]
     assert (row["status"], row["region"], row["continued_from"]) == ("error", "breaking", "")
 
 
@@ -152,7 +142,7 @@ async def test_a_region_killed_mid_stream_leaves_one_complete_answer(tmp_path, r
         assert killed
         assert events[-1] == "[DONE]" and not any(isinstance(e, dict) and "error" in e for e in events)
         assert content(events) == expected
-        row = rows(edge)[-1]
+        row = edge.ledger_rows()[-1]
         assert (row["region"], row["continued_from"], row["status"]) == ("virginia", "london", "ok")
         assert row["completion_tokens"] == 32
         assert row["prompt_tokens"] == reference["usage"]["prompt_tokens"]

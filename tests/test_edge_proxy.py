@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import sqlite3
 import time
 from collections.abc import Iterator
 
@@ -85,12 +84,7 @@ async def stream(edge: Edge, key: str, payload: dict) -> tuple[list[bytes], list
 
 
 def ledger_rows(edge: Edge) -> list[dict]:
-    db = sqlite3.connect(edge.ledger_db)
-    db.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in db.execute("SELECT * FROM usage ORDER BY ts")]
-    finally:
-        db.close()
+    return edge.ledger_rows()
 
 
 async def test_stream_is_relayed_chunk_by_chunk_with_usage_only_when_asked(edge: Edge):
