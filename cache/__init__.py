@@ -1,16 +1,5 @@
-"""Exact and semantic response cache at the edge (see DESIGN.md, step 2)."""
+"""Exact and semantic response cache at the edge (see DESIGN.md, step 2).
 
-from cache.embedder import DEFAULT_NAME, Embedder, EmbedderLoadError, MiniLMEmbedder, load_embedder
-from cache.embedder_pool import Embedded, EmbedderBusy, EmbedderPool, TooManyTokens
-
-__all__ = [
-    "DEFAULT_NAME",
-    "Embedded",
-    "Embedder",
-    "EmbedderBusy",
-    "EmbedderLoadError",
-    "EmbedderPool",
-    "MiniLMEmbedder",
-    "TooManyTokens",
-    "load_embedder",
-]
+Nothing is imported here: `edge.config` reads `cache.settings`, and the embedder's stack (numpy,
+tokenizers, ONNX Runtime) should load only in the processes that embed.
+"""
