@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,12 +78,20 @@ class ResponseCache:
         self.embedder = embedder
         self.threshold = threshold
         self.store = CacheStore(folder, dim, size_limit_bytes)
-        self.failure = ""  # why the cache is bypassed, for /health
+        # What fails now, by operation: a full disk breaks only "store" (reads still hit), a deleted folder
+        # breaks them all; each operation's next success clears its own entry.
+        self.failures: dict[str, str] = {}
+        self.failure_counts: dict[str, int] = {}  # every failure since start, by operation, for /metrics
         self.semantic_off = ""  # why only exact hits are served (no embedding model), for /health
 
     @property
+    def failure(self) -> str:
+        """Why the cache is (partly) bypassed, for /health; "" while it works."""
+        return "; ".join(self.failures.values())
+
+    @property
     def healthy(self) -> bool:
-        return not self.failure
+        return not self.failures
 
     def exact(self, key: CacheKey) -> Hit | None:
         try:
@@ -92,7 +99,7 @@ class ResponseCache:
         except Exception as exc:  # a disk problem: serve without the cache
             self._broke("exact lookup", exc)
             return None
-        self.failure = ""  # it works (again)
+        self.failures.pop("exact lookup", None)  # it works (again)
         return Hit(entry, "exact", 1.0) if entry is not None else None
 
     async def semantic(self, key: CacheKey) -> Lookup:
@@ -103,10 +110,12 @@ class ResponseCache:
         except Exception as exc:
             self._broke("embedding", exc)
             return Lookup(None, None)
+        self.failures.pop("embedding", None)
         try:
             candidates = await asyncio.to_thread(
                 self.store.nearest, key.partition, vector, CANDIDATES, self.threshold
             )
+            self.failures.pop("semantic lookup", None)
             rejected = 0
             for similarity, exact in candidates:
                 entry = self.store.get(exact)
@@ -127,17 +136,19 @@ class ResponseCache:
                 entry = msgspec.structs.replace(entry, scope=key.scope)
             if vector is None and not self.semantic_off:
                 vector = (await self.embedder.embed([key.query]))[0]
-            return await asyncio.to_thread(self.store.put, key.exact, entry, vector)
+            saved = await asyncio.to_thread(self.store.put, key.exact, entry, vector)
         except Exception as exc:
             self._broke("store", exc)
             return False
+        self.failures.pop("store", None)
+        return saved
 
     def _broke(self, what: str, exc: BaseException) -> None:
         reason = f"{what} failed: {type(exc).__name__}: {exc}"[:300]
-        if reason != self.failure:
+        if reason != self.failures.get(what):
             log.warning("cache bypassed: %s", reason)
-        self.failure = reason
-        self.failed_at = time.monotonic()
+        self.failures[what] = reason
+        self.failure_counts[what] = self.failure_counts.get(what, 0) + 1
 
     def close(self) -> None:
         self.store.close()

@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,10 @@ class CacheStore:
             else {}
         )
         self.entries = diskcache.Cache(str(folder / "entries"), **settings)
+        # The same rows, read without recording the access: a full disk fails the LRU's write on every read,
+        # and the answers already stored should still be served then.
+        self._reader = diskcache.Cache(str(folder / "entries"))
+        self._reader.reset("eviction_policy", "none", update=False)
         self.index_dir = folder / "index"
         self.index_dir.mkdir(exist_ok=True)
         self._vectors: dict[str, _Vectors] = {}
@@ -92,12 +97,16 @@ class CacheStore:
 
     def close(self) -> None:
         self.entries.close()
+        self._reader.close()
         self.indexes.close()
 
     # --- entries -------------------------------------------------------------------------------------------
 
     def get(self, exact: str, now: float | None = None) -> Entry | None:
-        raw = self.entries.get(exact)
+        try:
+            raw = self.entries.get(exact)
+        except sqlite3.OperationalError:  # "database or disk is full": read without the LRU's update
+            raw = self._reader.get(exact)
         if raw is None:
             return None
         try:

@@ -138,6 +138,8 @@ async def metrics(request: web.Request) -> web.Response:
     if state.cache is not None:
         m_ = state.metrics
         m_.cache_up.set(0 if state.cache.failure else 1)
+        for operation, count in state.cache.failure_counts.items():
+            m_.cache_failures.labels(operation).set(count)
         with contextlib.suppress(Exception):  # a broken cache folder must not break /metrics
             m_.cache_entries.set(len(state.cache.store.entries))
             m_.cache_bytes.set(state.cache.store.entries.volume())

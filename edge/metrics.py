@@ -55,6 +55,12 @@ class EdgeMetrics:
         self.cache_entries = Gauge(P + "cache_entries", "Entries in the response cache.", registry=r)
         self.cache_bytes = Gauge(P + "cache_bytes", "Bytes the response cache's entries take.", registry=r)
         self.cache_up = Gauge(P + "cache_up", "1 while the response cache works (0: bypassed).", registry=r)
+        self.cache_failures = Gauge(
+            P + "cache_failures",
+            "Response cache operations that failed since start (the request went on without the cache).",
+            ["operation"],
+            registry=r,
+        )
         self.continued = Counter(
             P + "streams_continued",
             "Streams whose region died mid-answer, finished by another.",

@@ -4,8 +4,10 @@ never an error or a cut-short answer, a hit that cancels its region's request, a
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -214,5 +216,64 @@ async def test_a_client_that_leaves_during_a_cached_miss_frees_the_regions_slot(
             async with s.get(edge.metrics_url + "/metrics") as r:
                 metrics = await r.text()
         assert 'nearshore_edge:region_inflight{region="slow"} 0.0' in metrics  # and no slot is held
+    finally:
+        edge.stop()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A real 8 MiB filesystem (tmpfs) to fill up; skipped where this user cannot mount one."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Write one file until the filesystem has no byte left."""
+    filler = folder / "filler"
+    with filler.open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (64 << 10))
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return filler
+
+
+async def test_a_full_disk_bypasses_the_cache_and_loses_nothing(tmp_path: Path, small_disk: Path):
+    edge = edge_over_pacer(
+        tmp_path, "pacer", {"cache": {"store_truncated": True, "folder": str(small_disk / "cache")}}, tokens=3
+    )
+    try:
+        key = edge.new_key()
+        await stored(edge, key, question("What is jollof rice?"))
+        filler = fill(small_disk)
+        before = len(edge.ledger_rows())
+        questions = [f"How many people live in city number {n}?" for n in range(8)]
+        for content in questions:  # every answer is served, none can be stored
+            status, headers, body = await ask(edge, key, question(content))
+            assert status == 200 and headers["x-nearshore-cache"] == "MISS"
+            assert json.loads(body)["choices"][0]["message"]["content"] == " token" * 3
+        status, headers, _ = await ask(edge, key, question("What is jollof rice?"))
+        assert status == 200 and headers["x-nearshore-cache"] == "HIT"  # what was stored still answers
+        await asyncio.sleep(0.3)  # stores run after the answer
+        assert (await health(edge))["cache"].startswith("bypassed (store failed")
+        async with aiohttp.ClientSession() as s, s.get(edge.metrics_url + "/metrics") as r:
+            metrics = await r.text()
+        assert 'nearshore_edge:cache_failures{operation="store"}' in metrics
+        assert len(edge.ledger_rows()) == before + len(questions) + 1  # every request has its row
+
+        filler.unlink()  # room again: the next answer is stored and the cache says it is up
+        await stored(edge, key, question(questions[0]))
+        assert (await health(edge))["cache"] == "up"
     finally:
         edge.stop()
