@@ -1,0 +1,359 @@
+"""Paged KV bookkeeping: which block of which pool holds each token of each sequence.
+
+Pure Python, no tensors: the model's cache (gpu/kv_cache.py) holds the numbers, this module says where.
+
+Layers belong to a *group* by attention kind ("global": full causal, "sliding": a window of W tokens);
+each group has its own :class:`BlockPool` of fixed-size blocks. Block id 0 of every pool is the null
+block: never handed out, it pads block tables and stands in for sliding-window blocks that were dropped.
+
+Prefix caching: a full block is named by a chained hash of its tokens and its parent block's hash, so
+two prompts that start the same way share blocks (by reference count). A hit is checked against the
+block's stored tokens and parent hash, so a hash collision can never share a wrong block. Freed blocks
+that still hold a named prefix wait in the free queue in LRU order and are revived by a later hit; a
+block reused for other tokens loses its name.
+
+The manager speaks in paired verbs over all groups at once: ``can_allocate``/``allocate`` (a newcomer
+takes its cached prefix), ``can_append``/``append`` (room for a step's new tokens), ``free``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+NULL_BLOCK = 0
+
+Tokens = tuple[int, ...]
+# (parent block's hash or None for the first block, the block's tokens) -> the block's hash
+HashFn = Callable[[int | None, Tokens], int]
+
+
+def chain_hash(parent: int | None, tokens: Tokens) -> int:
+    """A 128-bit digest of the parent's hash and the block's tokens (blake2b: stable across processes)."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(b"-" if parent is None else parent.to_bytes(16, "little"))
+    digest.update(array("q", tokens).tobytes())
+    return int.from_bytes(digest.digest(), "little")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """One pool of blocks for the layers of one attention kind; ``window`` in tokens, None for full."""
+
+    name: str
+    num_blocks: int
+    window: int | None = None
+
+
+class BlockPool:
+    """``num_blocks`` blocks of one group: reference counts, the free queue and the prefix-cache names.
+
+    The free queue is reused from its head. Blocks that hold nothing worth keeping go to the head; blocks
+    that still hold a named prefix go to the tail, so they are reused least recently freed first.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 2:
+            raise ValueError("a pool needs the null block and at least one more")
+        self.num_blocks = num_blocks
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_parent: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[Tokens | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}  # hash -> block id
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - 1 - len(self.free)
+
+    def lookup(self, block_hash: int, parent: int | None, tokens: Tokens) -> int | None:
+        """The cached block named ``block_hash``, if it really holds ``tokens`` after ``parent``."""
+        block = self.cached.get(block_hash)
+        if block is None or self.block_tokens[block] != tokens or self.block_parent[block] != parent:
+            return None
+        return block
+
+    def take(self) -> int:
+        """A fresh block (ref 1); a cached one from the queue's head loses its name."""
+        block, _ = self.free.popitem(last=False)
+        name = self.block_hash[block]
+        if name is not None:
+            del self.cached[name]
+            self.block_hash[block] = self.block_parent[block] = self.block_tokens[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def share(self, block: int) -> None:
+        """One more table holds ``block`` (a prefix hit); a cached block is revived from the queue."""
+        if self.ref_counts[block] == 0:
+            del self.free[block]
+        self.ref_counts[block] += 1
+
+    def release(self, block: int) -> bool:
+        """One table less holds ``block``; True when that freed it."""
+        assert block != NULL_BLOCK and self.ref_counts[block] > 0, f"release of unheld block {block}"
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block]:
+            return False
+        self.free[block] = None
+        if self.block_hash[block] is None:
+            self.free.move_to_end(block, last=False)  # nothing to keep: reuse it first
+        return True
+
+    def name(self, block: int, block_hash: int, parent: int | None, tokens: Tokens) -> None:
+        """``block`` just filled with ``tokens``: cached under ``block_hash`` unless another has the name."""
+        if block_hash not in self.cached and self.block_hash[block] is None:
+            self.cached[block_hash] = block
+            self.block_hash[block], self.block_parent[block], self.block_tokens[block] = (
+                block_hash,
+                parent,
+                tokens,
+            )
+
+
+@dataclass(slots=True)
+class _SeqBlocks:
+    tokens: list[int]  # tokens whose KV is written (or is being written this step), in order
+    block_hashes: list[int]  # the chained hash of each full block of ``tokens``
+    tables: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class KvUsage:
+    blocks_used: dict[str, int]  # held by a sequence (cached free blocks are not used)
+    blocks_total: dict[str, int]  # without the null block
+    blocks_cached: dict[str, int]  # holding a named prefix, held or not
+    prefix_query_tokens: int  # prompt tokens looked up at admission
+    prefix_hit_tokens: int  # of which found cached
+
+
+def _blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+class KvBlockManager:
+    """Block tables of every sequence over one pool per group (see the module's docstring)."""
+
+    def __init__(
+        self, groups: Sequence[GroupSpec], block_size: int = 16, hash_fn: HashFn = chain_hash
+    ) -> None:
+        if not groups or len({g.name for g in groups}) != len(groups):
+            raise ValueError("groups need distinct names")
+        if block_size < 1 or any(g.window is not None and g.window < 1 for g in groups):
+            raise ValueError("block_size and windows must be positive")
+        self.groups = {g.name: g for g in groups}
+        self.block_size = block_size
+        self.hash_fn = hash_fn
+        self.pools = {g.name: BlockPool(g.num_blocks) for g in groups}
+        self.seqs: dict[int, _SeqBlocks] = {}
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
+
+    # --- admission ------------------------------------------------------------------------------------
+
+    def can_allocate(self, seq_id: int, tokens: Sequence[int]) -> bool:
+        """Room for ``tokens`` (a prompt, or a preempted sequence's prompt and outputs) to be computed:
+        its cached prefix revived and blocks for the rest free (a sliding group needs only its window's)."""
+        assert seq_id not in self.seqs, f"sequence {seq_id} already allocated"
+        _hashes, hits = self._prefix_hits(tokens)
+        num_cached = len(next(iter(hits.values()))) * self.block_size
+        for name, pool in self.pools.items():
+            revived = sum(1 for b in hits[name] if b != NULL_BLOCK and pool.ref_counts[b] == 0)
+            fresh = _blocks_for(len(tokens), self.block_size) - num_cached // self.block_size
+            window = self.groups[name].window
+            if window is not None:
+                fresh = min(fresh, _blocks_for(window, self.block_size) + 1)
+            if revived + fresh > pool.num_free:
+                return False
+        return True
+
+    def allocate(self, seq_id: int, tokens: Sequence[int]) -> int:
+        """Admit ``seq_id`` with the longest cached prefix of ``tokens``; returns its length in tokens.
+
+        Only the prefix is taken: the rest gets blocks as it is computed (:meth:`append`)."""
+        assert self.can_allocate(seq_id, tokens)
+        hashes, hits = self._prefix_hits(tokens)
+        num_blocks = len(next(iter(hits.values())))
+        num_cached = num_blocks * self.block_size
+        for name, blocks in hits.items():
+            for block in blocks:
+                if block != NULL_BLOCK:
+                    self.pools[name].share(block)
+        self.seqs[seq_id] = _SeqBlocks(list(tokens[:num_cached]), hashes[:num_blocks], hits)
+        self.prefix_query_tokens += len(tokens)
+        self.prefix_hit_tokens += num_cached
+        return num_cached
+
+    def _prefix_hits(self, tokens: Sequence[int]) -> tuple[list[int], dict[str, list[int]]]:
+        """The chained hashes of ``tokens``' full blocks, and per group the blocks of the longest prefix
+        every group holds (null where a sliding group needs no block).
+
+        The prefix is block aligned and leaves at least one token to compute: its logits pick the next."""
+        size = self.block_size
+        max_blocks = max(0, len(tokens) - 1) // size
+        hashes: list[int] = []
+        parent: int | None = None
+        found = {name: [] for name in self.pools}  # block or None, per block index
+        for index in range(max_blocks):
+            block_tokens = tuple(tokens[index * size : (index + 1) * size])
+            block_hash = self.hash_fn(parent, block_tokens)
+            for name, pool in self.pools.items():
+                found[name].append(pool.lookup(block_hash, parent, block_tokens))
+            hashes.append(block_hash)
+            parent = block_hash
+        best = 0
+        for num_blocks in range(max_blocks, 0, -1):
+            if all(self._holds_prefix(name, found[name], num_blocks) for name in self.pools):
+                best = num_blocks
+                break
+        hits = {}
+        for name in self.pools:
+            first = self._first_live_block(name, best * size)
+            hits[name] = [NULL_BLOCK] * first + [b for b in found[name][first:best] if b is not None]
+        return hashes, hits
+
+    def _holds_prefix(self, group: str, found: list[int | None], num_blocks: int) -> bool:
+        first = self._first_live_block(group, num_blocks * self.block_size)
+        return all(block is not None for block in found[first:num_blocks])
+
+    def _first_live_block(self, group: str, num_tokens: int) -> int:
+        """The first block the next query (at position ``num_tokens``) can read in ``group``.
+
+        A query at p attends keys with p - key < W, so blocks ending at or before p - W + 1 are dead."""
+        window = self.groups[group].window
+        if window is None:
+            return 0
+        return max(0, num_tokens - window + 1) // self.block_size
+
+    # --- a step's new tokens --------------------------------------------------------------------------
+
+    def can_append(self, seq_id: int, num_new: int) -> bool:
+        """Room for ``num_new`` more tokens of ``seq_id`` this step (sliding blocks it drops count)."""
+        state = self.seqs[seq_id]
+        need = _blocks_for(len(state.tokens) + num_new, self.block_size)
+        for name, pool in self.pools.items():
+            table = state.tables[name]
+            freed = sum(1 for b in self._dead_blocks(name, state) if pool.ref_counts[table[b]] == 1)
+            if need - len(table) > pool.num_free + freed:
+                return False
+        return True
+
+    def append(self, seq_id: int, new_tokens: Sequence[int]) -> None:
+        """``new_tokens`` get their KV written this step: drop dead sliding blocks, give blocks to the new
+        tokens, and name the blocks they fill (prompt or generated tokens alike)."""
+        assert self.can_append(seq_id, len(new_tokens))
+        state = self.seqs[seq_id]
+        need = _blocks_for(len(state.tokens) + len(new_tokens), self.block_size)
+        for name, pool in self.pools.items():
+            table = state.tables[name]
+            for index in self._dead_blocks(name, state):
+                pool.release(table[index])
+                table[index] = NULL_BLOCK
+            table.extend(pool.take() for _ in range(need - len(table)))
+        state.tokens.extend(new_tokens)
+        self._name_full_blocks(state)
+
+    def _dead_blocks(self, group: str, state: _SeqBlocks) -> Iterable[int]:
+        """Indexes of ``group``'s blocks that the sequence's next query can no longer read."""
+        table = state.tables[group]
+        first = self._first_live_block(group, len(state.tokens))
+        return (i for i in range(min(first, len(table))) if table[i] != NULL_BLOCK)
+
+    def _name_full_blocks(self, state: _SeqBlocks) -> None:
+        size = self.block_size
+        for index in range(len(state.block_hashes), len(state.tokens) // size):
+            parent = state.block_hashes[-1] if state.block_hashes else None
+            block_tokens = tuple(state.tokens[index * size : (index + 1) * size])
+            block_hash = self.hash_fn(parent, block_tokens)
+            state.block_hashes.append(block_hash)
+            for name, pool in self.pools.items():
+                block = state.tables[name][index]
+                if block != NULL_BLOCK:
+                    pool.name(block, block_hash, parent, block_tokens)
+
+    # --- leaving --------------------------------------------------------------------------------------
+
+    def free(self, seq_id: int) -> None:
+        """``seq_id`` leaves; its named blocks stay cached. Released last block first, so a prefix
+        (the part others reuse) outlives its tail in the LRU queue."""
+        state = self.seqs.pop(seq_id)
+        for name, pool in self.pools.items():
+            for block in reversed(state.tables[name]):
+                if block != NULL_BLOCK:
+                    pool.release(block)
+
+    def reset(self) -> None:
+        """The model's memory was wiped: no sequence, no cached prefix."""
+        self.seqs.clear()
+        self.pools = {g.name: BlockPool(g.num_blocks) for g in self.groups.values()}
+
+    # --- reading --------------------------------------------------------------------------------------
+
+    def num_tokens(self, seq_id: int) -> int:
+        return len(self.seqs[seq_id].tokens)
+
+    def block_table(self, seq_id: int, group: str) -> list[int]:
+        return self.seqs[seq_id].tables[group]
+
+    def slots(self, seq_id: int, group: str, start: int, count: int) -> list[int]:
+        """Cache slots of positions [start, start + count) of ``seq_id`` in ``group``'s pool."""
+        table, size = self.seqs[seq_id].tables[group], self.block_size
+        slots = [table[p // size] * size + p % size for p in range(start, start + count)]
+        assert count == 0 or table[(start + count - 1) // size] != NULL_BLOCK
+        return slots
+
+    def usage(self) -> KvUsage:
+        pools = self.pools.items()
+        return KvUsage(
+            blocks_used={name: pool.num_used for name, pool in pools},
+            blocks_total={name: pool.num_blocks - 1 for name, pool in pools},
+            blocks_cached={name: len(pool.cached) for name, pool in pools},
+            prefix_query_tokens=self.prefix_query_tokens,
+            prefix_hit_tokens=self.prefix_hit_tokens,
+        )
+
+    def check_invariants(self) -> None:
+        """Assert the books agree with themselves (tests call this after every operation)."""
+        for state in self.seqs.values():
+            assert len(state.block_hashes) == len(state.tokens) // self.block_size
+        for name, pool in self.pools.items():
+            assert pool.ref_counts == self._holders(name), f"{name}: ref counts != tables holding the blocks"
+            assert pool.ref_counts[NULL_BLOCK] == 0 and NULL_BLOCK not in pool.free, "null block allocated"
+            for block in range(1, pool.num_blocks):
+                assert (block in pool.free) == (pool.ref_counts[block] == 0), f"block {block} free and held"
+                if pool.block_hash[block] is None:
+                    assert pool.block_tokens[block] is None
+            for block_hash, block in pool.cached.items():
+                assert pool.block_hash[block] == block_hash
+                tokens = pool.block_tokens[block]
+                assert tokens is not None and len(tokens) == self.block_size
+                assert self.hash_fn(pool.block_parent[block], tokens) == block_hash
+
+    def _holders(self, group: str) -> list[int]:
+        """How many tables hold each block of ``group``, checking each table on the way: its length, no
+        block twice, null only where the window dropped a block, and named blocks hold the table's tokens."""
+        pool, size = self.pools[group], self.block_size
+        holders = [0] * pool.num_blocks
+        for state in self.seqs.values():
+            table = state.tables[group]
+            assert len(table) == _blocks_for(len(state.tokens), size), "table length != tokens"
+            live = [b for b in table if b != NULL_BLOCK]
+            assert len(set(live)) == len(live), "a table holds a block twice"
+            first_live = self._first_live_block(group, len(state.tokens))
+            for index, block in enumerate(table):
+                if block == NULL_BLOCK:
+                    assert index < first_live, f"{group}: a live block of the window is missing"
+                    continue
+                holders[block] += 1
+                if pool.block_hash[block] is not None:
+                    assert pool.block_hash[block] == state.block_hashes[index]
+                    assert pool.block_tokens[block] == tuple(state.tokens[index * size : (index + 1) * size])
+        return holders
