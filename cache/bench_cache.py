@@ -313,7 +313,7 @@ def run(bench: CacheBench, log: Callable[[str], object] = print) -> dict:
     deadline = started + bench.budget_s
     work = Path(bench.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    embedder = load_embedder()
+    embedder = load_embedder(backend=CacheSettings().embedder_backend)  # what the edge's cache runs
     corpus = load_corpus(embedder)
     report: dict[str, object] = {
         "embedder": f"{embedder.name} ({embedder.backend})",

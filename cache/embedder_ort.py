@@ -13,6 +13,7 @@ figures in cache/embedder.py's docstring).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,7 @@ import numpy as np
 class OrtLayers:
     """The layers of a loaded encoder in one ONNX Runtime session: ``(x, bias, B, S) -> x``, like numpy's."""
 
-    def __init__(self, shape: Any, layers: list[Any], threads: int = 1) -> None:
+    def __init__(self, shape: Any, layers: list[Any], threads: int = 1, int8: bool = False) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -30,8 +31,9 @@ class OrtLayers:
         # Idle pool threads sleep instead of spinning: the event loop shares these cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.shape = shape
+        graph = encoder_graph(shape, layers)
         self.session = ort.InferenceSession(
-            encoder_graph(shape, layers), options, providers=["CPUExecutionProvider"]
+            quantized(graph) if int8 else graph, options, providers=["CPUExecutionProvider"]
         )
 
     def __call__(self, x: np.ndarray, bias: np.ndarray, b: int, n: int) -> np.ndarray:
@@ -133,3 +135,31 @@ def encoder_graph(s: Any, layers: list[Any]) -> bytes:
     # IR 9 with opset 18 (Split's num_outputs, LayerNormalization): what onnxruntime >= 1.16 reads.
     onnx_model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
     return onnx_model.SerializeToString()
+
+
+def quantized(graph: bytes) -> bytes:
+    """The graph with its matrix products in int8: weights quantised per output channel at load (~0.3 s),
+    activations per call. Per channel, the vectors stay within cosine 0.99 of fp32's (per tensor: 0.95)."""
+    import tempfile
+    from pathlib import Path
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()
+    quiet = _DropPreprocessingAdvice()
+    root.addFilter(quiet)  # the quantiser logs advice for image models to the root logger on every call
+    with tempfile.TemporaryDirectory(prefix="nearshore-embedder-") as folder:
+        source, target = Path(folder) / "fp32.onnx", Path(folder) / "int8.onnx"
+        source.write_bytes(graph)
+        try:
+            quantize_dynamic(
+                source, target, per_channel=True, weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"]
+            )
+        finally:
+            root.removeFilter(quiet)
+        return target.read_bytes()
+
+
+class _DropPreprocessingAdvice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()

@@ -273,7 +273,9 @@ def evaluate(
     pairs = load_pairs(path)
     started = time.perf_counter()
     if embedder is None:
-        embedder = load_embedder(settings.embedder_path or str(embedded_model_dir()))
+        embedder = load_embedder(
+            settings.embedder_path or str(embedded_model_dir()), backend=settings.embedder_backend
+        )
     with tempfile.TemporaryDirectory(prefix="nearshore-cache-eval-") as folder:
         outcomes = asyncio.run(run_pairs(pairs, settings, embedder, Path(folder)))
     return report(outcomes, settings, time.perf_counter() - started), outcomes

@@ -70,10 +70,15 @@ def _embedder(
     if model_dir is None:
         log.warning("response cache: %s; exact hits only", why)
         return EmbedderPool(lambda: load_embedder(""), source="<none>"), 0, why
+    backend = settings.embedder_backend
     path = str(model_dir)
     # Loaded on the first cacheable request (its lookup loses that race, nothing waits): an edge that never
     # sees one never holds the model (~200 MB with its runtime).
-    return EmbedderPool(lambda: load_embedder(path), source=path, load_when="lazy"), dim, ""
+    return (
+        EmbedderPool(lambda: load_embedder(path, backend=backend), source=path, load_when="lazy"),
+        dim,
+        "",
+    )
 
 
 def cache_lifetime(state: EdgeState):

@@ -23,6 +23,7 @@ from cache.embedder import (
     load_embedder,
 )
 from cache.embedder_pool import EmbedderBusy, EmbedderPool
+from cache.settings import CacheSettings
 
 REFERENCE = Path(__file__).parent / "data" / "minilm_reference.npz"
 
@@ -133,6 +134,21 @@ def test_the_backends_agree(reference):
     ort_vectors = load_embedder(backend="onnxruntime").embed(sentences)
     np.testing.assert_allclose(ort_vectors, numpy_vectors, atol=2e-6)
     assert load_embedder().backend == "onnxruntime"  # "auto" takes it when installed
+
+
+def test_the_int8_backend_stays_close_and_is_the_caches_default(reference):
+    """int8 matrix products move each vector a little (cosine >= 0.97 to sentence-transformers') and keep
+    the order of similarities that the cache's threshold relies on; the cache runs it by default."""
+    sentences, expected = reference
+    int8 = load_embedder(backend="auto-int8")
+    assert int8.backend == "onnxruntime-int8"
+    vectors = int8.embed(sentences)
+    cosines = np.sum(vectors * expected, axis=1)
+    assert cosines.min() >= 0.97 and cosines.mean() >= 0.99, (cosines.min(), cosines.mean())
+    # pairwise similarities (what the threshold is set on) move by under a hundredth on average
+    drift = np.abs(vectors @ vectors.T - expected @ expected.T)
+    assert drift.mean() < 0.01 and drift.max() < 0.08, (drift.mean(), drift.max())
+    assert CacheSettings().embedder_backend == "auto-int8"
 
 
 def test_an_unknown_backend_is_a_load_error():
