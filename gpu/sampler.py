@@ -1,0 +1,169 @@
+"""Batched token sampling on the model's device: one call draws a token for every row of a step.
+
+Each row carries its own parameters (greedy, temperature, top-k, top-p, min-p, penalties) and its own
+random stream. The draw is by inverse CDF over the row's probabilities in descending order, with one
+uniform number per row that depends only on the request's seed and the index of the token being drawn
+(:func:`uniform`), so a seeded request gets the same tokens whatever else shares its batch, on any device.
+
+The order of the adjustments is vLLM's: repetition penalty, then frequency and presence penalties, then
+temperature, then the top-k / top-p / min-p filters. Log-probabilities are those of the raw logits (before
+penalties and temperature), as vLLM reports by default.
+
+The CUDA kernel for the fused filter-and-draw (gpu/kernels) computes exactly :func:`draw`; this module is the
+reference it is checked against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def uniform(seed: int, index: int) -> float:
+    """A number in [0, 1) from (seed, index) alone: counter-based, so no state travels with a request."""
+    return (_splitmix64(_splitmix64(seed & MASK64) ^ (index & MASK64)) >> 11) * (1.0 / (1 << 53))
+
+
+@dataclass(slots=True)
+class RowParams:
+    """One row's sampling: the request's parameters, its seed, and what it has seen so far."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+    index: int = 0  # which output token this draw is (0 for the first): the random stream's counter
+    output_counts: dict[int, int] = field(default_factory=dict)  # generated token -> times
+    prompt_tokens: Sequence[int] = ()  # for the repetition penalty
+    logprobs: int | None = None  # top-N log-probabilities to return (0: the chosen token's only)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(slots=True)
+class Sampled:
+    tokens: list[int]
+    # per row: (chosen token's log-probability, [(token, log-probability)] best first) or None
+    logprobs: list[tuple[float, list[tuple[int, float]]] | None]
+
+
+def sample(logits: torch.Tensor, rows: Sequence[RowParams]) -> Sampled:
+    """Draw one token for each row of ``logits`` [N, vocab] (float32, any device)."""
+    raw = logits
+    adjusted = _penalised(logits, rows)
+    tokens = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
+    greedy = [i for i, r in enumerate(rows) if r.greedy]
+    drawn = [i for i, r in enumerate(rows) if not r.greedy]
+    if greedy:
+        index = torch.tensor(greedy, device=logits.device)
+        tokens[index] = adjusted[index].argmax(dim=-1)
+    if drawn:
+        index = torch.tensor(drawn, device=logits.device)
+        tokens[index] = draw(adjusted[index], [rows[i] for i in drawn])
+    chosen = tokens.tolist()
+    return Sampled(chosen, _logprobs(raw, rows, tokens))
+
+
+def _penalised(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
+    """The logits after each row's repetition, frequency and presence penalties (a copy when any applies)."""
+    rep_rows: list[int] = []
+    rep_ids: list[int] = []
+    rep_factors: list[float] = []
+    pen_rows: list[int] = []
+    pen_ids: list[int] = []
+    pen_amounts: list[float] = []
+    for i, r in enumerate(rows):
+        if r.repetition_penalty != 1.0:
+            seen = set(r.prompt_tokens) | r.output_counts.keys()
+            rep_rows += [i] * len(seen)
+            rep_ids += seen
+            rep_factors += [r.repetition_penalty] * len(seen)
+        if (r.presence_penalty or r.frequency_penalty) and r.output_counts:
+            for token, count in r.output_counts.items():
+                pen_rows.append(i)
+                pen_ids.append(token)
+                pen_amounts.append(count * r.frequency_penalty + r.presence_penalty)
+    if not rep_rows and not pen_rows:
+        return logits
+    out = logits.clone()
+    device = logits.device
+    if rep_rows:
+        at = (torch.tensor(rep_rows, device=device), torch.tensor(rep_ids, device=device))
+        factor = torch.tensor(rep_factors, device=device, dtype=out.dtype)
+        seen = out[at]
+        # HF's (CTRL's) definition: divide a positive logit, multiply a negative one.
+        out[at] = torch.where(seen > 0, seen / factor, seen * factor)
+    if pen_rows:
+        at = (torch.tensor(pen_rows, device=device), torch.tensor(pen_ids, device=device))
+        out[at] -= torch.tensor(pen_amounts, device=device, dtype=out.dtype)
+    return out
+
+
+def draw(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
+    """Inverse-CDF draws for non-greedy rows: temperature, then top-k, top-p and min-p over the row's
+    probabilities sorted from the most likely; one uniform per row from (seed, index)."""
+    device = logits.device
+    vocab = logits.shape[1]
+    temperature = torch.tensor([r.temperature for r in rows], device=device, dtype=torch.float32)
+    probs = torch.softmax(logits.float() / temperature[:, None], dim=-1)
+    # Only the head of the sorted row can be kept when every row has a top-k: sort that much.
+    ks = [r.top_k if 0 < r.top_k < vocab else vocab for r in rows]
+    width = max(ks)
+    if width < vocab:
+        sorted_probs, sorted_ids = torch.topk(probs, width, dim=-1)
+    else:
+        sorted_probs, sorted_ids = torch.sort(probs, dim=-1, descending=True)
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+    positions = torch.arange(width, device=device)[None, :]
+    keep &= positions < torch.tensor(ks, device=device)[:, None]
+    top_p = torch.tensor([r.top_p for r in rows], device=device, dtype=torch.float32)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass strictly above each token
+    keep &= (before < top_p[:, None]) | (top_p[:, None] >= 1.0)  # 1.0 keeps all, whatever the rounding
+    min_p = torch.tensor([r.min_p for r in rows], device=device, dtype=torch.float32)
+    keep &= sorted_probs >= min_p[:, None] * sorted_probs[:, :1]
+    keep[:, 0] = True  # the most likely token always survives the filters
+    kept = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
+    cdf = torch.cumsum(kept, dim=-1)
+    u = torch.tensor([uniform(r.seed, r.index) for r in rows], device=device, dtype=torch.float32)
+    target = u[:, None] * cdf[:, -1:]
+    pick = torch.searchsorted(cdf, target, right=True).clamp_(max=width - 1)
+    # A pick past the last kept token (float rounding at u ~ 1) falls back to the last kept one.
+    last_kept = keep.long().cumsum(-1).argmax(-1, keepdim=True)
+    pick = torch.minimum(pick, last_kept)
+    return sorted_ids.gather(1, pick).squeeze(1)
+
+
+def _logprobs(
+    raw: torch.Tensor, rows: Sequence[RowParams], tokens: torch.Tensor
+) -> list[tuple[float, list[tuple[int, float]]] | None]:
+    wanted = [i for i, r in enumerate(rows) if r.logprobs is not None]
+    out: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(rows)
+    if not wanted:
+        return out
+    index = torch.tensor(wanted, device=raw.device)
+    logp = torch.log_softmax(raw[index].float(), dim=-1)
+    chosen = logp.gather(1, tokens[index][:, None]).squeeze(1).tolist()
+    top_n = max(rows[i].logprobs or 0 for i in wanted)
+    top_values, top_ids = logp.topk(top_n, dim=-1) if top_n else (logp[:, :0], logp[:, :0].long())
+    values, ids = top_values.tolist(), top_ids.tolist()
+    for j, i in enumerate(wanted):
+        n = rows[i].logprobs or 0
+        out[i] = (chosen[j], list(zip(ids[j][:n], values[j][:n], strict=True)))
+    return out
