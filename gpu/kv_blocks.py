@@ -48,11 +48,26 @@ class GroupSpec:
     window: int | None = None
 
 
+BlockRef = tuple[int, int]  # (block id, generation): a block's content from one fill to its reuse
+
+
+@dataclass(frozen=True, slots=True)
+class BlockName:
+    """What a full block holds: its chained hash, its parent's hash and block, and its tokens."""
+
+    block_hash: int
+    parent_hash: int | None
+    parent: BlockRef | None  # the parent block in the same pool when it was filled (None: first, dropped)
+    tokens: Tokens
+
+
 class BlockPool:
     """``num_blocks`` blocks of one group: reference counts, the free queue and the prefix-cache names.
 
     The free queue is reused from its head. Blocks that hold nothing worth keeping go to the head; blocks
-    that still hold a named prefix go to the tail, so they are reused least recently freed first.
+    that still hold a named prefix go to the tail, so they are reused least recently freed first. A
+    block's generation counts its reuses, so a child block can tell whether its parent still holds what
+    it held when the child filled.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -60,9 +75,8 @@ class BlockPool:
             raise ValueError("a pool needs the null block and at least one more")
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
-        self.block_parent: list[int | None] = [None] * num_blocks
-        self.block_tokens: list[Tokens | None] = [None] * num_blocks
+        self.generation = [0] * num_blocks
+        self.names: list[BlockName | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}  # hash -> block id
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))
 
@@ -74,20 +88,34 @@ class BlockPool:
     def num_used(self) -> int:
         return self.num_blocks - 1 - len(self.free)
 
-    def lookup(self, block_hash: int, parent: int | None, tokens: Tokens) -> int | None:
-        """The cached block named ``block_hash``, if it really holds ``tokens`` after ``parent``."""
+    def ref(self, block: int) -> BlockRef:
+        return block, self.generation[block]
+
+    def lookup(
+        self, block_hash: int, parent_hash: int | None, tokens: Tokens, parent: BlockRef | None
+    ) -> int | None:
+        """The cached block named ``block_hash``, if it really holds ``tokens`` after ``parent_hash``, and
+        after the block ``parent`` when both it and the cached block's parent are known (so even a
+        colliding chain of hashes cannot splice a wrong tail onto a prefix)."""
         block = self.cached.get(block_hash)
-        if block is None or self.block_tokens[block] != tokens or self.block_parent[block] != parent:
+        if block is None:
+            return None
+        name = self.names[block]
+        assert name is not None
+        if name.tokens != tokens or name.parent_hash != parent_hash:
+            return None
+        if name.parent is not None and parent is not None and name.parent != parent:
             return None
         return block
 
     def take(self) -> int:
         """A fresh block (ref 1); a cached one from the queue's head loses its name."""
         block, _ = self.free.popitem(last=False)
-        name = self.block_hash[block]
+        name = self.names[block]
         if name is not None:
-            del self.cached[name]
-            self.block_hash[block] = self.block_parent[block] = self.block_tokens[block] = None
+            del self.cached[name.block_hash]
+            self.names[block] = None
+        self.generation[block] += 1
         self.ref_counts[block] = 1
         return block
 
@@ -104,19 +132,15 @@ class BlockPool:
         if self.ref_counts[block]:
             return False
         self.free[block] = None
-        if self.block_hash[block] is None:
+        if self.names[block] is None:
             self.free.move_to_end(block, last=False)  # nothing to keep: reuse it first
         return True
 
-    def name(self, block: int, block_hash: int, parent: int | None, tokens: Tokens) -> None:
-        """``block`` just filled with ``tokens``: cached under ``block_hash`` unless another has the name."""
-        if block_hash not in self.cached and self.block_hash[block] is None:
-            self.cached[block_hash] = block
-            self.block_hash[block], self.block_parent[block], self.block_tokens[block] = (
-                block_hash,
-                parent,
-                tokens,
-            )
+    def name(self, block: int, name: BlockName) -> None:
+        """``block`` just filled: cached under ``name.block_hash`` unless another block has that name."""
+        if name.block_hash not in self.cached and self.names[block] is None:
+            self.cached[name.block_hash] = block
+            self.names[block] = name
 
 
 @dataclass(slots=True)
@@ -159,11 +183,11 @@ class KvBlockManager:
 
     # --- admission ------------------------------------------------------------------------------------
 
-    def can_allocate(self, seq_id: int, tokens: Sequence[int]) -> bool:
+    def can_allocate(self, seq_id: int, tokens: Sequence[int], max_cached: int | None = None) -> bool:
         """Room for ``tokens`` (a prompt, or a preempted sequence's prompt and outputs) to be computed:
         its cached prefix revived and blocks for the rest free (a sliding group needs only its window's)."""
         assert seq_id not in self.seqs, f"sequence {seq_id} already allocated"
-        _hashes, hits = self._prefix_hits(tokens)
+        _hashes, hits = self._prefix_hits(tokens, max_cached)
         num_cached = len(next(iter(hits.values()))) * self.block_size
         for name, pool in self.pools.items():
             revived = sum(1 for b in hits[name] if b != NULL_BLOCK and pool.ref_counts[b] == 0)
@@ -175,12 +199,13 @@ class KvBlockManager:
                 return False
         return True
 
-    def allocate(self, seq_id: int, tokens: Sequence[int]) -> int:
-        """Admit ``seq_id`` with the longest cached prefix of ``tokens``; returns its length in tokens.
+    def allocate(self, seq_id: int, tokens: Sequence[int], max_cached: int | None = None) -> int:
+        """Admit ``seq_id`` with the longest cached prefix of ``tokens`` (at most ``max_cached`` tokens);
+        returns its length in tokens.
 
         Only the prefix is taken: the rest gets blocks as it is computed (:meth:`append`)."""
-        assert self.can_allocate(seq_id, tokens)
-        hashes, hits = self._prefix_hits(tokens)
+        assert self.can_allocate(seq_id, tokens, max_cached)
+        hashes, hits = self._prefix_hits(tokens, max_cached)
         num_blocks = len(next(iter(hits.values())))
         num_cached = num_blocks * self.block_size
         for name, blocks in hits.items():
@@ -192,13 +217,16 @@ class KvBlockManager:
         self.prefix_hit_tokens += num_cached
         return num_cached
 
-    def _prefix_hits(self, tokens: Sequence[int]) -> tuple[list[int], dict[str, list[int]]]:
+    def _prefix_hits(
+        self, tokens: Sequence[int], max_cached: int | None
+    ) -> tuple[list[int], dict[str, list[int]]]:
         """The chained hashes of ``tokens``' full blocks, and per group the blocks of the longest prefix
         every group holds (null where a sliding group needs no block).
 
         The prefix is block aligned and leaves at least one token to compute: its logits pick the next."""
         size = self.block_size
-        max_blocks = max(0, len(tokens) - 1) // size
+        limit = len(tokens) - 1 if max_cached is None else min(len(tokens) - 1, max_cached)
+        max_blocks = max(0, limit) // size
         hashes: list[int] = []
         parent: int | None = None
         found = {name: [] for name in self.pools}  # block or None, per block index
@@ -206,7 +234,9 @@ class KvBlockManager:
             block_tokens = tuple(tokens[index * size : (index + 1) * size])
             block_hash = self.hash_fn(parent, block_tokens)
             for name, pool in self.pools.items():
-                found[name].append(pool.lookup(block_hash, parent, block_tokens))
+                before = found[name][-1] if index else None
+                parent_ref = pool.ref(before) if before is not None else None
+                found[name].append(pool.lookup(block_hash, parent, block_tokens, parent_ref))
             hashes.append(block_hash)
             parent = block_hash
         best = 0
@@ -275,9 +305,11 @@ class KvBlockManager:
             block_hash = self.hash_fn(parent, block_tokens)
             state.block_hashes.append(block_hash)
             for name, pool in self.pools.items():
-                block = state.tables[name][index]
-                if block != NULL_BLOCK:
-                    pool.name(block, block_hash, parent, block_tokens)
+                table = state.tables[name]
+                if table[index] != NULL_BLOCK:
+                    before = table[index - 1] if index else NULL_BLOCK
+                    parent_ref = pool.ref(before) if before != NULL_BLOCK else None
+                    pool.name(table[index], BlockName(block_hash, parent, parent_ref, block_tokens))
 
     # --- leaving --------------------------------------------------------------------------------------
 
@@ -329,13 +361,13 @@ class KvBlockManager:
             assert pool.ref_counts[NULL_BLOCK] == 0 and NULL_BLOCK not in pool.free, "null block allocated"
             for block in range(1, pool.num_blocks):
                 assert (block in pool.free) == (pool.ref_counts[block] == 0), f"block {block} free and held"
-                if pool.block_hash[block] is None:
-                    assert pool.block_tokens[block] is None
+                name = pool.names[block]
+                assert name is None or pool.cached[name.block_hash] == block, "a name not in the cache"
             for block_hash, block in pool.cached.items():
-                assert pool.block_hash[block] == block_hash
-                tokens = pool.block_tokens[block]
-                assert tokens is not None and len(tokens) == self.block_size
-                assert self.hash_fn(pool.block_parent[block], tokens) == block_hash
+                name = pool.names[block]
+                assert name is not None and name.block_hash == block_hash
+                assert len(name.tokens) == self.block_size
+                assert self.hash_fn(name.parent_hash, name.tokens) == block_hash
 
     def _holders(self, group: str) -> list[int]:
         """How many tables hold each block of ``group``, checking each table on the way: its length, no
@@ -353,7 +385,8 @@ class KvBlockManager:
                     assert index < first_live, f"{group}: a live block of the window is missing"
                     continue
                 holders[block] += 1
-                if pool.block_hash[block] is not None:
-                    assert pool.block_hash[block] == state.block_hashes[index]
-                    assert pool.block_tokens[block] == tuple(state.tokens[index * size : (index + 1) * size])
+                name = pool.names[block]
+                if name is not None:  # a named block holds this table's tokens
+                    assert name.block_hash == state.block_hashes[index]
+                    assert name.tokens == tuple(state.tokens[index * size : (index + 1) * size])
         return holders
