@@ -58,7 +58,10 @@ def parameters(body: ChatCompletionRequest | CompletionRequest) -> dict[str, obj
 
 def cache_key(body: ChatCompletionRequest | CompletionRequest, scope: str) -> CacheKey | None:
     """The request's key in ``scope`` (a tenant, or a shared scope); None when it has no question to key
-    on: a chat whose last message is not the user's (a continuation, an assistant prefill)."""
+    on (a chat whose last message is not the user's: a continuation, an assistant prefill) or asks for
+    what a cached answer does not keep (log-probabilities)."""
+    if body.top_logprobs_asked() is not None:
+        return None  # a cached answer keeps its text, not the log-probabilities the request asks for
     if isinstance(body, ChatCompletionRequest):
         last = body.messages[-1]
         if last.role != "user" or body.continue_final_message:

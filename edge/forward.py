@@ -36,7 +36,10 @@ from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError
 from nearshore.protocol.headers import REGION, SERVER_TIMING
-from nearshore.protocol.schemas import EmbeddingRequest
+from nearshore.protocol.schemas import CompletionRequest, EmbeddingRequest
+
+# The most bytes one log-probability alternative takes in JSON (chat's shape: name, logprob, bytes list).
+LOGPROB_ALTERNATIVE_BYTES = 160
 
 
 def _response_budget(journey: Journey) -> int:
@@ -44,7 +47,13 @@ def _response_budget(journey: Journey) -> int:
     assert admission is not None
     if isinstance(body, EmbeddingRequest):
         return up.response_base_bytes + MAX_VECTOR_BYTES * len(body.texts())
-    return up.response_base_bytes + up.response_bytes_per_token * admission.max_tokens
+    per_token, tokens = up.response_bytes_per_token, admission.max_tokens
+    if (alternatives := body.top_logprobs_asked()) is not None:
+        # Each scored token carries its alternatives; with echo, every prompt token is scored too.
+        per_token += LOGPROB_ALTERNATIVE_BYTES * (alternatives + 1)
+        if isinstance(body, CompletionRequest) and body.echo:
+            tokens += admission.prompt_ceiling
+    return up.response_base_bytes + per_token * tokens
 
 
 async def forward(journey: Journey) -> Reply | None:

@@ -21,6 +21,7 @@ from nearshore.protocol.schemas import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatDelta,
+    ChatLogprobs,
     Completion,
     CompletionChoice,
     CompletionRequest,
@@ -33,8 +34,9 @@ from nearshore.protocol.schemas import (
 from nearshore.tls import peer_certificate_name
 from regional.config import RegionConfig, ServerConfig
 from regional.embeddings import EMBEDDINGS, EmbeddingsService, add_embeddings
-from regional.engine import Engine
+from regional.engine import Engine, Logprobs
 from regional.load_report import LoadReporter, load_header
+from regional.logprob_wire import CompletionLogprobsWriter, TokenNames, chat_logprobs
 from regional.service import Generation, RegionService, Timings
 
 SERVICE = web.AppKey("service", RegionService)
@@ -130,14 +132,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prepared = await service.prepare_chat(body, request_id_of(request), timings)
     generation = service.run(prepared, timings)
     ids = _ids(request, "chatcmpl")
+    names = service.token_names if prepared.logprobs is not None else None
     if body.stream:
-        return await _stream(request, generation, _ChatChunks(ids, body.wants_usage_chunk()))
-    text, finish = await _collect(generation)
+        return await _stream(request, generation, _ChatChunks(ids, body.wants_usage_chunk(), names))
+    text, finish, scored = await _collect(generation)
+    logprobs = chat_logprobs(scored, names) if names is not None else None
     answer = ChatCompletion(
         id=ids.id,
         created=ids.created,
         model=body.model,
-        choices=[ChatChoice(0, AssistantMessage(text), finish)],
+        choices=[ChatChoice(0, AssistantMessage(text), finish, logprobs)],
         usage=generation.usage,
     )
     return _json(answer, timings)
@@ -150,16 +154,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prepared = await service.prepare_completion(body, request_id_of(request), timings)
     generation = service.run(prepared, timings)
     ids = _ids(request, "cmpl")
+    writer = CompletionLogprobsWriter(service.token_names) if prepared.logprobs is not None else None
     if body.stream:
-        return await _stream(
-            request, generation, _CompletionChunks(ids, body.wants_usage_chunk(), prepared.prompt_text)
-        )
-    text, finish = await _collect(generation)
+        chunks = _CompletionChunks(ids, body.wants_usage_chunk(), prepared.prompt_text, writer)
+        return await _stream(request, generation, chunks)
+    text, finish, scored = await _collect(generation)
+    logprobs = writer.render([*(generation.prompt_logprobs or []), *scored]) if writer else None
     answer = Completion(
         id=ids.id,
         created=ids.created,
         model=body.model,
-        choices=[CompletionChoice(0, prepared.prompt_text + text, finish)],
+        choices=[CompletionChoice(0, prepared.prompt_text + text, finish, logprobs)],
         usage=generation.usage,
     )
     return _json(answer, timings)
@@ -216,13 +221,15 @@ def _ids(request: web.Request, prefix: str) -> _Ids:
     )
 
 
-async def _collect(generation: Generation) -> tuple[str, str]:
+async def _collect(generation: Generation) -> tuple[str, str, list[Logprobs]]:
     parts: list[str] = []
+    scored: list[Logprobs] = []
     finish = "stop"
-    async for text, reason in generation:
+    async for text, reason, logprobs in generation:
         parts.append(text)
+        scored += logprobs
         finish = reason or finish
-    return "".join(parts), finish
+    return "".join(parts), finish, scored
 
 
 def _json(answer: object, timings: Timings) -> web.Response:
@@ -234,18 +241,22 @@ def _json(answer: object, timings: Timings) -> web.Response:
 
 
 class _ChatChunks:
-    def __init__(self, ids: _Ids, include_usage: bool) -> None:
-        self.ids, self.include_usage = ids, include_usage
+    def __init__(self, ids: _Ids, include_usage: bool, names: TokenNames | None) -> None:
+        self.ids, self.include_usage, self.names = ids, include_usage, names
 
-    def chunk(self, delta: ChatDelta, finish: str | None = None) -> bytes:
+    def chunk(
+        self, delta: ChatDelta, finish: str | None = None, logprobs: ChatLogprobs | None = None
+    ) -> bytes:
         i = self.ids
-        return sse.event(ChatCompletionChunk(i.id, i.created, i.model, [ChatChunkChoice(0, delta, finish)]))
+        choice = ChatChunkChoice(0, delta, finish, logprobs)
+        return sse.event(ChatCompletionChunk(i.id, i.created, i.model, [choice]))
 
-    def first(self) -> bytes:
+    def first(self, _generation: Generation) -> bytes:
         return self.chunk(ChatDelta(role="assistant", content=""))
 
-    def text(self, text: str) -> bytes:
-        return self.chunk(ChatDelta(content=text))
+    def text(self, text: str, scored: list[Logprobs]) -> bytes:
+        logprobs = chat_logprobs(scored, self.names) if self.names is not None else None
+        return self.chunk(ChatDelta(content=text), logprobs=logprobs)
 
     def end(self, finish: str) -> bytes:
         return self.chunk(ChatDelta(), finish)
@@ -256,18 +267,23 @@ class _ChatChunks:
 
 
 class _CompletionChunks:
-    def __init__(self, ids: _Ids, include_usage: bool, echo: str) -> None:
-        self.ids, self.include_usage, self.echo = ids, include_usage, echo
+    def __init__(
+        self, ids: _Ids, include_usage: bool, echo: str, writer: CompletionLogprobsWriter | None
+    ) -> None:
+        self.ids, self.include_usage, self.echo, self.writer = ids, include_usage, echo, writer
 
-    def _chunk(self, text: str, finish: str | None) -> bytes:
+    def _chunk(self, text: str, finish: str | None, scored: list[Logprobs] | None = None) -> bytes:
         i = self.ids
-        return sse.event(Completion(i.id, i.created, i.model, [CompletionChoice(0, text, finish)]))
+        logprobs = self.writer.render(scored) if self.writer is not None and scored is not None else None
+        choice = CompletionChoice(0, text, finish, logprobs)
+        return sse.event(Completion(i.id, i.created, i.model, [choice]))
 
-    def first(self) -> bytes:
-        return self._chunk(self.echo, None) if self.echo else b""
+    def first(self, generation: Generation) -> bytes:
+        # The echoed prompt, with its tokens' log-probabilities (known once the prompt has run).
+        return self._chunk(self.echo, None, generation.prompt_logprobs or []) if self.echo else b""
 
-    def text(self, text: str) -> bytes:
-        return self._chunk(text, None)
+    def text(self, text: str, scored: list[Logprobs]) -> bytes:
+        return self._chunk(text, None, scored)
 
     def end(self, finish: str) -> bytes:
         return self._chunk("", finish)
@@ -285,14 +301,14 @@ async def _stream(
     the generation's cleanup aborts its sequence in the engine."""
     response = web.StreamResponse(headers={**sse.HEADERS, "x-request-id": request_id_of(request)})
     try:
-        async for text, finish in generation:
+        async for text, finish, scored in generation:
             if not response.prepared:
                 response.headers["Server-Timing"] = generation.timings.server_timing()
                 await response.prepare(request)
-                if first := chunks.first():
+                if first := chunks.first(generation):
                     await response.write(first)
-            if text:
-                await response.write(chunks.text(text))
+            if text or scored:
+                await response.write(chunks.text(text, scored))
             if finish is not None:
                 await response.write(chunks.end(finish))
     except ApiError as exc:

@@ -28,6 +28,8 @@ class SamplingParams:
     top_k: int = 0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     seed: int | None = None
 
     @property
@@ -38,13 +40,30 @@ class SamplingParams:
     def penalised(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
+    @property
+    def repetition_penalised(self) -> bool:
+        return self.repetition_penalty != 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     request_id: str
     prompt_tokens: list[int]
-    max_tokens: int
+    max_tokens: int  # 0: the prompt is only scored (with prompt_logprobs), nothing is generated
     sampling: SamplingParams = SamplingParams()
+    # Log-probabilities: of each sampled token with this many alternatives (0: the token's alone), and of
+    # each prompt token after the first. None: not asked for, nothing is computed.
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+
+
+class Logprobs(msgspec.Struct, array_like=True):
+    """One position's log-probabilities: of the token there (None for the first prompt token, which
+    nothing predicts) and of the most likely tokens, likeliest first."""
+
+    token_id: int
+    logprob: float | None
+    top: list[tuple[int, float]]
 
 
 class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -52,7 +71,8 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True):
 
     ``text`` is the token's share of the output; it is empty while a multi-byte character is incomplete.
     The first event of a request also carries its queue and prefill times and the prompt tokens
-    that were reused from the prefix cache.
+    that were reused from the prefix cache, and the prompt's log-probabilities when they were asked for.
+    A request with ``max_tokens`` 0 has one event, its end, with no token (``token_id`` -1).
     """
 
     token_id: int = -1
@@ -62,6 +82,8 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True):
     cached_tokens: int = 0
     queue_s: float = 0.0
     prefill_s: float = 0.0
+    logprobs: Logprobs | None = None
+    prompt_logprobs: list[Logprobs] | None = None
 
 
 class EngineStats(msgspec.Struct):
@@ -133,6 +155,11 @@ class Engine(Protocol):
         ...
 
     def detokenize(self, tokens: list[int]) -> str: ...
+
+    def token_piece(self, token: int) -> bytes:
+        """The bytes one token stands for, control tokens spelled out (``<end_of_turn>``): how
+        log-probabilities name tokens."""
+        ...
 
     def chat_template(self) -> str | None:
         """The model's own chat template (Jinja), when its file carries one."""

@@ -50,7 +50,7 @@ class SlotMemory:
         if not free:
             return None
         # The last prompt token is always computed again: its logits pick the first output token.
-        limit = len(seq.prompt) - 1
+        limit = seq.reusable_prefix
         source, prefix = max(
             ((s, min(limit, common_prefix_len(s.tokens(), seq.prompt))) for s in self.slots),
             key=lambda sp: (sp[1], sp[0].owner is None),

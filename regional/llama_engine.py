@@ -27,10 +27,12 @@ from regional.engine import (
     EngineStats,
     FatalHandler,
     GenerationRequest,
+    Logprobs,
     TokenEvent,
 )
 from regional.kv_slots import SlotMemory
 from regional.llama_model import ContextSettings, KvCacheFull, LlamaModel
+from regional.logprobs import position_logprobs, score_prompt_rows
 from regional.prompt_tokens import PromptTokenizer
 from regional.sampler import TokenSampler
 from regional.scheduler import Scheduler, Sequence, StepPlan
@@ -194,6 +196,10 @@ class LlamaCppEngine:
         assert self._model is not None
         return self._model.detokenize(tokens)
 
+    def token_piece(self, token: int) -> bytes:
+        assert self._model is not None
+        return self._model.token_piece(token)
+
     def chat_template(self) -> str | None:
         return self._model.chat_template() if self._model is not None else None
 
@@ -205,7 +211,7 @@ class LlamaCppEngine:
         seq = Sequence(
             request,
             arrived_at=time.perf_counter(),
-            sampler=TokenSampler(request.sampling),
+            sampler=TokenSampler(request.sampling, request.prompt_tokens),
             events=asyncio.Queue(),
         )
         with self._cv:
@@ -324,11 +330,12 @@ class LlamaCppEngine:
         if not plan.tokens:  # nobody runs: the waiting ones wait for room
             return []
         self._run_model(plan)
-        sampled, failures = self._sample(plan)
+        prompt_scores = score_prompt_rows(plan, self._model.logits)
+        sampled, logprobs, failures = self._sample(plan)
         self._generated.add(len(sampled) - len(failures), time.monotonic())
         now = time.perf_counter()
-        self._untrack(sched.postprocess(plan, sampled, now))
-        return self._events(plan, sampled, failures, now)
+        self._untrack(sched.postprocess(plan, sampled, now, prompt_scores))
+        return self._events(plan, sampled, logprobs, failures, now)
 
     def _apply_memory_changes(self, plan: StepPlan) -> None:
         model = self._model
@@ -358,44 +365,61 @@ class LlamaCppEngine:
         self._steps += 1
         self._failed_steps = 0
 
-    def _sample(self, plan: StepPlan) -> tuple[list[int | None], dict[Sequence, str]]:
-        """One token per sampling sequence (None where its sampling failed, with the reason)."""
+    def _sample(self, plan: StepPlan) -> tuple[list[int | None], list[Logprobs | None], dict[Sequence, str]]:
+        """One token per sampling sequence (None where its sampling failed, with the reason), and its
+        log-probabilities where they were asked for."""
         model = self._model
         assert model is not None
         sampled: list[int | None] = []
+        logprobs: list[Logprobs | None] = []
         failures: dict[Sequence, str] = {}
         for seq, row in plan.samples:
             try:
-                sampled.append(seq.sampler.sample(model.logits(row)))
+                logits = model.logits(row)
+                token = seq.sampler.sample(logits)
+                top_n = seq.request.logprobs
+                logprobs.append(None if top_n is None else position_logprobs(logits, token, top_n))
+                sampled.append(token)
             except Exception as exc:  # this sequence's sampling alone: the others' tokens stand
                 log.error("sampling failed for request %s", seq.request_id, exc_info=True)
                 sampled.append(None)
+                logprobs.append(None)
                 failures[seq] = f"sampling failed: {exc}"
-        return sampled, failures
+        return sampled, logprobs, failures
 
     def _events(
-        self, plan: StepPlan, sampled: list[int | None], failures: dict[Sequence, str], now: float
+        self,
+        plan: StepPlan,
+        sampled: list[int | None],
+        logprobs: list[Logprobs | None],
+        failures: dict[Sequence, str],
+        now: float,
     ) -> list[tuple[Sequence, TokenEvent]]:
         events = []
-        for (seq, _row), token in zip(plan.samples, sampled, strict=True):
+        for (seq, _row), token, scored in zip(plan.samples, sampled, logprobs, strict=True):
             if token is None:
                 events.append((seq, TokenEvent(finish_reason="error", error=failures[seq])))
             else:
-                events.append((seq, self._token_event(seq, token, now)))
+                events.append((seq, self._token_event(seq, token, scored, now)))
         return events
 
-    def _token_event(self, seq: Sequence, token: int, now: float) -> TokenEvent:
+    def _token_event(self, seq: Sequence, token: int, logprobs: Logprobs | None, now: float) -> TokenEvent:
         model = self._model
         assert model is not None
-        event = TokenEvent(token_id=token, finish_reason=seq.finish_reason)
-        if len(seq.output) == 1:
+        if seq.output:
+            event = TokenEvent(token_id=token, finish_reason=seq.finish_reason, logprobs=logprobs)
+            # The end-of-generation token has no text; a finish flushes a character left incomplete.
+            piece = b"" if seq.finish_reason == "stop" else model.token_bytes(token)
+            event.text = seq.text_decoder.decode(piece, final=seq.finish_reason is not None)
+        else:  # max_tokens 0: the prompt was scored, nothing generated
+            event = TokenEvent(finish_reason=seq.finish_reason)
+        if not seq.first_token_at:
             seq.first_token_at = now
             event.cached_tokens = seq.num_cached_tokens
             event.queue_s = seq.admitted_at - seq.arrived_at
             event.prefill_s = now - seq.admitted_at
-        # The end-of-generation token has no text; a finish flushes a character left incomplete.
-        piece = b"" if seq.finish_reason == "stop" else model.token_bytes(token)
-        event.text = seq.text_decoder.decode(piece, final=seq.finish_reason is not None)
+            if seq.request.prompt_logprobs is not None:
+                event.prompt_logprobs = [Logprobs(seq.prompt[0], None, []), *seq.prompt_logprobs]
         return event
 
     def _untrack(self, finished: list[Sequence]) -> None:

@@ -85,7 +85,8 @@ class LlamaModel:
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_ctx_train = llama_cpp.llama_model_n_ctx_train(self._model)
-        self._piece_buf = ctypes.create_string_buffer(256)
+        # One buffer per thread: the engine's worker and the event loop (naming tokens) both render pieces.
+        self._piece_bufs = threading.local()
         if vocab_only:
             return
         cparams = llama_cpp.llama_context_default_params()
@@ -142,11 +143,20 @@ class LlamaModel:
 
     def token_bytes(self, token: int) -> bytes:
         """The bytes a token stands for; special tokens (end of turn, ...) render as nothing."""
-        buf = self._piece_buf
-        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+        return self._piece(token, special=False)
+
+    def token_piece(self, token: int) -> bytes:
+        """The bytes a token stands for, control tokens spelled out (``<end_of_turn>``)."""
+        return self._piece(token, special=True)
+
+    def _piece(self, token: int, special: bool) -> bytes:
+        buf = getattr(self._piece_bufs, "buf", None)
+        if buf is None:
+            buf = self._piece_bufs.buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            n = llama_cpp.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
     def detokenize(self, tokens: list[int]) -> str:

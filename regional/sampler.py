@@ -1,4 +1,4 @@
-"""Token sampling over one row of logits: penalties, temperature, top-k, top-p, seeded draws.
+"""Token sampling over one row of logits: penalties, temperature, top-k, min-p, top-p, seeded draws.
 
 Gemma's vocabulary has 262k entries, so nothing here sorts the whole row: greedy is one argmax, top-k
 is one partition, and top-p grows a partition until it holds the nucleus.
@@ -7,6 +7,7 @@ is one partition, and top-p grows a partition until it holds the nucleus.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -27,12 +28,18 @@ def numpy_seed(seed: int) -> int:
 class TokenSampler:
     """Per-sequence sampling state: its random generator and the counts of tokens it produced."""
 
-    __slots__ = ("_rng", "counts", "params")
+    __slots__ = ("_prompt_ids", "_rng", "counts", "params")
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, prompt_tokens: Sequence[int] = ()) -> None:
         self.params = params
         self._rng: np.random.Generator | None = None
         self.counts: dict[int, int] = {}
+        # The repetition penalty counts the prompt's tokens as seen, as vLLM's and HF's do.
+        self._prompt_ids = (
+            np.unique(np.asarray(prompt_tokens, dtype=np.int64))
+            if params.repetition_penalised
+            else np.empty(0, dtype=np.int64)
+        )
 
     @property
     def rng(self) -> np.random.Generator:
@@ -46,11 +53,27 @@ class TokenSampler:
     def sample(self, logits: np.ndarray) -> int:
         """Pick the next token from ``logits`` (a read-only view is fine: it is never written)."""
         params = self.params
+        # vLLM's order: the repetition penalty, then the frequency and presence penalties.
+        if params.repetition_penalised:
+            logits = self._repetition_penalised(logits)
         if params.penalised and self.counts:
             logits = self._penalised(logits)
         token = int(np.argmax(logits)) if params.greedy else self._draw(logits)
         self.counts[token] = self.counts.get(token, 0) + 1
         return token
+
+    def _repetition_penalised(self, logits: np.ndarray) -> np.ndarray:
+        # HF's (CTRL's) definition: a seen token's logit is divided by the penalty when positive and
+        # multiplied by it when negative, so a penalty > 1 always makes it less likely.
+        output_ids = np.fromiter(self.counts.keys(), dtype=np.int64, count=len(self.counts))
+        ids = np.union1d(self._prompt_ids, output_ids)
+        if ids.shape[0] == 0:
+            return logits
+        penalty = np.float32(self.params.repetition_penalty)
+        seen = logits[ids]
+        adjusted = logits.copy()
+        adjusted[ids] = np.where(seen > 0, seen / penalty, seen * penalty)
+        return adjusted
 
     def _penalised(self, logits: np.ndarray) -> np.ndarray:
         # OpenAI's definition: subtract count * frequency_penalty + presence_penalty for each seen token.
@@ -72,6 +95,11 @@ class TokenSampler:
         probs = np.subtract(values, values.max(), dtype=np.float32)
         probs *= np.float32(1.0 / params.temperature)
         np.exp(probs, out=probs)
+        if params.min_p > 0.0:
+            # probs are relative to the likeliest token's (it is exp(0) = 1): keep those >= min_p of it.
+            keep = np.flatnonzero(probs >= np.float32(params.min_p))
+            probs = probs[keep]
+            ids = keep if ids is None else ids[keep]
         if params.top_p < 1.0:
             keep = nucleus(probs, params.top_p * float(probs.sum()))
             probs = probs[keep]

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from regional.engine import EngineFinish, GenerationRequest
+from regional.engine import EngineFinish, GenerationRequest, Logprobs
 from regional.sampler import TokenSampler
 
 
@@ -38,6 +38,8 @@ class Sequence:
     num_computed: int = 0  # tokens whose KV cells exist (prompt first, then fed-back outputs)
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
     output: list[int] = field(default_factory=list)
+    # With prompt_logprobs: entry i scores prompt token i + 1 (the logits at position i predict it).
+    prompt_logprobs: list[Logprobs] = field(default_factory=list)
     finish_reason: EngineFinish | None = None
     admitted_at: float = 0.0
     first_token_at: float = 0.0
@@ -56,6 +58,12 @@ class Sequence:
     @property
     def is_prefilling(self) -> bool:
         return self.num_computed < len(self.prompt)
+
+    @property
+    def reusable_prefix(self) -> int:
+        """The most prompt tokens a prefix cache may supply: all but the last (its logits pick the first
+        output token), or none when the prompt is scored (every prompt position's logits are needed)."""
+        return 0 if self.request.prompt_logprobs is not None else len(self.prompt) - 1
 
     @property
     def reserved_tokens(self) -> int:
@@ -124,6 +132,9 @@ class StepPlan:
     samples: list[tuple[Sequence, int]] = field(default_factory=list)
     # (sequence, tokens it adds to its KV this step)
     advances: list[tuple[Sequence, int]] = field(default_factory=list)
+    # (sequence, first batch row, rows): prompt rows whose logits score the next prompt token, for the
+    # sequences that asked for prompt log-probabilities (rows scored before a recompute are not again)
+    prompt_rows: list[tuple[Sequence, int, int]] = field(default_factory=list)
 
     @property
     def evictions(self) -> list[int]:
@@ -131,12 +142,22 @@ class StepPlan:
         return [slot for a in self.admissions for slot in a.evicted]
 
     def add(self, seq: Sequence, tokens: list[int], sample: bool) -> None:
-        start = seq.num_computed
+        start, first_row = seq.num_computed, len(self.tokens)
         for offset, token in enumerate(tokens):
             self.tokens.append(token)
             self.positions.append(start + offset)
             self.seq_ids.append(seq.slot)
             self.want_logits.append(False)
+        if seq.request.prompt_logprobs is not None:
+            # Positions begin..end-1 predict prompt tokens begin+1..end; the last prompt position predicts
+            # the first output token, which the sample scores.
+            begin = max(start, len(seq.prompt_logprobs))
+            end = min(start + len(tokens), len(seq.prompt) - 1)
+            if begin < end:
+                rows = range(first_row + begin - start, first_row + end - start)
+                for row in rows:
+                    self.want_logits[row] = True
+                self.prompt_rows.append((seq, rows.start, len(rows)))
         if sample:
             self.want_logits[-1] = True
             self.samples.append((seq, len(self.tokens) - 1))
@@ -213,18 +234,30 @@ class Scheduler:
             plan.add(seq, chunk, sample=seq.num_computed + len(chunk) == len(seq.prompt))
             room -= len(chunk)
 
-    def postprocess(self, plan: StepPlan, sampled: abc.Sequence[int | None], now: float) -> list[Sequence]:
+    def postprocess(
+        self,
+        plan: StepPlan,
+        sampled: abc.Sequence[int | None],
+        now: float,
+        prompt_scores: abc.Sequence[list[Logprobs]] = (),
+    ) -> list[Sequence]:
         """The model ran ``plan``: advance its sequences, append the sampled tokens, retire the finished.
 
         ``sampled`` follows ``plan.samples``; None is a sampling that failed, which finishes that sequence
-        alone with "error". Returns the sequences that finished, each with its ``finish_reason``.
+        alone with "error". ``prompt_scores`` follows ``plan.prompt_rows``. A sequence with ``max_tokens``
+        0 only scores its prompt: its sample is dropped and it finishes with "length". Returns the
+        sequences that finished, each with its ``finish_reason``.
         """
         for seq, num_tokens in plan.advances:
             seq.num_computed += num_tokens
+        for (seq, _row, _rows), scores in zip(plan.prompt_rows, prompt_scores, strict=True):
+            seq.prompt_logprobs.extend(scores)
         finished = []
         for (seq, _row), token in zip(plan.samples, sampled, strict=True):
             if token is None:
                 seq.finish_reason = "error"
+            elif seq.request.max_tokens == 0:
+                seq.finish_reason = "length"
             else:
                 seq.output.append(token)
                 if self.is_end_of_generation(token):

@@ -33,9 +33,11 @@ from regional.engine import (
     EngineFailed,
     EngineOverloaded,
     GenerationRequest,
+    Logprobs,
     PromptTooLong,
     SamplingParams,
 )
+from regional.logprob_wire import TokenNames
 from regional.metrics import RegionMetrics
 from regional.output_gate import OutputGate
 from regional.safety import SafetyFilter
@@ -52,6 +54,8 @@ class Prepared:
     sampling: SamplingParams
     stops: list[str]
     prompt_text: str = ""  # echoed back by completions with echo=true
+    logprobs: int | None = None  # alternatives per output token (0: the chosen token's alone)
+    prompt_logprobs: int | None = None  # alternatives per prompt token (completions with echo)
 
 
 @dataclass(slots=True)
@@ -86,6 +90,7 @@ class RegionService:
         self.metrics = RegionMetrics(engine)
         self.model_names = {config.model.name, *config.model.aliases}
         self._formatter: ChatFormatter | None = None
+        self.token_names = TokenNames(engine.token_piece)  # how log-probabilities name tokens
         # The engine keys sequences by these, never by a caller's id: two callers sending the same
         # x-request-id must not be able to abort each other.
         self._sequence_numbers = itertools.count()
@@ -127,7 +132,9 @@ class RegionService:
         except ChatTemplateError as exc:
             raise ApiError(UNSUPPORTED_PARAMETER, str(exc), param="messages") from None
         tokens = await self._tokenize(segments, timings, "messages")
-        return self._prepared(request_id, body.model, tokens, body.token_limit(), body, "messages")
+        prepared = self._prepared(request_id, body.model, tokens, body.token_limit(), body, "messages")
+        prepared.logprobs = body.top_logprobs_asked()
+        return prepared
 
     async def prepare_completion(
         self, body: CompletionRequest, request_id: str, timings: Timings
@@ -140,6 +147,8 @@ class RegionService:
         tokens = await self._tokenize([Segment(text, special=True)], timings, "prompt")
         prepared = self._prepared(request_id, body.model, tokens, body.token_limit(), body, "prompt")
         prepared.prompt_text = text if body.echo else ""
+        prepared.logprobs = body.logprobs
+        prepared.prompt_logprobs = body.logprobs if body.echo else None
         return prepared
 
     def _check_common(self, body: ChatCompletionRequest | CompletionRequest) -> None:
@@ -206,6 +215,8 @@ class RegionService:
             top_k=body.top_k or 0,
             presence_penalty=body.presence_penalty,
             frequency_penalty=body.frequency_penalty,
+            min_p=body.min_p,
+            repetition_penalty=body.repetition_penalty,
             seed=body.seed,
         )
         return Prepared(request_id, model, tokens, max_tokens, sampling, body.stop_list())
@@ -223,7 +234,10 @@ def engine_failed(exc: EngineFailed) -> ApiError:
 
 
 class Generation:
-    """One request's run. Iterate it for ``(text, finish_reason)``; ``usage`` is set once it ends."""
+    """One request's run. Iterate it for ``(text, finish_reason, logprobs)``: released text, the finish
+    once known, and the log-probabilities of the tokens that arrived with it (when asked for: the
+    end-of-generation token, which has no text, has none). ``usage`` is set once it ends, and
+    ``prompt_logprobs`` (when asked for) with the first item."""
 
     def __init__(self, service: RegionService, prepared: Prepared, timings: Timings) -> None:
         self.service = service
@@ -234,16 +248,19 @@ class Generation:
         self.cached_tokens = 0
         self.finish_reason: FinishReason | None = None
         self.started = False  # the engine produced its first token
+        self.prompt_logprobs: list[Logprobs] | None = None
 
     @property
     def usage(self) -> Usage:
         return Usage.of(len(self.prepared.prompt_tokens), self.completion_tokens, self.cached_tokens)
 
-    async def __aiter__(self) -> AsyncIterator[tuple[str, FinishReason | None]]:
+    async def __aiter__(self) -> AsyncIterator[tuple[str, FinishReason | None, list[Logprobs]]]:
         p, t, m = self.prepared, self.timings, self.service.metrics
         model = self.service.config.model.name
         sequence_id = self.service.sequence_id(p.request_id)
-        request = GenerationRequest(sequence_id, p.prompt_tokens, p.max_tokens, p.sampling)
+        request = GenerationRequest(
+            sequence_id, p.prompt_tokens, p.max_tokens, p.sampling, p.logprobs, p.prompt_logprobs
+        )
         last_token_at = 0.0
         events = self.service.engine.generate(request)
         try:
@@ -252,10 +269,12 @@ class Generation:
                     now = time.perf_counter()
                     if event.finish_reason in ("error", "abort"):
                         raise ApiError(INTERNAL, f"Generation failed: {event.error or event.finish_reason}")
-                    self.completion_tokens += 1
+                    if event.token_id >= 0:  # max_tokens 0 ends with no token
+                        self.completion_tokens += 1
                     if not self.started:
                         self.started = True
                         self.cached_tokens = event.cached_tokens
+                        self.prompt_logprobs = event.prompt_logprobs
                         t.queue_s, t.prefill_s, t.first_token_at = event.queue_s, event.prefill_s, now
                         m.ttft.labels(model).observe(now - t.arrived)
                         m.queue.labels(model).observe(event.queue_s)
@@ -269,7 +288,9 @@ class Generation:
                         self.finish_reason = event.finish_reason  # "stop" or "length"
                     else:
                         self.finish_reason = blocked
-                    yield text, self.finish_reason
+                    # The engine's "stop" is its end-of-generation token: not part of the answer.
+                    scored = [event.logprobs] if event.logprobs and event.finish_reason != "stop" else []
+                    yield text, self.finish_reason, scored
                     if self.finish_reason is not None:
                         return  # leaving the aclosing block aborts the sequence if it still runs
         except EngineOverloaded as exc:

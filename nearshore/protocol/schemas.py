@@ -16,6 +16,12 @@ TopP = Annotated[float, Meta(gt=0, le=1)]
 TopK = Annotated[int, Meta(ge=0)]
 Penalty = Annotated[float, Meta(ge=-2, le=2)]
 MaxTokens = Annotated[int, Meta(ge=1)]
+# vLLM's extra sampling fields: keep tokens at least min_p times as likely as the likeliest; divide
+# (multiply) the positive (negative) logits of tokens already seen by repetition_penalty.
+MinP = Annotated[float, Meta(ge=0, le=1)]
+RepetitionPenalty = Annotated[float, Meta(gt=0)]
+# OpenAI's chat allows 0..20 alternatives per token; its legacy completions 0..5, vLLM (and we) up to 20.
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 ChoiceCount = Annotated[int, Meta(ge=1, le=128)]
 StopString = Annotated[str, Meta(min_length=1)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=16)]
@@ -58,6 +64,8 @@ class _SamplingFields(Struct, forbid_unknown_fields=True, kw_only=True):
     stop: Stop | None = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
+    min_p: MinP = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
     n: ChoiceCount = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -82,6 +90,13 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     # vLLM's name: the last message (the assistant's) is left open and the answer continues its text,
     # e.g. an edge resuming on another region a stream whose region died mid-answer.
     continue_final_message: bool = False
+    # The chosen token's log-probability, and with top_logprobs that many alternatives, per output token.
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs | None = None
+
+    def top_logprobs_asked(self) -> int | None:
+        """Alternatives per output token, or None when no log-probabilities are asked for."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -90,6 +105,14 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
 class CompletionRequest(_SamplingFields, kw_only=True):
     prompt: Annotated[str, Meta(min_length=1)] | Annotated[list[str], Meta(min_length=1, max_length=1)]
     echo: bool = False
+    # 0 is allowed with echo: the prompt alone is scored (evaluation harnesses ask for exactly that).
+    max_tokens: Annotated[int, Meta(ge=0)] | None = None
+    # The legacy API's log-probabilities: the chosen token's and the top N alternatives', per token
+    # (with echo, per prompt token too).
+    logprobs: TopLogprobs | None = None
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     def token_limit(self) -> int | None:
         # OpenAI's legacy completions default to 16 tokens.
@@ -122,6 +145,32 @@ class Usage(Struct):
         )
 
 
+class TopLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(Struct):
+    content: list[ChatTokenLogprob] | None
+
+
+class CompletionLogprobs(Struct):
+    """The legacy shape: parallel lists, one entry per token (the first prompt token's are null)."""
+
+    tokens: list[str] = msgspec.field(default_factory=list)
+    token_logprobs: list[float | None] = msgspec.field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = msgspec.field(default_factory=list)
+    text_offset: list[int] = msgspec.field(default_factory=list)
+
+
 class AssistantMessage(Struct):
     content: str
     role: Literal["assistant"] = "assistant"
@@ -131,7 +180,7 @@ class ChatChoice(Struct):
     index: int
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletion(Struct):
@@ -153,7 +202,7 @@ class ChatChunkChoice(Struct):
     index: int
     delta: ChatDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(Struct):
@@ -169,7 +218,7 @@ class CompletionChoice(Struct):
     index: int
     text: str
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(Struct):
