@@ -23,12 +23,31 @@ def log_normaliser(row: np.ndarray) -> float:
     return peak + float(np.log(total))
 
 
+# Rows are scanned in blocks of this many entries: the top N lie in the blocks with the N largest maxima.
+BLOCK = 256
+
+
 def top_tokens(row: np.ndarray, n: int) -> np.ndarray:
-    """The ``n`` likeliest token ids, likeliest first (ties: the lower id first, as argmax picks)."""
-    n = min(n, row.shape[0])
+    """The ``n`` likeliest token ids, likeliest first (ties: the lower id first, as argmax picks).
+
+    One argpartition over 262k entries takes 2.5 ms here; the block maxima take a tenth of that and leave
+    only the blocks that can hold a top-N entry: every block whose maximum reaches the N-th largest maximum.
+    """
+    size = row.shape[0]
+    n = min(n, size)
     if n <= 0:
         return np.empty(0, dtype=np.int64)
-    ids = np.argpartition(row, -n)[-n:]
+    full = size - size % BLOCK
+    if full // BLOCK <= 4 * n:  # few blocks: one partition of the whole row is as cheap
+        candidates = np.arange(size)
+    else:
+        maxima = row[:full].reshape(-1, BLOCK).max(axis=1)
+        blocks = np.flatnonzero(maxima >= np.partition(maxima, -n)[-n])
+        candidates = (blocks[:, None] * BLOCK + np.arange(BLOCK)).ravel()
+        if full < size:  # the tail that fills no block is always a candidate
+            candidates = np.concatenate([candidates, np.arange(full, size)])
+    values = row[candidates]
+    ids = candidates[np.argpartition(values, -n)[-n:]]
     return ids[np.lexsort((ids, -row[ids]))]
 
 

@@ -31,6 +31,20 @@ def test_logprobs_are_the_log_softmax_of_the_raw_row_and_the_top_n_are_sorted():
     assert position_logprobs(row, 7, 0).top == []
 
 
+def test_the_block_scan_finds_what_a_full_sort_finds():
+    rng = np.random.default_rng(2)
+    for size in (VOCAB, VOCAB + 100, 5000, 300, 16):  # whole blocks, a tail, few blocks, under one block
+        for trial in range(6):
+            row = rng.normal(0, 4, size).astype(np.float32)
+            if trial % 2:
+                row = np.round(row)  # many ties, also across blocks
+            for n in (1, 5, 20):
+                top = top_tokens(row, n)
+                assert np.array_equal(row[top], np.sort(row)[::-1][:n]) and len(set(top.tolist())) == min(
+                    n, size
+                )
+
+
 def test_top_ties_go_to_the_lower_id_as_argmax_does_and_a_minus_inf_logit_has_a_floor():
     row = np.zeros(16, dtype=np.float32)
     row[[9, 3, 12]] = 5.0

@@ -15,6 +15,10 @@ import pytest
 
 from nearshore.protocol.headers import CACHE
 from nearshore.protocol.sse import iter_data
+from regional.config import EngineConfig
+from regional.engine import GenerationRequest, SamplingParams, TokenEvent
+from regional.llama_engine import LlamaCppEngine
+from regional.model_store import resolve_model_path
 from tests.conftest import MODEL, Node
 from tests.edge_fixtures import Edge, start_edge
 from tests.test_region_api import post, stream
@@ -239,6 +243,46 @@ GOOD = {
         "repetition_penalty": 1.1,
     },
 }
+
+
+# --- the engine: chunked prefill, a mixed batch ------------------------------------------------------
+
+
+async def test_prompt_scores_are_the_same_in_chunks_and_beside_a_running_stream():
+    """Scored in 16-token chunks while another sequence decodes in the same batches, a prompt gets the
+    log-probabilities it gets alone in one chunk."""
+    engines = []
+    try:
+        for batch_tokens in (512, 16):
+            config = EngineConfig(batch_tokens=batch_tokens, prefill_chunk=16, kv_cache_tokens=2048)
+            engine = LlamaCppEngine(MODEL, str(resolve_model_path("")), config)
+            await engine.start()
+            await engine.ready()
+            engines.append(engine)
+        whole, chunked = engines
+        prompt = await whole.tokenize(" ".join([PROMPT] * 4))  # about 50 tokens: 4 chunks of 16
+        greedy = SamplingParams(temperature=0.0)
+
+        async def scored(engine: LlamaCppEngine, rid: str) -> list[TokenEvent]:
+            request = GenerationRequest(rid, prompt, 2, greedy, logprobs=3, prompt_logprobs=3)
+            return [e async for e in engine.generate(request)]
+
+        alone = await scored(whole, "alone")
+        other = GenerationRequest("other", await chunked.tokenize("Lagos is"), 40, greedy)
+        events = chunked.generate(other)
+        await anext(events)  # decoding before the scored prompt arrives, and during its prefill
+        mixed = await scored(chunked, "mixed")
+        await events.aclose()
+        want, got = alone[0].prompt_logprobs, mixed[0].prompt_logprobs
+        assert want is not None and got is not None and len(got) == len(want) == len(prompt)
+        assert [p.token_id for p in got] == prompt and got[0].logprob is None
+        for a, b in zip(want[1:], got[1:], strict=True):
+            assert abs(a.logprob - b.logprob) < 0.02  # another batch shape: float32 sums in another order
+            assert [t for t, _ in a.top[:1]] == [t for t, _ in b.top[:1]]
+        assert [e.token_id for e in mixed] == [e.token_id for e in alone]
+    finally:
+        for engine in engines:
+            await engine.close()
 
 
 # --- through the edge ---------------------------------------------------------------------------------
