@@ -148,6 +148,7 @@ class _SeqBlocks:
     tokens: list[int]  # tokens whose KV is written (or is being written this step), in order
     block_hashes: list[int]  # the chained hash of each full block of ``tokens``
     tables: dict[str, list[int]] = field(default_factory=dict)
+    prefill_tokens: int = 0  # the tokens it was admitted to compute: their blocks are promised to it
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,19 +186,27 @@ class KvBlockManager:
 
     def can_allocate(self, seq_id: int, tokens: Sequence[int], max_cached: int | None = None) -> bool:
         """Room for ``tokens`` (a prompt, or a preempted sequence's prompt and outputs) to be computed:
-        its cached prefix revived and blocks for the rest free (a sliding group needs only its window's)."""
+        its cached prefix revived and blocks for the rest free, beside those the sequences already
+        admitted still take to finish their own prompts. Their growth past that is not reserved: when
+        blocks run out the scheduler preempts."""
         assert seq_id not in self.seqs, f"sequence {seq_id} already allocated"
         _hashes, hits = self._prefix_hits(tokens, max_cached)
-        num_cached = len(next(iter(hits.values()))) * self.block_size
         for name, pool in self.pools.items():
             revived = sum(1 for b in hits[name] if b != NULL_BLOCK and pool.ref_counts[b] == 0)
-            fresh = _blocks_for(len(tokens), self.block_size) - num_cached // self.block_size
-            window = self.groups[name].window
-            if window is not None:
-                fresh = min(fresh, _blocks_for(window, self.block_size) + 1)
-            if revived + fresh > pool.num_free:
+            fresh = self._blocks_to_fill(name, len(hits[name]), len(tokens))
+            promised = sum(
+                self._blocks_to_fill(name, len(s.tables[name]), s.prefill_tokens) for s in self.seqs.values()
+            )
+            if revived + fresh + promised > pool.num_free:
                 return False
         return True
+
+    def _blocks_to_fill(self, group: str, num_blocks: int, num_tokens: int) -> int:
+        """Blocks a table of ``num_blocks`` still takes to hold ``num_tokens`` (a sliding group's table
+        holds at most its window's at once)."""
+        fresh = max(0, _blocks_for(num_tokens, self.block_size) - num_blocks)
+        window = self.groups[group].window
+        return fresh if window is None else min(fresh, _blocks_for(window, self.block_size) + 1)
 
     def allocate(self, seq_id: int, tokens: Sequence[int], max_cached: int | None = None) -> int:
         """Admit ``seq_id`` with the longest cached prefix of ``tokens`` (at most ``max_cached`` tokens);
@@ -212,7 +221,7 @@ class KvBlockManager:
             for block in blocks:
                 if block != NULL_BLOCK:
                     self.pools[name].share(block)
-        self.seqs[seq_id] = _SeqBlocks(list(tokens[:num_cached]), hashes[:num_blocks], hits)
+        self.seqs[seq_id] = _SeqBlocks(list(tokens[:num_cached]), hashes[:num_blocks], hits, len(tokens))
         self.prefix_query_tokens += len(tokens)
         self.prefix_hit_tokens += num_cached
         return num_cached

@@ -89,6 +89,12 @@ class SlotMemory:
             victim.cached = []
         return tuple(victim.index for victim in victims)
 
+    def can_append(self, seq: Sequence, num_tokens: int) -> bool:
+        return True  # admission reserved the prompt and max_tokens: a slot's sequence never runs short
+
+    def append(self, seq: Sequence, num_tokens: int) -> None:
+        pass
+
     def release(self, seq: Sequence, now: float) -> None:
         slot = self.slots[seq.slot]
         slot.owner = None

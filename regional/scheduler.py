@@ -6,13 +6,17 @@ Pure bookkeeping, no model calls, so it can be tested on its own. One engine ste
     ...the engine applies the plan's memory changes, runs the model on plan.batch, samples...
     finished = scheduler.postprocess(plan, sampled, now)
 
+When the KV memory has no room for a step's tokens, the newest sequence is preempted (its KV freed, it
+recomputes later); the plan carries the sequences that can never fit (``StepPlan.finished``).
+
 Failure paths are verbs of their own: :meth:`Scheduler.abort` (one request leaves),
 :meth:`Scheduler.evict_idle_caches` (the model's memory is full: free what only caches hold, then retry),
 :meth:`Scheduler.fail_running` (a failed step: the model's memory is unknown, so every running sequence
 fails and every cache is dropped).
 
 Where the KV cells live is a :class:`KvMemory`'s decision (llama.cpp slots with prefix reuse in
-:mod:`regional.kv_slots`); the scheduler decides the order, the batch and the finish.
+:mod:`regional.kv_slots`, paged blocks in :mod:`regional.kv_paged`); the scheduler decides the order, the
+batch, the preemptions and the finish.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class Sequence:
     slot: int = -1  # the KV memory's id for this sequence (a llama.cpp sequence id)
     num_computed: int = 0  # tokens whose KV cells exist (prompt first, then fed-back outputs)
     num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
+    num_preemptions: int = 0  # times its KV was freed for room; it then recomputes prompt and outputs
     output: list[int] = field(default_factory=list)
     # With prompt_logprobs: entry i scores prompt token i + 1 (the logits at position i predict it).
     prompt_logprobs: list[Logprobs] = field(default_factory=list)
@@ -56,8 +61,20 @@ class Sequence:
         return self.request.prompt_tokens
 
     @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
     def is_prefilling(self) -> bool:
-        return self.num_computed < len(self.prompt)
+        # A preempted sequence prefills its outputs too: all but the last, which it feeds as a decode.
+        return self.num_computed < max(len(self.prompt), self.num_tokens - 1)
+
+    def uncomputed(self, limit: int) -> list[int]:
+        """Up to ``limit`` of the tokens whose KV is still to compute (prompt first, then outputs)."""
+        end = min(self.num_tokens, self.num_computed + limit)
+        if end <= len(self.prompt):
+            return self.prompt[self.num_computed : end]
+        return (self.prompt + self.output)[self.num_computed : end]
 
     @property
     def reusable_prefix(self) -> int:
@@ -105,8 +122,17 @@ class KvMemory(Protocol):
         if that makes room; None, with nothing changed, when it must wait."""
         ...
 
+    def can_append(self, seq: Sequence, num_tokens: int) -> bool:
+        """Room for the KV of ``seq``'s next ``num_tokens`` tokens (from ``num_computed`` on) this step."""
+        ...
+
+    def append(self, seq: Sequence, num_tokens: int) -> None:
+        """Take that room: the step writes those tokens' KV."""
+        ...
+
     def release(self, seq: Sequence, now: float) -> None:
-        """``seq`` left; what it computed stays cached for a later prompt that starts the same way."""
+        """``seq`` left (or was preempted); what it computed stays cached for a later prompt that starts
+        the same way."""
         ...
 
     def evict_idle(self) -> list[int]:
@@ -132,6 +158,8 @@ class StepPlan:
     samples: list[tuple[Sequence, int]] = field(default_factory=list)
     # (sequence, tokens it adds to its KV this step)
     advances: list[tuple[Sequence, int]] = field(default_factory=list)
+    # Sequences finished while planning: the KV memory cannot hold them even alone (never in the batch)
+    finished: list[Sequence] = field(default_factory=list)
     # (sequence, first batch row, rows): prompt rows whose logits score the next prompt token, for the
     # sequences that asked for prompt log-probabilities (rows scored before a recompute are not again)
     prompt_rows: list[tuple[Sequence, int, int]] = field(default_factory=list)
@@ -180,6 +208,7 @@ class Scheduler:
         self.is_end_of_generation = is_end_of_generation
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.num_preemptions = 0  # sequences whose KV was freed for room (stats)
 
     @property
     def has_work(self) -> bool:
@@ -193,36 +222,48 @@ class Scheduler:
 
     def schedule(self, now: float) -> StepPlan:
         """Admit waiting sequences while there is room, then build one batch over everyone running."""
-        plan = StepPlan(admissions=self._admit(now))
-        self._batch(plan)
+        plan = StepPlan()
+        self._admit(plan, now)
+        self._batch(plan, now)
         return plan
 
-    def _admit(self, now: float) -> list[Admission]:
-        """First come first served, while a sequence and its KV room are free."""
-        admitted: list[Admission] = []
+    def _admit(self, plan: StepPlan, now: float) -> None:
+        """First come first served, while a sequence and its KV room are free.
+
+        A preempted sequence waits at the front and comes back first. One that does not fit even with
+        nobody running never will: it finishes with "error" rather than blocking the queue."""
         while self.waiting and len(self.running) < self.max_sequences:
             seq = self.waiting[0]
             admission = self.memory.allocate(seq)
             if admission is None:
-                break
+                if self.running:
+                    break
+                self.waiting.popleft()
+                seq.finish_reason = "length" if seq.output else "error"
+                plan.finished.append(seq)
+                continue
             self.waiting.popleft()
-            seq.num_computed = seq.num_cached_tokens = admission.prefix_len
+            seq.num_computed = admission.prefix_len
+            if not seq.num_preemptions:  # what a recompute finds cached is its own work, not a hit
+                seq.num_cached_tokens = admission.prefix_len
             seq.admitted_at = now
             self.running.append(seq)
-            admitted.append(admission)
-        return admitted
+            plan.admissions.append(admission)
 
-    def _batch(self, plan: StepPlan) -> None:
+    def _batch(self, plan: StepPlan, now: float) -> None:
         """One token for every decoding sequence, then prompt chunks in the room left.
 
         While anyone is decoding, prompts advance by at most ``prefill_chunk`` tokens a step, so a long
-        prompt costs the others a slightly longer step, never a frozen stream.
+        prompt costs the others a slightly longer step, never a frozen stream. Each sequence's tokens need
+        KV room first (:meth:`_make_room`).
         """
         prefilling = []
-        for seq in self.running:
+        for seq in list(self.running):
+            if seq not in self.running:  # preempted for an older sequence's room
+                continue
             if seq.is_prefilling:
                 prefilling.append(seq)
-            else:
+            elif self._make_room(plan, seq, 1, now):
                 plan.add(seq, [seq.output[-1]], sample=True)
         room = self.batch_tokens - len(plan.tokens)
         if plan.tokens:
@@ -230,9 +271,44 @@ class Scheduler:
         for seq in prefilling:
             if room <= 0:
                 break
-            chunk = seq.prompt[seq.num_computed : seq.num_computed + room]
-            plan.add(seq, chunk, sample=seq.num_computed + len(chunk) == len(seq.prompt))
-            room -= len(chunk)
+            if seq not in self.running:
+                continue
+            chunk = seq.uncomputed(room)
+            if self._make_room(plan, seq, len(chunk), now):
+                plan.add(seq, chunk, sample=seq.num_computed + len(chunk) == seq.num_tokens)
+                room -= len(chunk)
+
+    def _make_room(self, plan: StepPlan, seq: Sequence, num_tokens: int, now: float) -> bool:
+        """Take KV room for ``seq``'s next ``num_tokens``, preempting while there is none; False when
+        ``seq`` itself had to go.
+
+        The victim is the most recently admitted sequence not already in this step's batch, so a prompt
+        chunk never takes a decoding stream's blocks (decodes are batched first). A sequence that is alone
+        and still does not fit never will: it finishes ("length" once it has output, else "error").
+        """
+        while not self.memory.can_append(seq, num_tokens):
+            batched = {s for s, _ in plan.advances}
+            victim = next(s for s in reversed(self.running) if s not in batched)
+            if victim is seq and len(self.running) == 1:
+                seq.finish_reason = "length" if seq.output else "error"
+                self._retire(seq, now)
+                plan.finished.append(seq)
+                return False
+            self._preempt(victim, now)
+            if victim is seq:
+                return False
+        self.memory.append(seq, num_tokens)
+        return True
+
+    def _preempt(self, seq: Sequence, now: float) -> None:
+        """Free ``seq``'s KV and put it first in line: it recomputes prompt and outputs, then samples on,
+        its stream neither repeating nor skipping a token."""
+        self.running.remove(seq)
+        self.memory.release(seq, now)
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
 
     def postprocess(
         self,

@@ -1,12 +1,20 @@
 """The scheduler on its own, no model: schedule -> (the model would run here) -> postprocess cycles.
 
 Admission, prefix reuse, chunked prefill, KV room and evictions carried in the plan, finishing, abort
-and the failure verbs.
+and the failure verbs. The contract both engines share runs over both memories (``make``): llama.cpp's
+slots and the GPU engine's paged blocks (one-token blocks, so prefixes match token by token as slots
+do). Paged-only behaviour, preemption above all, is in tests/test_scheduler_paged.py.
 """
 
 from __future__ import annotations
 
+import functools
+
+import pytest
+
+from gpu.kv_blocks import GroupSpec, KvBlockManager
 from regional.engine import GenerationRequest, SamplingParams
+from regional.kv_paged import PagedMemory
 from regional.kv_slots import SlotMemory
 from regional.sampler import TokenSampler
 from regional.scheduler import Admission, KvMemory, Scheduler, Sequence, StepPlan
@@ -21,10 +29,25 @@ def seq(rid: str, prompt: list[int], max_tokens: int = 4) -> Sequence:
 
 
 def scheduler(
-    max_sequences: int, kv_tokens: int, batch_tokens: int = 64, prefill_chunk: int = 64
+    max_sequences: int,
+    kv_tokens: int,
+    batch_tokens: int = 64,
+    prefill_chunk: int = 64,
+    memory: str = "slots",
+    block_size: int = 1,
 ) -> Scheduler:
-    memory = SlotMemory(max_sequences, kv_tokens)
-    return Scheduler(memory, max_sequences, batch_tokens, prefill_chunk, lambda token: token == END)
+    if memory == "slots":
+        kv: KvMemory = SlotMemory(max_sequences, kv_tokens)
+    else:
+        blocks = KvBlockManager([GroupSpec("global", kv_tokens // block_size + 1)], block_size)
+        kv = PagedMemory(blocks)
+    return Scheduler(kv, max_sequences, batch_tokens, prefill_chunk, lambda token: token == END)
+
+
+@pytest.fixture(params=["slots", "paged"])
+def make(request: pytest.FixtureRequest) -> functools.partial[Scheduler]:
+    """The scheduler over each memory, for the contract they share."""
+    return functools.partial(scheduler, memory=request.param)
 
 
 def step(sched: Scheduler, token: int = 99, now: float = 0.0) -> tuple[StepPlan, list[Sequence]]:
@@ -45,8 +68,8 @@ def slots(sched: Scheduler) -> SlotMemory:
     return sched.memory
 
 
-def test_new_requests_join_a_running_batch_between_steps():
-    sched = scheduler(max_sequences=4, kv_tokens=1000, prefill_chunk=8)
+def test_new_requests_join_a_running_batch_between_steps(make):
+    sched = make(max_sequences=4, kv_tokens=1000, prefill_chunk=8)
     a = seq("a", [1, 2, 3])
     sched.add(a)
     plan, _ = step(sched)  # a: prefill, first token
@@ -62,8 +85,8 @@ def test_new_requests_join_a_running_batch_between_steps():
     assert a.output == [99, 99] and b.output == [99]
 
 
-def test_postprocess_alone_advances_the_sequences():
-    sched = scheduler(max_sequences=1, kv_tokens=1000)
+def test_postprocess_alone_advances_the_sequences(make):
+    sched = make(max_sequences=1, kv_tokens=1000)
     a = seq("a", [1, 2, 3], max_tokens=10)
     sched.add(a)
     plan = sched.schedule(0)
@@ -76,8 +99,8 @@ def test_postprocess_alone_advances_the_sequences():
     assert a.num_computed == 4 and a.output == [7, 8]
 
 
-def test_long_prompt_is_prefilled_in_chunks_while_others_decode():
-    sched = scheduler(max_sequences=4, kv_tokens=10_000, batch_tokens=512, prefill_chunk=16)
+def test_long_prompt_is_prefilled_in_chunks_while_others_decode(make):
+    sched = make(max_sequences=4, kv_tokens=10_000, batch_tokens=512, prefill_chunk=16)
     short = seq("s", [1, 2], max_tokens=100)
     sched.add(short)
     step(sched)
@@ -95,8 +118,8 @@ def test_long_prompt_is_prefilled_in_chunks_while_others_decode():
     assert long.output == [99]
 
 
-def test_without_decoders_a_prompt_uses_the_whole_batch():
-    sched = scheduler(max_sequences=2, kv_tokens=10_000, batch_tokens=64, prefill_chunk=8)
+def test_without_decoders_a_prompt_uses_the_whole_batch(make):
+    sched = make(max_sequences=2, kv_tokens=10_000, batch_tokens=64, prefill_chunk=8)
     s = seq("x", list(range(100)))
     sched.add(s)
     plan, _ = step(sched)
@@ -105,20 +128,23 @@ def test_without_decoders_a_prompt_uses_the_whole_batch():
     assert len(plan.tokens) == 36 and plan.want_logits == [False] * 35 + [True]
 
 
-def test_finish_on_max_tokens_keeps_the_slot_cache():
-    sched = scheduler(max_sequences=2, kv_tokens=1000)
+def test_finish_on_max_tokens_keeps_the_computed_tokens_cached(make):
+    sched = make(max_sequences=2, kv_tokens=1000)
     a = seq("a", [1, 2, 3], max_tokens=3)
     sched.add(a)
     finished = [step(sched, token=t)[1] for t in (11, 12, 13)]
     assert finished == [[], [], [a]]
     assert a.finish_reason == "length" and a.output == [11, 12, 13]
     assert sched.running == [] and not sched.has_work
-    # Its computed tokens stay in its slot: the prompt and the outputs fed back (not the last one).
-    assert slots(sched).slots[a.slot].cached == [1, 2, 3, 11, 12]
+    # Its computed tokens stay cached: the prompt and the outputs fed back (not the last one).
+    if isinstance(sched.memory, SlotMemory):
+        assert slots(sched).slots[a.slot].cached == [1, 2, 3, 11, 12]
+    sched.add(seq("b", [1, 2, 3, 11, 12, 13, 14]))
+    assert sched.schedule(1).admissions[0].prefix_len == 5
 
 
-def test_finish_on_an_end_token():
-    sched = scheduler(max_sequences=2, kv_tokens=1000)
+def test_finish_on_an_end_token(make):
+    sched = make(max_sequences=2, kv_tokens=1000)
     a, b = seq("a", [1, 2], max_tokens=50), seq("b", [3, 4], max_tokens=50)
     sched.add(a)
     sched.add(b)
@@ -129,8 +155,8 @@ def test_finish_on_an_end_token():
     assert b.finish_reason is None and sched.running == [b]
 
 
-def test_a_failed_sampling_finishes_that_sequence_alone():
-    sched = scheduler(max_sequences=2, kv_tokens=1000)
+def test_a_failed_sampling_finishes_that_sequence_alone(make):
+    sched = make(max_sequences=2, kv_tokens=1000)
     a, b = seq("a", [1, 2], max_tokens=50), seq("b", [3, 4], max_tokens=50)
     sched.add(a)
     sched.add(b)
@@ -140,8 +166,8 @@ def test_a_failed_sampling_finishes_that_sequence_alone():
     assert sched.running == [b] and b.output == [6]
 
 
-def test_finished_slot_keeps_its_prefix_for_the_next_prompt():
-    sched = scheduler(max_sequences=2, kv_tokens=1000)
+def test_finished_slot_keeps_its_prefix_for_the_next_prompt(make):
+    sched = make(max_sequences=2, kv_tokens=1000)
     system = list(range(1, 21))
     first = seq("1", [*system, 50, 51], max_tokens=1)
     run_to_end(sched, first, now=1.0)
@@ -149,14 +175,15 @@ def test_finished_slot_keeps_its_prefix_for_the_next_prompt():
     sched.add(second)
     plan = sched.schedule(2)
     [admission] = plan.admissions
-    assert admission.source == admission.slot == first.slot  # trims its own cache in place
+    if isinstance(sched.memory, SlotMemory):
+        assert admission.source == admission.slot == first.slot  # trims its own cache in place
     assert admission.prefix_len == 20
     assert second.num_computed == 20 and second.num_cached_tokens == 20
     assert plan.tokens == [60] and plan.positions == [20]
 
 
-def test_running_sequence_shares_its_prefix_with_a_newcomer():
-    sched = scheduler(max_sequences=3, kv_tokens=1000)
+def test_running_sequence_shares_its_prefix_with_a_newcomer(make):
+    sched = make(max_sequences=3, kv_tokens=1000)
     system = list(range(1, 11))
     a = seq("a", [*system, 7])
     sched.add(a)
@@ -165,12 +192,14 @@ def test_running_sequence_shares_its_prefix_with_a_newcomer():
     sched.add(b)
     plan, _ = step(sched)
     [admission] = plan.admissions
-    assert admission.source == a.slot and admission.slot != a.slot and admission.prefix_len == 10
+    if isinstance(sched.memory, SlotMemory):
+        assert admission.source == a.slot and admission.slot != a.slot
+    assert admission.prefix_len == 10
     assert b.num_cached_tokens == 10 and plan.seq_ids.count(b.slot) == 2
 
 
-def test_whole_prompt_cached_still_recomputes_last_token():
-    sched = scheduler(max_sequences=1, kv_tokens=1000)
+def test_whole_prompt_cached_still_recomputes_last_token(make):
+    sched = make(max_sequences=1, kv_tokens=1000)
     run_to_end(sched, seq("a", [1, 2, 3], max_tokens=1), now=1.0)
     sched.add(seq("b", [1, 2, 3]))
     plan = sched.schedule(1)
@@ -225,8 +254,8 @@ def test_nothing_is_evicted_for_a_sequence_that_still_does_not_fit():
     assert len(slots(sched).slots[idle.slot].cached) == 30  # kept: dropping it would have bought nothing
 
 
-def test_abort_a_running_sequence_keeps_its_prefix_and_a_waiting_one_leaves():
-    sched = scheduler(max_sequences=1, kv_tokens=1000)
+def test_abort_a_running_sequence_keeps_its_prefix_and_a_waiting_one_leaves(make):
+    sched = make(max_sequences=1, kv_tokens=1000)
     a, b = seq("a", [1, 2, 3], max_tokens=10), seq("b", [1, 2, 9])
     sched.add(a)
     sched.add(b)
@@ -234,7 +263,8 @@ def test_abort_a_running_sequence_keeps_its_prefix_and_a_waiting_one_leaves():
     step(sched)
     sched.abort(a, 1.0)
     assert a.finish_reason == "abort" and sched.running == []
-    assert slots(sched).slots[a.slot].cached == [1, 2, 3, 99]
+    if isinstance(sched.memory, SlotMemory):
+        assert slots(sched).slots[a.slot].cached == [1, 2, 3, 99]
     plan = sched.schedule(2)  # b takes the slot and reuses the prefix a left
     assert plan.admissions[0].prefix_len == 2 and sched.running == [b]
     c = seq("c", [4])
@@ -271,8 +301,8 @@ def test_evicting_idle_caches_frees_their_cells_but_not_running_ones():
     assert sched.evict_idle_caches() == []
 
 
-def test_drain_hands_back_everyone():
-    sched = scheduler(max_sequences=1, kv_tokens=1000)
+def test_drain_hands_back_everyone(make):
+    sched = make(max_sequences=1, kv_tokens=1000)
     a, b = seq("a", [1]), seq("b", [2])
     sched.add(a)
     sched.add(b)
@@ -297,6 +327,12 @@ class TokenCountMemory:
         seq.slot, self.next_id = self.next_id, self.next_id + 1
         self.held[seq.slot] = seq.reserved_tokens
         return Admission(seq, seq.slot, seq.slot, 0)
+
+    def can_append(self, seq: Sequence, num_tokens: int) -> bool:
+        return True  # reserved at admission
+
+    def append(self, seq: Sequence, num_tokens: int) -> None:
+        pass
 
     def release(self, seq: Sequence, now: float) -> None:
         del self.held[seq.slot]
