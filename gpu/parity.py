@@ -1,0 +1,273 @@
+"""Teacher-forced parity of the torch model with llama.cpp on the same GGUF.
+
+Both engines read the same token sequences; at every position their next-token distributions are compared:
+top-1 agreement and KL(llama.cpp || torch). Free-running greedy text is no test (llama.cpp's own greedy text
+drifts with the batch size). The full check (20 prompts with sampled continuations, plus one long sequence
+past the sliding window: 2k+ positions) is `teacher_forced_parity`; `nearshore gpu-check` runs it on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpu.kv_cache import DEFAULT_BLOCK_SIZE, PagedKvCache
+from gpu.model import CausalLM
+from gpu.step_inputs import StepInputs
+
+PROMPTS = (
+    "The history of the printing press begins",
+    "Here is a simple recipe for jollof rice:",
+    "The main causes of the First World War were",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "Photosynthesis is the process by which plants",
+    "Dear hiring manager, I am writing to apply for",
+    "The three laws of thermodynamics state that",
+    "Lagos is the largest city in Nigeria and",
+    "Q: What is the difference between a virus and a bacterium?\nA:",
+    "In the year 2150, the first colony on Mars",
+    "SELECT name, COUNT(*) FROM orders",
+    "The best way to learn a new language is",
+    "Once upon a time, in a village by the sea,",
+    "A binary search tree is a data structure that",
+    "The stock market fell sharply on Monday after",
+    "To change a flat tyre, first",
+    "Nairobi's climate is mild because",
+    "Les avantages du télétravail sont",
+    "The theory of evolution by natural selection",
+    "An API rate limiter can be implemented with",
+)
+
+
+@dataclass
+class ParityReport:
+    positions: int = 0
+    top1_agree: int = 0
+    kl_sum: float = 0.0
+    max_kl: float = 0.0
+    sequences: list[tuple[int, float, float]] = field(default_factory=list)  # (length, top-1 share, mean KL)
+    seconds: float = 0.0
+
+    @property
+    def top1(self) -> float:
+        return self.top1_agree / max(self.positions, 1)
+
+    @property
+    def mean_kl(self) -> float:
+        return self.kl_sum / max(self.positions, 1)
+
+    def add(self, reference: np.ndarray, logits: np.ndarray) -> None:
+        """Count one sequence's positions: reference (llama.cpp) and torch logits, both [n, vocab]."""
+        agree, kl = compare_logits(reference, logits)
+        self.positions += len(kl)
+        self.top1_agree += int(agree.sum())
+        self.kl_sum += float(kl.sum())
+        self.max_kl = max(self.max_kl, float(kl.max(initial=0.0)))
+        self.sequences.append((len(kl), float(agree.mean()), float(kl.mean())))
+
+    def summary(self) -> str:
+        return (
+            f"{self.positions} positions in {len(self.sequences)} sequences: top-1 agreement "
+            f"{100 * self.top1:.2f}%, KL(llama.cpp || torch) mean {self.mean_kl:.5f} max {self.max_kl:.5f}"
+        )
+
+
+def compare_logits(reference: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: does the top-1 token agree, and KL(reference || logits) in nats (float64)."""
+    ref = torch.log_softmax(torch.as_tensor(reference, dtype=torch.float64), dim=-1)
+    got = torch.log_softmax(torch.as_tensor(logits, dtype=torch.float64), dim=-1)
+    kl = (ref.exp() * (ref - got)).sum(-1)
+    agree = ref.argmax(-1) == got.argmax(-1)
+    return agree.numpy(), kl.clamp_min(0.0).numpy()
+
+
+def torch_logits(
+    model: CausalLM,
+    tokens: Sequence[int],
+    logit_from: int = 0,
+    chunk_tokens: int = 128,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> np.ndarray:
+    """Logits [n - logit_from, vocab] at positions logit_from.. of one sequence, prefilled in chunks.
+
+    Blocks are laid out in order (position p in block 1 + p // block_size): this checks the model, not the
+    block manager; chunks keep the logits of one step small (a 262k vocabulary is 1 MiB per row).
+    """
+    n = len(tokens)
+    blocks = -(-n // block_size)
+    kv = PagedKvCache(model.config, blocks + 1, block_size, model.dtype, model.device)
+    table = torch.arange(1, blocks + 1, dtype=torch.int32)[None, :]
+    out = np.empty((n - logit_from, model.config.vocab_size), dtype=np.float32)
+    device = model.device
+    for start in range(0, n, chunk_tokens):
+        end = min(start + chunk_tokens, n)
+        positions = torch.arange(start, end)
+        slots = positions + block_size  # block 0 is the null block
+        first_row = max(logit_from - start, 0)
+        inputs = StepInputs(
+            tokens=torch.tensor(tokens[start:end], dtype=torch.int64, device=device),
+            positions=positions.to(device),
+            query_start=torch.tensor([0, end - start], dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([end], dtype=torch.int32, device=device),
+            block_tables={g: table.to(device) for g in model.config.groups},
+            slot_mapping={g: slots.to(device) for g in model.config.groups},
+            logit_rows=torch.arange(first_row, end - start, device=device),
+            max_query_len=end - start,
+            max_seq_len=end,
+        )
+        logits = model(inputs, kv)
+        if len(logits):
+            out[start + first_row - logit_from : end - logit_from] = logits.cpu().numpy()
+    return out
+
+
+def open_llama(gguf_path: str | Path, n_ctx: int, f32_kv: bool = False) -> Any:
+    """llama.cpp over the GGUF, keeping every position's logits; f32_kv: keys and values in fp32, not fp16."""
+    import llama_cpp
+
+    precision = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if f32_kv else {}
+    return llama_cpp.Llama(
+        str(gguf_path), logits_all=True, n_ctx=n_ctx, n_batch=512, verbose=False, **precision
+    )
+
+
+def llama_cpp_logits(llm: Any, tokens: Sequence[int]) -> np.ndarray:
+    """llama.cpp's logits [n, vocab] at every position (the Llama must have logits_all=True)."""
+    llm.reset()
+    llm.eval(list(tokens))
+    return np.array(llm.scores[: len(tokens)], dtype=np.float32)
+
+
+def sample_continuation(llm: Any, prompt: Sequence[int], max_tokens: int, seed: int) -> list[int]:
+    """A sampled (temperature 0.8) continuation: varied text, unlike greedy loops; reproducible by seed."""
+    llm.reset()
+    llm.set_seed(seed)
+    out: list[int] = []
+    for token in llm.generate(list(prompt), temp=0.8, top_k=40, top_p=0.95, repeat_penalty=1.0):
+        if llm.token_eos() == token or len(out) >= max_tokens:
+            break
+        out.append(int(token))
+    return out
+
+
+def write_dequantized_gguf(source: str | Path, target: str | Path) -> Path:
+    """A copy of the GGUF with every tensor in F32 (the values the torch model computes with), same metadata.
+
+    llama.cpp multiplies quantised weights by activations quantised to 8 bits (and keeps keys and values in
+    fp16), which moves next-token distributions as much as any difference between two correct models. On an
+    F32 copy with an fp32 KV cache it computes in fp32: parity there checks the architecture exactly.
+    """
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    arch = reader.fields["general.architecture"].contents()
+    tmp = Path(f"{target}.{os.getpid()}.part")
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    for name, fld in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        if name == "general.file_type":
+            writer.add_uint32(name, int(gguf.LlamaFileType.ALL_F32))
+        elif fld.types[0] == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, fld.contents(), fld.types[0], sub_type=fld.types[-1])
+        else:
+            writer.add_key_value(name, fld.contents(), fld.types[0])
+    for info in reader.tensors:
+        writer.add_tensor(info.name, gguf.quants.dequantize(info.data, info.tensor_type).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tmp.replace(target)
+
+
+@dataclass
+class ParityResult:
+    served: ParityReport  # torch vs llama.cpp on the GGUF as a region serves it
+    llama_self: ParityReport  # llama.cpp vs itself with an fp32 KV cache: its own noise floor
+    exact: ParityReport | None  # torch vs llama.cpp in fp32 on the dequantised copy
+
+    def summary(self) -> str:
+        lines = [f"torch vs llama.cpp (as served):        {self.served.summary()}"]
+        lines.append(f"llama.cpp vs llama.cpp (fp32 KV):      {self.llama_self.summary()}")
+        if self.exact is not None:
+            lines.append(f"torch vs llama.cpp (F32 GGUF, fp32 KV): {self.exact.summary()}")
+        return "\n".join(lines)
+
+
+def compare_sequences(
+    model: CausalLM,
+    sequences: Sequence[Sequence[int]],
+    served: Any,
+    served_f32_kv: Any,
+    exact: Any = None,
+    logit_from: Sequence[int] | None = None,
+    log: Any = print,
+) -> ParityResult:
+    """Teacher-forced comparison over `sequences` (positions logit_from[i].. of each) for each llama.cpp."""
+    result = ParityResult(ParityReport(), ParityReport(), ParityReport() if exact is not None else None)
+    started = time.perf_counter()
+    for i, tokens in enumerate(sequences):
+        first = logit_from[i] if logit_from else 0
+        mine = torch_logits(model, tokens, first)
+        reference = llama_cpp_logits(served, tokens)[first:]
+        result.served.add(reference, mine)
+        result.llama_self.add(reference, llama_cpp_logits(served_f32_kv, tokens)[first:])
+        if exact is not None and result.exact is not None:
+            result.exact.add(llama_cpp_logits(exact, tokens)[first:], mine)
+        length, top1, kl = result.served.sequences[-1]
+        log(f"  {len(tokens):4d} tokens, {length} positions: top-1 {100 * top1:.1f}%, mean KL {kl:.5f}")
+    for report in (result.served, result.llama_self, result.exact):
+        if report is not None:
+            report.seconds = time.perf_counter() - started
+    return result
+
+
+def parity_sequences(
+    llm: Any, prompts: Sequence[str], continuation_tokens: int, long_tokens: int
+) -> list[list[int]]:
+    """Each prompt with a sampled continuation, then one long sequence made of them all."""
+    sequences: list[list[int]] = []
+    for seed, prompt in enumerate(prompts):
+        tokens = llm.tokenize(prompt.encode(), add_bos=True)
+        sequences.append(tokens + sample_continuation(llm, tokens, continuation_tokens, seed))
+    if long_tokens:
+        joined = [t for seq in sequences for t in seq[1:]]
+        sequences.append(sequences[0][:1] + joined[: long_tokens - 1])
+    return sequences
+
+
+def teacher_forced_parity(
+    gguf_path: str | Path,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    prompts: Sequence[str] = PROMPTS,
+    continuation_tokens: int = 100,
+    long_tokens: int = 800,
+    exact_gguf: str | Path | None = None,
+    model: CausalLM | None = None,
+    log: Any = print,
+) -> ParityResult:
+    """The full check: 20 prompts with sampled continuations, then one long sequence past Gemma 3's 512-token
+    sliding window (2k+ positions). exact_gguf: where to write (once) the F32 copy for the exact comparison;
+    None skips it. Returns the figures; the caller decides pass / fail."""
+    ctx = max(long_tokens, continuation_tokens + 256)
+    served = open_llama(gguf_path, ctx)
+    sequences = parity_sequences(served, prompts, continuation_tokens, long_tokens)
+    served_f32_kv = open_llama(gguf_path, ctx, f32_kv=True)
+    exact = None
+    if exact_gguf is not None:
+        if not Path(exact_gguf).is_file():
+            write_dequantized_gguf(gguf_path, exact_gguf)
+        exact = open_llama(exact_gguf, ctx, f32_kv=True)
+    model = model or CausalLM.load(gguf_path, device=device, dtype=dtype)
+    result = compare_sequences(model, sequences, served, served_f32_kv, exact, log=log)
+    log(result.summary())
+    return result
