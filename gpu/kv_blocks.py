@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 NULL_BLOCK = 0
@@ -149,6 +149,7 @@ class _SeqBlocks:
     block_hashes: list[int]  # the chained hash of each full block of ``tokens``
     tables: dict[str, list[int]] = field(default_factory=dict)
     prefill_tokens: int = 0  # the tokens it was admitted to compute: their blocks are promised to it
+    num_dropped: dict[str, int] = field(default_factory=dict)  # leading table entries out of the window
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +222,10 @@ class KvBlockManager:
             for block in blocks:
                 if block != NULL_BLOCK:
                     self.pools[name].share(block)
-        self.seqs[seq_id] = _SeqBlocks(list(tokens[:num_cached]), hashes[:num_blocks], hits, len(tokens))
+        dropped = {name: self._first_live_block(name, num_cached) for name in self.pools}
+        self.seqs[seq_id] = _SeqBlocks(
+            list(tokens[:num_cached]), hashes[:num_blocks], hits, len(tokens), dropped
+        )
         self.prefix_query_tokens += len(tokens)
         self.prefix_hit_tokens += num_cached
         return num_cached
@@ -296,15 +300,15 @@ class KvBlockManager:
             for index in self._dead_blocks(name, state):
                 pool.release(table[index])
                 table[index] = NULL_BLOCK
+                state.num_dropped[name] = index + 1
             table.extend(pool.take() for _ in range(need - len(table)))
         state.tokens.extend(new_tokens)
         self._name_full_blocks(state)
 
-    def _dead_blocks(self, group: str, state: _SeqBlocks) -> Iterable[int]:
-        """Indexes of ``group``'s blocks that the sequence's next query can no longer read."""
-        table = state.tables[group]
+    def _dead_blocks(self, group: str, state: _SeqBlocks) -> range:
+        """Indexes of ``group``'s blocks, still held, that the sequence's next query can no longer read."""
         first = self._first_live_block(group, len(state.tokens))
-        return (i for i in range(min(first, len(table))) if table[i] != NULL_BLOCK)
+        return range(state.num_dropped[group], min(first, len(state.tables[group])))
 
     def _name_full_blocks(self, state: _SeqBlocks) -> None:
         size = self.block_size
@@ -386,7 +390,9 @@ class KvBlockManager:
         for state in self.seqs.values():
             table = state.tables[group]
             assert len(table) == _blocks_for(len(state.tokens), size), "table length != tokens"
-            live = [b for b in table if b != NULL_BLOCK]
+            dropped = state.num_dropped[group]
+            live = table[dropped:]
+            assert table[:dropped] == [NULL_BLOCK] * dropped and NULL_BLOCK not in live, "a hole in a table"
             assert len(set(live)) == len(live), "a table holds a block twice"
             first_live = self._first_live_block(group, len(state.tokens))
             for index, block in enumerate(table):
