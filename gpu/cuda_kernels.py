@@ -115,6 +115,8 @@ def check_attention_args(
         raise ValueError(f"dtypes q {q.dtype}, k {k_cache.dtype}, v {v_cache.dtype}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the k/v caches must be contiguous")
+    if k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
+        raise ValueError("the k/v caches must start 16-byte aligned")
     # Each lane reads head_dim / 32 elements with 4- to 16-byte loads: rows must start aligned.
     align = 16 // q.element_size()
     if q.stride(2) != 1 or q.stride(0) % align or q.stride(1) % align or q.data_ptr() % 16:

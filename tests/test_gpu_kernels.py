@@ -193,6 +193,10 @@ def test_attention_arguments_match_the_kv_cache_layout() -> None:
         ck.check_attention_args(q, cache.float(), cache.float(), table, inputs.seq_lens)
     with pytest.raises(ValueError, match="contiguous"):
         ck.check_attention_args(q, cache.transpose(0, 1), cache.transpose(0, 1), table, inputs.seq_lens)
+    pool = torch.zeros(13 * 16 * 256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="aligned"):
+        shifted_cache = pool[1 : 1 + 12 * 16 * 256].view(12, 16, 1, 256)
+        ck.check_attention_args(q, shifted_cache, shifted_cache, table, inputs.seq_lens)
     with pytest.raises(ValueError, match="lengths"):
         ck.check_attention_args(q, cache, cache, table, inputs.seq_lens[:2])
 

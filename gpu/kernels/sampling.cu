@@ -71,10 +71,46 @@ struct SumU64 {
     __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const { return a + b; }
 };
 
+#define FULL_MASK 0xffffffffu
+
+__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long x) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(FULL_MASK, x, offset);
+    return x;
+}
+
+// Adds the warp's participating lanes to the histogram. A row's long tail shares few bins (its exponents),
+// so up to four bins shared by several lanes are added once per warp; the rest lane by lane. Called by
+// whole warps (the ballots must see every lane).
+__device__ __forceinline__ void add_to_histogram(bool in, unsigned int bin, unsigned long long mass,
+                                                 SampleShared& sh) {
+    const int lane = threadIdx.x % 32;
+    unsigned int todo = __ballot_sync(FULL_MASK, in);
+#pragma unroll 1
+    for (int round = 0; round < 4 && __popc(todo) > 1; ++round) {
+        const int leader = __ffs(todo) - 1;
+        const unsigned int shared_bin = __shfl_sync(FULL_MASK, bin, leader);
+        const bool mine = in && bin == shared_bin;
+        const unsigned int same = __ballot_sync(FULL_MASK, mine);
+        const unsigned long long sum = warp_sum_u64(mine ? mass : 0ull);
+        if (lane == leader) {
+            atomicAdd(&sh.count[shared_bin], (unsigned int)__popc(same));
+            atomicAdd(&sh.mass[shared_bin], sum);
+        }
+        todo &= ~same;
+    }
+    if (todo & (1u << lane)) {
+        atomicAdd(&sh.count[bin], 1u);
+        atomicAdd(&sh.mass[bin], mass);
+    }
+}
+
 // The largest bit pattern t for which pred(count of e_i >= t, mass of e_i >= t, Z) holds, pred being true
-// for small t and false for large; false when it holds for no t.
+// for small t and false for large; false when it holds for no t. Each round, warp 0 finds the bin: lane L
+// owns bins 8L..8L+7, a suffix scan over lanes gives what lies above each lane's bins.
 template <typename Pred>
 __device__ bool radix_search(const Row& row, Pred pred, unsigned int& result, SampleShared& sh) {
+    const int lane = threadIdx.x % 32;
     unsigned int prefix = 0, above_count = 0;
     unsigned long long above_mass = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
@@ -84,38 +120,55 @@ __device__ bool radix_search(const Row& row, Pred pred, unsigned int& result, Sa
         }
         __syncthreads();
         const unsigned int high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
-        for (int i = threadIdx.x; i < row.vocab; i += blockDim.x) {
-            const float e = row.weight(i);
+        for (int base = threadIdx.x - lane; base < row.vocab; base += blockDim.x) {
+            const int i = base + lane;
+            const float e = i < row.vocab ? row.weight(i) : 0.f;
             const unsigned int bits = __float_as_uint(e);
-            if ((bits & high) == prefix) {
-                const unsigned int b = (bits >> shift) & (RADIX_BINS - 1);
-                atomicAdd(&sh.count[b], 1u);
-                atomicAdd(&sh.mass[b], fixed_point(e));
-            }
+            const bool in = i < row.vocab && (bits & high) == prefix;
+            add_to_histogram(in, (bits >> shift) & (RADIX_BINS - 1), fixed_point(e), sh);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            if (shift == 24) {
-                unsigned long long total = 0;
-                for (int b = 0; b < RADIX_BINS; ++b) total += sh.mass[b];
-                sh.total = total;
+        if (threadIdx.x < 32) {
+            unsigned int lane_count = 0;
+            unsigned long long lane_mass = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                lane_count += sh.count[8 * lane + j];
+                lane_mass += sh.mass[8 * lane + j];
             }
-            unsigned int c = above_count;
-            unsigned long long m = above_mass;
+            const unsigned long long total = shift == 24 ? warp_sum_u64(lane_mass) : sh.total;
+            unsigned int count_from = lane_count;  // bins of this lane and the lanes above
+            unsigned long long mass_from = lane_mass;
+#pragma unroll
+            for (int offset = 1; offset < 32; offset <<= 1) {
+                const unsigned int c = __shfl_down_sync(FULL_MASK, count_from, offset);
+                const unsigned long long m = __shfl_down_sync(FULL_MASK, mass_from, offset);
+                if (lane + offset < 32) {
+                    count_from += c;
+                    mass_from += m;
+                }
+            }
+            unsigned int c = above_count + count_from - lane_count;
+            unsigned long long m = above_mass + mass_from - lane_mass;
             int digit = -1;
-            for (int b = RADIX_BINS - 1; b >= 0; --b) {
-                c += sh.count[b];
-                m += sh.mass[b];
-                if (pred(c, m, sh.total)) {
-                    digit = b;
+            for (int j = 7; j >= 0; --j) {
+                c += sh.count[8 * lane + j];
+                m += sh.mass[8 * lane + j];
+                if (pred(c, m, total)) {
+                    digit = 8 * lane + j;
                     break;
                 }
             }
-            sh.found = digit >= 0;
-            if (digit >= 0) {
-                sh.prefix = prefix | ((unsigned int)digit << shift);
-                sh.above_count = c - sh.count[digit];
-                sh.above_mass = m - sh.mass[digit];
+            const unsigned int hits = __ballot_sync(FULL_MASK, digit >= 0);
+            // pred is monotone: the highest lane with a hit holds the largest bin.
+            if (lane == (hits ? 31 - __clz(hits) : 0)) {
+                sh.found = hits != 0;
+                if (shift == 24) sh.total = total;
+                if (hits) {
+                    sh.prefix = prefix | ((unsigned int)digit << shift);
+                    sh.above_count = c - sh.count[digit];
+                    sh.above_mass = m - sh.mass[digit];
+                }
             }
         }
         __syncthreads();
@@ -146,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_from_logi
         for (int i = threadIdx.x; i < vocab; i += blockDim.x)
             if (row.logits[i] == max_logit) first = min(first, i);
         first = block_reduce(first, MinI(), vocab, sh);
-        if (threadIdx.x == 0) tokens[r] = first;
+        if (threadIdx.x == 0) tokens[r] = first < vocab ? first : 0;
         return;
     }
     row.max_scaled = __fdiv_rn(max_logit, row.temperature);  // division by t > 0 keeps the order
@@ -190,5 +243,5 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_from_logi
     for (int i = threadIdx.x; i < vocab; i += blockDim.x)
         if (__float_as_uint(row.weight(i)) == pick) token = min(token, i);
     token = block_reduce(token, MinI(), vocab, sh);
-    if (threadIdx.x == 0) tokens[r] = token;
+    if (threadIdx.x == 0) tokens[r] = token < vocab ? token : 0;  // none only for a row of NaN
 }
