@@ -38,11 +38,13 @@ def paged_attention(
             first_block = (first_query_pos - window + 1) // block_size
         last_block = -(-context_len // block_size)
         blocks = block_table[i, first_block:last_block].long()
-        keys = k_cache[blocks].flatten(0, 1)  # [K, kv_heads, head_dim]
-        values = v_cache[blocks].flatten(0, 1)
-        key_pos = torch.arange(first_block * block_size, last_block * block_size, device=q.device)
+        # The last block's slots past the context are not written yet: leave them out, never read them.
+        num_keys = context_len - first_block * block_size
+        keys = k_cache[blocks].flatten(0, 1)[:num_keys]  # [K, kv_heads, head_dim]
+        values = v_cache[blocks].flatten(0, 1)[:num_keys]
+        key_pos = torch.arange(first_block * block_size, context_len, device=q.device)
         query_pos = inputs.positions[start:end].to(q.device)
-        visible = (key_pos[None, :] <= query_pos[:, None]) & (key_pos[None, :] < context_len)
+        visible = key_pos[None, :] <= query_pos[:, None]
         if window:
             visible &= query_pos[:, None] - key_pos[None, :] < window
         out[start:end] = _attend(q[start:end], keys, values, visible, heads_per_kv, scale)

@@ -2,8 +2,13 @@
 
 Both engines read the same token sequences; at every position their next-token distributions are compared:
 top-1 agreement and KL(llama.cpp || torch). Free-running greedy text is no test (llama.cpp's own greedy text
-drifts with the batch size). The full check (20 prompts with sampled continuations, plus one long sequence
-past the sliding window: 2k+ positions) is `teacher_forced_parity`; `nearshore gpu-check` runs it on a GPU.
+drifts with the batch size). Three comparisons, because llama.cpp's arithmetic on a quantised file (weights
+times activations rounded to 8 bits, keys and values in fp16) moves distributions by itself:
+- exact: llama.cpp in fp32 (the GGUF's F32 copy, fp32 KV) against torch: the architecture, to rounding;
+- served: llama.cpp on the GGUF as a region runs it against torch;
+- llama_self: llama.cpp as served against llama.cpp with only the KV precision changed: its noise floor.
+The full check (20 prompts with sampled continuations, plus one long sequence past the sliding window: 2k+
+positions) is `teacher_forced_parity`; `nearshore gpu-check` runs it on a GPU.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpu.gguf_weights import cache_entry
 from gpu.kv_cache import DEFAULT_BLOCK_SIZE, PagedKvCache
 from gpu.model import CausalLM
 from gpu.step_inputs import StepInputs
@@ -75,7 +81,7 @@ class ParityReport:
     def summary(self) -> str:
         return (
             f"{self.positions} positions in {len(self.sequences)} sequences: top-1 agreement "
-            f"{100 * self.top1:.2f}%, KL(llama.cpp || torch) mean {self.mean_kl:.5f} max {self.max_kl:.5f}"
+            f"{100 * self.top1:.2f}%, KL(reference || other) mean {self.mean_kl:.2e} max {self.max_kl:.2e}"
         )
 
 
@@ -110,7 +116,7 @@ def torch_logits(
         end = min(start + chunk_tokens, n)
         positions = torch.arange(start, end)
         slots = positions + block_size  # block 0 is the null block
-        first_row = max(logit_from - start, 0)
+        first_row = min(max(logit_from - start, 0), end - start)
         inputs = StepInputs(
             tokens=torch.tensor(tokens[start:end], dtype=torch.int64, device=device),
             positions=positions.to(device),
@@ -188,6 +194,14 @@ def write_dequantized_gguf(source: str | Path, target: str | Path) -> Path:
     return tmp.replace(target)
 
 
+def dequantized_copy(gguf_path: str | Path, cache_root: str | Path | None = None) -> Path:
+    """The GGUF's F32 copy, kept in its converted-weights cache folder (written on first use)."""
+    target = cache_entry(gguf_path, cache_root) / "dequantized-f32.gguf"
+    if not target.is_file():
+        write_dequantized_gguf(gguf_path, target)
+    return target
+
+
 @dataclass
 class ParityResult:
     served: ParityReport  # torch vs llama.cpp on the GGUF as a region serves it
@@ -195,10 +209,10 @@ class ParityResult:
     exact: ParityReport | None  # torch vs llama.cpp in fp32 on the dequantised copy
 
     def summary(self) -> str:
-        lines = [f"torch vs llama.cpp (as served):        {self.served.summary()}"]
-        lines.append(f"llama.cpp vs llama.cpp (fp32 KV):      {self.llama_self.summary()}")
+        lines = [f"llama.cpp as served vs torch: {self.served.summary()}"]
+        lines.append(f"llama.cpp as served vs llama.cpp with an fp32 KV cache: {self.llama_self.summary()}")
         if self.exact is not None:
-            lines.append(f"torch vs llama.cpp (F32 GGUF, fp32 KV): {self.exact.summary()}")
+            lines.append(f"llama.cpp in fp32 on the F32 copy vs torch: {self.exact.summary()}")
         return "\n".join(lines)
 
 
@@ -223,7 +237,7 @@ def compare_sequences(
         if exact is not None and result.exact is not None:
             result.exact.add(llama_cpp_logits(exact, tokens)[first:], mine)
         length, top1, kl = result.served.sequences[-1]
-        log(f"  {len(tokens):4d} tokens, {length} positions: top-1 {100 * top1:.1f}%, mean KL {kl:.5f}")
+        log(f"  {len(tokens):4d} tokens, {length} positions: top-1 {100 * top1:.1f}%, mean KL {kl:.2e}")
     for report in (result.served, result.llama_self, result.exact):
         if report is not None:
             report.seconds = time.perf_counter() - started
@@ -251,23 +265,19 @@ def teacher_forced_parity(
     prompts: Sequence[str] = PROMPTS,
     continuation_tokens: int = 100,
     long_tokens: int = 800,
-    exact_gguf: str | Path | None = None,
+    exact: bool = True,
     model: CausalLM | None = None,
     log: Any = print,
 ) -> ParityResult:
     """The full check: 20 prompts with sampled continuations, then one long sequence past Gemma 3's 512-token
-    sliding window (2k+ positions). exact_gguf: where to write (once) the F32 copy for the exact comparison;
-    None skips it. Returns the figures; the caller decides pass / fail."""
+    sliding window (2k+ positions). exact: also compare with llama.cpp in fp32 on the GGUF's F32 copy (written
+    once, about 4 bytes a parameter). Returns the figures; the caller decides pass / fail."""
     ctx = max(long_tokens, continuation_tokens + 256)
     served = open_llama(gguf_path, ctx)
     sequences = parity_sequences(served, prompts, continuation_tokens, long_tokens)
     served_f32_kv = open_llama(gguf_path, ctx, f32_kv=True)
-    exact = None
-    if exact_gguf is not None:
-        if not Path(exact_gguf).is_file():
-            write_dequantized_gguf(gguf_path, exact_gguf)
-        exact = open_llama(exact_gguf, ctx, f32_kv=True)
+    exact_llm = open_llama(dequantized_copy(gguf_path), ctx, f32_kv=True) if exact else None
     model = model or CausalLM.load(gguf_path, device=device, dtype=dtype)
-    result = compare_sequences(model, sequences, served, served_f32_kv, exact, log=log)
+    result = compare_sequences(model, sequences, served, served_f32_kv, exact_llm, log=log)
     log(result.summary())
     return result
