@@ -319,3 +319,19 @@ def test_paged_attention_matches_dense_attention(window: int) -> None:
                 kv = h // (heads // kv_heads)
                 weights = torch.softmax(keys[seen, kv] @ q[row, h] * scale, dim=0)
                 torch.testing.assert_close(got[row, h], weights @ values[seen, kv])
+
+
+def test_bf16_model_tracks_fp32(tmp_path: Path) -> None:
+    """The GPU's dtype on the CPU: weights cached per dtype, KV in bf16, logits near fp32's."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", seed=4)
+    root = tmp_path / "cache"
+    full = CausalLM.load(path, cache_root=root)
+    half = CausalLM.load(path, dtype=torch.bfloat16, cache_root=root)
+    assert half.dtype == torch.bfloat16 and half.weights_info is not None
+    assert half.weights_info.cache_file is not None and half.weights_info.cache_file.name.endswith(
+        "bfloat16.safetensors"
+    )
+    tokens = [1, *np.random.default_rng(5).integers(3, full.config.vocab_size, 59).tolist()]
+    want, got = torch_logits(full, tokens, block_size=4), torch_logits(half, tokens, block_size=4)
+    agree, kl = compare_logits(want, got)
+    assert agree.mean() >= 0.95 and kl.mean() < 0.01
