@@ -32,11 +32,10 @@ def blocks_that_fit(
     block_size: int = DEFAULT_BLOCK_SIZE,
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, int]:
-    """Blocks per group (null block included) for a memory budget.
+    """Blocks per group (null block included) that fit in `budget_bytes`: the same count in every group.
 
-    The sliding group needs at most a window's worth of blocks per sequence, while the global group grows with
-    the context; so the budget is split to give both groups the same number of blocks first, and any remainder
-    is not worth special-casing. A single-group model gets the whole budget.
+    A sliding group needs fewer blocks per sequence than the global one (a window's worth), so an equal count
+    errs on the side of the global group; the block manager admits by whichever pool runs out first.
     """
     groups = config.groups
     per_block_all = sum(bytes_per_block(config, g, block_size, dtype) for g in groups)
