@@ -1,52 +1,32 @@
 """The llama.cpp engine: continuous batching of many sequences in one ``llama_decode`` per step.
 
-One worker thread owns the model and runs the step loop: take new requests and aborts, then one step
-in three verbs: the scheduler plans it (``schedule``), the engine applies the plan's memory changes, runs
-the model and samples, the scheduler advances and retires (``postprocess``). The engine turns tokens into
-events and moves work and events across the thread boundary. Requests join and leave between steps;
-nothing holds a global lock across a generation. The event loop never waits on llama.cpp.
+The step loop, requests and events are :class:`regional.step_engine.StepEngine`'s; this module supplies
+llama.cpp: the model and its context, the KV slots with prefix reuse (:mod:`regional.kv_slots`), the
+memory operations an admission implies, the decode call, and per-row sampling in numpy.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
-import threading
-import time
-from collections import abc, deque
-from collections.abc import AsyncIterator
 
-from nearshore.protocol.prompt_segments import Segment
+import numpy as np
+
 from regional.config import EngineConfig
-from regional.engine import (
-    EngineFailed,
-    EngineOverloaded,
-    EngineState,
-    EngineStats,
-    FatalHandler,
-    GenerationRequest,
-    Logprobs,
-    TokenEvent,
-)
+from regional.engine import Logprobs
 from regional.kv_slots import SlotMemory
 from regional.llama_model import ContextSettings, KvCacheFull, LlamaModel
-from regional.logprobs import position_logprobs, score_prompt_rows
-from regional.prompt_tokens import PromptTokenizer
-from regional.sampler import TokenSampler
-from regional.scheduler import Scheduler, Sequence, StepPlan
-from regional.token_rate import TokenRate
+from regional.logprobs import position_logprobs
+from regional.scheduler import KvMemory, Sequence, StepPlan
+from regional.step_engine import StepEngine
 
 log = logging.getLogger("nearshore.engine")
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(StepEngine):
+    kind = "llama.cpp"
+
     def __init__(self, model_name: str, model_path: str, config: EngineConfig) -> None:
-        self.model_name = model_name
-        self.model_path = model_path
-        self.config = config
-        self.context_window = config.context_window
         threads = config.n_threads or os.cpu_count() or 1
         self._settings = ContextSettings(
             n_ctx=config.kv_cache_tokens,
@@ -54,93 +34,10 @@ class LlamaCppEngine:
             n_seq_max=config.max_sequences,
             n_threads=threads,
         )
-        self._state: EngineState = "unloaded"
-        # Set once, when the engine gives up for good: it never reloads after that, the process exits.
-        self._failure: str | None = None
-        self.on_fatal: FatalHandler | None = None
-        self._failed_steps = 0  # consecutive
         self._model: LlamaModel | None = None
-        self._prompts: PromptTokenizer | None = None
-        self._lifecycle = asyncio.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        # Shared with the worker thread, under _cv.
-        self._cv = threading.Condition()
-        self._inbox: deque[Sequence] = deque()
-        self._aborts: set[str] = set()
-        self._by_id: dict[str, Sequence] = {}
-        self._scheduler = self._new_scheduler(_never_ends)  # no model yet: it only answers stats()
-        self._steps = 0
-        self._prefix_queries = 0
-        self._prefix_hits = 0
-        self._generated = TokenRate(time.monotonic())  # added to by the worker thread, read by stats()
-        self._last_active = time.monotonic()
-        self.model_load_s = 0.0
-        self._load_error: str | None = None
-        self._idle_task: asyncio.Task | None = None
+        super().__init__(model_name, model_path, config)
 
-    def _new_scheduler(self, is_end_of_generation: abc.Callable[[int], bool]) -> Scheduler:
-        c = self.config
-        memory = SlotMemory(c.max_sequences, c.kv_cache_tokens)
-        return Scheduler(memory, c.max_sequences, c.batch_tokens, c.prefill_chunk, is_end_of_generation)
-
-    # --- lifecycle ------------------------------------------------------------------------------------
-
-    @property
-    def state(self) -> EngineState:
-        thread = self._thread
-        if self._state == "ready" and thread is not None and not thread.is_alive() and not self._stopping:
-            self._fail_engine(
-                "the engine's worker thread is gone"
-            )  # cannot happen; never go silent if it does
-        return self._state
-
-    async def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        if self.config.load == "eager":
-            self._state = "loading"
-            self._eager = asyncio.create_task(self.ready())
-            # A failed load is logged in ready() and shown by /health; requests retry it.
-            self._eager.add_done_callback(lambda task: task.cancelled() or task.exception())
-        if self.config.idle_unload_s > 0:
-            self._idle_task = asyncio.create_task(self._unload_when_idle())
-
-    async def close(self) -> None:
-        if self._idle_task is not None:
-            self._idle_task.cancel()
-        async with self._lifecycle:
-            await asyncio.to_thread(self._shutdown_worker)
-            self._state = "unloaded"
-
-    async def ready(self) -> None:
-        """Return once the model is in memory, loading it first if it is not."""
-        if self._state == "ready":
-            return
-        async with self._lifecycle:
-            if self._failure is not None:
-                raise EngineFailed(self._failure)
-            if self._state == "ready":
-                return
-            self._state = "loading"
-            started = time.perf_counter()
-            try:
-                self._model, self._prompts = await asyncio.to_thread(self._load_model)
-            except Exception as exc:
-                self._state = "failed"
-                self._load_error = str(exc)
-                log.exception("model load failed")
-                raise
-            self.model_load_s = time.perf_counter() - started
-            log.info("model %s loaded in %.2fs", self.model_name, self.model_load_s)
-            self._stopping = False
-            self._scheduler = self._new_scheduler(self._model.is_end_of_generation)
-            self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
-            self._thread.start()
-            self._last_active = time.monotonic()
-            self._state = "ready"
-
-    def _load_model(self) -> tuple[LlamaModel, PromptTokenizer]:
+    def _load_backend(self) -> LlamaModel:
         shown = [-1]
 
         def progress(fraction: float) -> None:
@@ -149,193 +46,16 @@ class LlamaCppEngine:
                 shown[0] = tenth
                 log.info("loading %s: %d%%", os.path.basename(self.model_path), tenth * 10)
 
-        model = LlamaModel(self.model_path, self._settings, progress)
-        return model, PromptTokenizer(model)
+        self._model = LlamaModel(self.model_path, self._settings, progress)
+        return self._model
 
-    async def _unload_when_idle(self) -> None:
-        while True:
-            await asyncio.sleep(min(1.0, self.config.idle_unload_s / 2))
-            idle_s = time.monotonic() - self._last_active
-            if self._state != "ready" or idle_s < self.config.idle_unload_s:
-                continue
-            async with self._lifecycle:
-                with self._cv:
-                    busy = bool(self._inbox or self._scheduler.has_work)
-                if busy or self._state != "ready":
-                    continue
-                await asyncio.to_thread(self._shutdown_worker)
-                self._state = "unloaded"
-                log.info("model unloaded after %.0fs idle", idle_s)
-
-    def _shutdown_worker(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self._prompts = None
+    def _close_backend(self) -> None:
         if self._model is not None:
             self._model.close()
             self._model = None
 
-    # --- requests -------------------------------------------------------------------------------------
-
-    async def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        await self.ready()
-        assert self._model is not None
-        return await asyncio.to_thread(self._model.tokenize, text, add_special)
-
-    async def tokenize_prompt(self, segments: abc.Sequence[Segment], limit_tokens: int) -> list[int]:
-        await self.ready()
-        assert self._prompts is not None
-        self._last_active = time.monotonic()  # the idle unloader leaves a model that is in use
-        return await asyncio.to_thread(self._prompts.tokenize, segments, limit_tokens)
-
-    def detokenize(self, tokens: list[int]) -> str:
-        assert self._model is not None
-        return self._model.detokenize(tokens)
-
-    def token_piece(self, token: int) -> bytes:
-        assert self._model is not None
-        return self._model.token_piece(token)
-
-    def chat_template(self) -> str | None:
-        return self._model.chat_template() if self._model is not None else None
-
-    def special_tokens(self) -> dict[str, str]:
-        return self._model.special_tokens() if self._model is not None else {}
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        await self.ready()
-        seq = Sequence(
-            request,
-            arrived_at=time.perf_counter(),
-            sampler=TokenSampler(request.sampling, request.prompt_tokens),
-            events=asyncio.Queue(),
-        )
-        with self._cv:
-            if self._failure is not None:
-                raise EngineFailed(self._failure)
-            if self._queued_beyond_free_slots() >= self.config.max_waiting:
-                raise EngineOverloaded(self._retry_after_s())
-            self._by_id[request.request_id] = seq
-            self._inbox.append(seq)
-            self._last_active = time.monotonic()
-            self._cv.notify()
-        assert seq.events is not None
-        finished = False
-        try:
-            while not finished:
-                event = await seq.events.get()
-                finished = event.finish_reason is not None
-                if event.finish_reason == "failed":
-                    raise EngineFailed(event.error or "the engine failed")
-                yield event
-        finally:
-            if not finished:
-                self.abort(request.request_id)
-
-    def abort(self, request_id: str) -> None:
-        with self._cv:
-            if request_id in self._by_id:
-                self._aborts.add(request_id)
-                self._cv.notify()
-
-    def _queued_beyond_free_slots(self) -> int:
-        """Requests that will have to wait for a slot (new arrivals count until the worker admits them)."""
-        sched = self._scheduler
-        return max(0, len(self._inbox) + len(sched.waiting) - sched.free_sequences())
-
-    def _retry_after_s(self) -> float:
-        # Roughly how long until the queue drains by one batch's worth.
-        return max(1.0, len(self._scheduler.waiting) / max(1, self.config.max_sequences))
-
-    def stats(self) -> EngineStats:
-        state = self.state
-        with self._cv:
-            sched = self._scheduler
-            return EngineStats(
-                state=state,
-                running=len(sched.running),
-                waiting=len(sched.waiting) + len(self._inbox),
-                kv_tokens_used=sched.memory.used_tokens(),
-                kv_tokens_total=sched.memory.total_tokens,
-                prefix_cache_queries=self._prefix_queries,
-                prefix_cache_hits=self._prefix_hits,
-                steps=self._steps,
-                model_load_s=self.model_load_s,
-                failure=self._failure or "",
-                capacity=self.config.max_sequences,
-                tokens_per_s=self._generated.per_s(time.monotonic()),
-            )
-
-    # --- the worker thread ----------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self._step_until_stopped()
-        except BaseException as exc:  # the worker must never die silently: the engine fails, loudly
-            log.critical("the engine's worker died; failing every request", exc_info=True)
-            self._fail_engine(f"the engine's worker died: {exc!r}")
-            return
-        if self._failure is None:  # stopped: wake anyone still waiting, the engine is going away
-            self._deliver(self._take_everyone(TokenEvent(finish_reason="error", error="engine stopped")))
-
-    def _step_until_stopped(self) -> None:
-        sched = self._scheduler
-        while True:
-            with self._cv:
-                while not self._stopping and not self._inbox and not self._aborts and not sched.has_work:
-                    self._cv.wait()
-                if self._stopping:
-                    return
-                events = self._take_inbox_and_aborts()
-            try:
-                if sched.has_work:
-                    events += self._step()
-            except Exception as exc:
-                # What failed mid-step leaves the KV memory unknown: the batch fails, as a unit.
-                self._failed_steps += 1
-                log.error(
-                    "engine step failed (%d in a row), failing %d sequences",
-                    self._failed_steps,
-                    len(sched.running),
-                    exc_info=True,
-                )
-                events += self._fail_running(f"the engine step failed: {exc}")
-                if self._failed_steps >= self.config.max_failed_steps:
-                    self._fail_engine(f"{self._failed_steps} engine steps failed in a row: {exc}", events)
-                    return
-            self._deliver(events)
-
-    def _take_inbox_and_aborts(self) -> list[tuple[Sequence, TokenEvent]]:
-        sched = self._scheduler
-        while self._inbox:
-            sched.add(self._inbox.popleft())
-        events = []
-        for request_id in self._aborts:
-            seq = self._by_id.pop(request_id, None)
-            if seq is not None:
-                sched.abort(seq, time.perf_counter())
-                events.append((seq, TokenEvent(finish_reason="abort")))
-        self._aborts.clear()
-        return events
-
-    def _step(self) -> list[tuple[Sequence, TokenEvent]]:
-        """schedule -> apply the memory changes, run the model, sample -> postprocess -> events."""
-        sched = self._scheduler
-        plan = sched.schedule(time.perf_counter())
-        self._apply_memory_changes(plan)
-        if not plan.tokens:  # nobody runs: the waiting ones wait for room
-            return []
-        self._run_model(plan)
-        prompt_scores = score_prompt_rows(plan, self._model.logits)
-        sampled, logprobs, failures = self._sample(plan)
-        self._generated.add(len(sampled) - len(failures), time.monotonic())
-        now = time.perf_counter()
-        self._untrack(sched.postprocess(plan, sampled, now, prompt_scores))
-        return self._events(plan, sampled, logprobs, failures, now)
+    def _new_memory(self) -> KvMemory:
+        return SlotMemory(self.config.max_sequences, self.config.kv_cache_tokens)
 
     def _apply_memory_changes(self, plan: StepPlan) -> None:
         model = self._model
@@ -349,8 +69,6 @@ class LlamaCppEngine:
                 model.forget(a.slot, 0)
                 if a.prefix_len:
                     model.share_prefix(a.source, a.slot, a.prefix_len)
-            self._prefix_queries += len(a.sequence.prompt)
-            self._prefix_hits += a.prefix_len
 
     def _run_model(self, plan: StepPlan) -> None:
         model = self._model
@@ -362,12 +80,12 @@ class LlamaCppEngine:
             for slot in self._scheduler.evict_idle_caches():
                 model.forget(slot, 0)
             model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
-        self._steps += 1
-        self._failed_steps = 0
+
+    def _row_logits(self, row: int) -> np.ndarray:
+        assert self._model is not None
+        return self._model.logits(row)
 
     def _sample(self, plan: StepPlan) -> tuple[list[int | None], list[Logprobs | None], dict[Sequence, str]]:
-        """One token per sampling sequence (None where its sampling failed, with the reason), and its
-        log-probabilities where they were asked for."""
         model = self._model
         assert model is not None
         sampled: list[int | None] = []
@@ -387,101 +105,6 @@ class LlamaCppEngine:
                 failures[seq] = f"sampling failed: {exc}"
         return sampled, logprobs, failures
 
-    def _events(
-        self,
-        plan: StepPlan,
-        sampled: list[int | None],
-        logprobs: list[Logprobs | None],
-        failures: dict[Sequence, str],
-        now: float,
-    ) -> list[tuple[Sequence, TokenEvent]]:
-        events = []
-        for (seq, _row), token, scored in zip(plan.samples, sampled, logprobs, strict=True):
-            if token is None:
-                events.append((seq, TokenEvent(finish_reason="error", error=failures[seq])))
-            else:
-                events.append((seq, self._token_event(seq, token, scored, now)))
-        return events
-
-    def _token_event(self, seq: Sequence, token: int, logprobs: Logprobs | None, now: float) -> TokenEvent:
-        model = self._model
-        assert model is not None
-        if seq.output:
-            event = TokenEvent(token_id=token, finish_reason=seq.finish_reason, logprobs=logprobs)
-            # The end-of-generation token has no text; a finish flushes a character left incomplete.
-            piece = b"" if seq.finish_reason == "stop" else model.token_bytes(token)
-            event.text = seq.text_decoder.decode(piece, final=seq.finish_reason is not None)
-        else:  # max_tokens 0: the prompt was scored, nothing generated
-            event = TokenEvent(finish_reason=seq.finish_reason)
-        if not seq.first_token_at:
-            seq.first_token_at = now
-            event.cached_tokens = seq.num_cached_tokens
-            event.queue_s = seq.admitted_at - seq.arrived_at
-            event.prefill_s = now - seq.admitted_at
-            if seq.request.prompt_logprobs is not None:
-                event.prompt_logprobs = [Logprobs(seq.prompt[0], None, []), *seq.prompt_logprobs]
-        return event
-
-    def _untrack(self, finished: list[Sequence]) -> None:
-        """The scheduler retired these: the engine stops tracking them."""
-        with self._cv:
-            for seq in finished:
-                self._by_id.pop(seq.request_id, None)
-                self._aborts.discard(seq.request_id)
-            self._last_active = time.monotonic()
-
-    def _fail_running(self, message: str) -> list[tuple[Sequence, TokenEvent]]:
-        failed = self._scheduler.fail_running()
-        self._untrack(failed)
+    def _clear_memory(self) -> None:
         assert self._model is not None
         self._model.clear()
-        return [(seq, TokenEvent(finish_reason="error", error=message)) for seq in failed]
-
-    def _take_everyone(self, event: TokenEvent) -> list[tuple[Sequence, TokenEvent]]:
-        """Every sequence the engine holds (new, waiting, running) with ``event``; none is left behind."""
-        sched = self._scheduler
-        with self._cv:
-            # _by_id also holds a sequence caught between the inbox and the scheduler when the worker died.
-            held = [*self._by_id.values(), *self._inbox, *sched.drain()]
-            everyone = list({id(seq): seq for seq in held}.values())
-            self._inbox.clear()
-            self._by_id.clear()
-            self._aborts.clear()
-        return [(seq, event) for seq in everyone]
-
-    def _fail_engine(self, reason: str, pending: list[tuple[Sequence, TokenEvent]] | None = None) -> None:
-        """Give up for good: every request, now and later, gets ``reason``; the node is told to exit.
-
-        ``pending`` holds the last step's events: the requests that step failed get the engine's failure too.
-        """
-        with self._cv:
-            if self._failure is not None:
-                return
-            self._failure = reason
-            self._state = "failed"
-        failed = TokenEvent(finish_reason="failed", error=reason)
-        last_step = [(seq, failed if e.finish_reason == "error" else e) for seq, e in pending or []]
-        self._deliver(last_step + self._take_everyone(failed))
-        if self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop closed under us at shutdown
-                self._loop.call_soon_threadsafe(self._report_fatal, reason)
-
-    def _report_fatal(self, reason: str) -> None:
-        log.critical("engine failed: %s", reason)
-        if self.on_fatal is not None:
-            self.on_fatal(reason)
-
-    def _deliver(self, events: list[tuple[Sequence, TokenEvent]]) -> None:
-        if events and self._loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop closed under us at shutdown
-                self._loop.call_soon_threadsafe(_put_all, events)
-
-
-def _put_all(events: list[tuple[Sequence, TokenEvent]]) -> None:
-    for seq, event in events:
-        if seq.events is not None:
-            seq.events.put_nowait(event)
-
-
-def _never_ends(_token: int) -> bool:
-    return False
