@@ -182,7 +182,13 @@ async def health(request: web.Request) -> web.Response:
     """Liveness: 200 while the process serves; says whether the model is in memory. 503 once the engine
     has failed for good (the process is about to exit), with the reason."""
     stats = request.app[SERVICE].engine.stats()
-    payload = {"status": "ok", "model": stats.state, "running": stats.running, "waiting": stats.waiting}
+    payload = {
+        "status": "ok",
+        "model": stats.state,
+        "engine": stats.engine,
+        "running": stats.running,
+        "waiting": stats.waiting,
+    }
     payload["load"] = msgspec.to_builtins(request.app[LOAD_REPORTER].current()[0])
     if embeddings := request.app.get(EMBEDDINGS):
         payload["embeddings"] = embeddings.health()  # its failure is not the node's: chat still serves

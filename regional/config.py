@@ -36,7 +36,22 @@ class ModelConfig(Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class EngineConfig(Struct, forbid_unknown_fields=True, kw_only=True):
-    kind: Literal["llama.cpp"] = "llama.cpp"
+    # "gpu": the torch engine (gpu/) with paged KV blocks; "llama.cpp": the CPU engine; "auto": gpu when
+    # CUDA is present (and torch installed), llama.cpp when not. The node logs its choice and /health says it.
+    kind: Literal["auto", "gpu", "llama.cpp"] = "auto"
+    # The torch engine's device ("auto": cuda when present, else the CPU: slow, for tests) and weights' type
+    # ("auto": bfloat16 on a GPU that has it, float16 on one that does not, float32 on the CPU).
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    # Tokens per KV block of the torch engine (its pool holds kv_cache_tokens in these).
+    block_size: Annotated[int, Meta(ge=1, le=256)] = 16
+    # Capture decode steps as CUDA graphs at these batch sizes (the torch engine on a GPU only).
+    cuda_graphs: bool = True
+    cuda_graph_batch_sizes: list[Annotated[int, Meta(ge=1)]] = field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128]
+    )
+    # Where the torch engine keeps its converted weights ("": ~/.cache/nearshore/torch-weights).
+    weights_cache_dir: str = ""
     # 0: one thread per core.
     n_threads: Annotated[int, Meta(ge=0)] = 0
     # Sequences decoded together in one batch (llama.cpp's n_seq_max).

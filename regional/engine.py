@@ -99,6 +99,8 @@ class EngineStats(msgspec.Struct):
     failure: str = ""  # why the engine state is "failed"
     capacity: int = 0  # the most sequences decoded at once (0: unknown)
     tokens_per_s: float = 0.0  # generated tokens per second, over a recent window
+    engine: str = ""  # which engine decodes, on what ("llama.cpp", "gpu (cuda, bfloat16)")
+    num_preemptions: int = 0  # sequences whose KV was freed for others' (they recompute)
 
 
 class EngineOverloaded(Exception):

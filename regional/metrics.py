@@ -116,3 +116,4 @@ class _EngineCollector(Collector):
         )
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits)
         yield counter("engine_steps", "Batched decode steps run.", s.steps)
+        yield counter("num_preemptions", "Sequences whose KV was freed for others'.", s.num_preemptions)

@@ -14,7 +14,7 @@ from nearshore.tls import server_context
 from regional.app import SERVICE, create_app
 from regional.config import RegionConfig
 from regional.embeddings import EmbeddingsService
-from regional.llama_engine import LlamaCppEngine
+from regional.engine_select import make_engine
 from regional.model_store import resolve_model_path
 from regional.safety import build_filter
 from regional.service import RegionService
@@ -75,7 +75,7 @@ def build_region_app(config: RegionConfig) -> web.Application:
         model_path = resolve_model_path(config.model.path, config.model.cache_dir)
     except FileNotFoundError as exc:
         raise ValueError(f"model.path: {exc}") from exc
-    engine = LlamaCppEngine(config.model.name, str(model_path), config.engine)
+    engine = make_engine(config.model.name, str(model_path), config.engine)
     try:
         safety = build_filter(config.safety.blocklist, config.safety.hook)
     except (ImportError, AttributeError, ValueError) as exc:

@@ -289,7 +289,13 @@ class StepEngine:
                 failure=self._failure or "",
                 capacity=self.config.max_sequences,
                 tokens_per_s=self._generated.per_s(time.monotonic()),
+                engine=self.description(),
+                num_preemptions=sched.num_preemptions,
             )
+
+    def description(self) -> str:
+        """Which engine decodes, and on what (for the start log and /health)."""
+        return self.kind
 
     # --- the worker thread ----------------------------------------------------------------------------
 

@@ -1,0 +1,199 @@
+"""The torch engine (``engine.kind = "gpu"``): the model of gpu/ over paged KV blocks, batched sampling.
+
+The step loop, requests and events are :class:`regional.step_engine.StepEngine`'s, with the same
+scheduler as the llama.cpp engine over a different memory: paged blocks with a prefix cache
+(:mod:`regional.kv_paged`), taken as tokens are computed, with preemption when they run out. Each step
+turns the plan's rows into tensors (block tables, slots), runs :class:`gpu.model.CausalLM` once and
+samples every row at once on the device (:mod:`gpu.sampler`). On a machine without CUDA the same code
+runs on the CPU in float32: slowly, and exactly what the tests check.
+
+Prompts are tokenized by llama.cpp's vocabulary of the same GGUF (loaded without weights), so both
+engines see the same tokens for the same text.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import weakref
+
+import numpy as np
+
+from regional.config import EngineConfig
+from regional.engine import Logprobs, SamplingParams
+from regional.kv_paged import PagedMemory
+from regional.kv_slots import SlotMemory
+from regional.llama_model import ContextSettings, LlamaModel
+from regional.scheduler import KvMemory, Sequence, StepPlan
+from regional.step_engine import StepEngine
+
+log = logging.getLogger("nearshore.engine")
+
+
+def cuda_available() -> bool:
+    """True when torch is installed and sees a CUDA device (never raises)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    try:
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken driver is no GPU
+        return False
+
+
+class TorchEngine(StepEngine):
+    kind = "gpu"
+
+    def __init__(self, model_name: str, model_path: str, config: EngineConfig) -> None:
+        import torch
+
+        self._device = torch.device(
+            ("cuda" if cuda_available() else "cpu") if config.device == "auto" else config.device
+        )
+        if config.dtype != "auto":
+            self._dtype = getattr(torch, config.dtype)
+        elif self._device.type == "cuda":
+            self._dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        else:
+            self._dtype = torch.float32
+        self._model = None  # gpu.model.CausalLM once loaded
+        self._kv = None  # gpu.kv_cache.PagedKvCache
+        self._blocks = None  # gpu.kv_blocks.KvBlockManager
+        self._vocab_model: LlamaModel | None = None
+        self._logits = None  # the last step's logits [N, vocab], on the device
+        self._logit_index: dict[int, int] = {}  # batch row -> row of _logits
+        # Each running sequence's sampling row (seed, counts), kept while the sequence lives.
+        self._rows: weakref.WeakKeyDictionary[Sequence, object] = weakref.WeakKeyDictionary()
+        self.weights_cached = False
+        super().__init__(model_name, model_path, config)
+
+    def description(self) -> str:
+        return f"gpu ({self._device.type}, {str(self._dtype).removeprefix('torch.')})"
+
+    # --- the model --------------------------------------------------------------------------------
+
+    def _load_backend(self) -> LlamaModel:
+        from gpu.kv_blocks import GroupSpec, KvBlockManager
+        from gpu.kv_cache import PagedKvCache
+        from gpu.model import CausalLM
+
+        c = self.config
+        vocab = LlamaModel(self.model_path, ContextSettings(0, 0, 1, 1), vocab_only=True)
+        try:
+            model = CausalLM.load(self.model_path, self._device, self._dtype, c.weights_cache_dir or None)
+        except BaseException:
+            vocab.close()
+            raise
+        info = model.weights_info
+        self.weights_cached = bool(info is not None and info.cache_hit)
+        blocks = self._pool_sizes(model.config)
+        groups = [GroupSpec(g, n, window=model.config.window_of(g) or None) for g, n in blocks.items()]
+        self._blocks = KvBlockManager(groups, c.block_size)
+        self._kv = PagedKvCache(model.config, blocks, c.block_size, self._dtype, self._device)
+        self._model = model
+        self._vocab_model = vocab
+        log.info(
+            "%s: weights %s, KV %d MiB in blocks of %d tokens %s",
+            self.description(),
+            "from the converted-weights cache" if self.weights_cached else "converted from the GGUF",
+            self._kv.total_bytes >> 20,
+            c.block_size,
+            blocks,
+        )
+        return vocab
+
+    def _pool_sizes(self, model_config) -> dict[str, int]:
+        """Blocks per attention group: the full-attention pools hold ``kv_cache_tokens``; a sliding pool
+        needs only each running sequence's window (plus the block being filled), twice over so that
+        recent prefixes stay cached."""
+        c = self.config
+        full = math.ceil(c.kv_cache_tokens / c.block_size) + 1  # + the null block
+        sizes = {}
+        for group in model_config.groups:
+            window = model_config.window_of(group)
+            if window:
+                per_sequence = math.ceil(window / c.block_size) + 2
+                sizes[group] = min(full, 2 * c.max_sequences * per_sequence + 1)
+            else:
+                sizes[group] = full
+        return sizes
+
+    def _close_backend(self) -> None:
+        self._model = self._kv = self._blocks = self._logits = None
+        if self._vocab_model is not None:
+            self._vocab_model.close()
+            self._vocab_model = None
+        if self._device.type == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def _new_memory(self) -> KvMemory:
+        if self._blocks is None:  # not loaded yet: a stand-in that only answers stats()
+            return SlotMemory(self.config.max_sequences, self.config.kv_cache_tokens)
+        self._blocks.reset()
+        return PagedMemory(self._blocks)
+
+    # --- a step -----------------------------------------------------------------------------------
+
+    def _run_model(self, plan: StepPlan) -> None:
+        from gpu.step_inputs import build_step_inputs, chunks_from_rows
+
+        assert self._model is not None and self._blocks is not None
+        chunks = chunks_from_rows(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
+        inputs = build_step_inputs(chunks, self._blocks).to(self._device)
+        self._logits = self._model.forward(inputs, self._kv)
+        wanted = (row for row, want in enumerate(plan.want_logits) if want)
+        self._logit_index = {row: i for i, row in enumerate(wanted)}
+
+    def _row_logits(self, row: int) -> np.ndarray:
+        assert self._logits is not None
+        return self._logits[self._logit_index[row]].float().cpu().numpy()
+
+    def _sample(self, plan: StepPlan) -> tuple[list[int | None], list[Logprobs | None], dict[Sequence, str]]:
+        from gpu.sampler import sample
+
+        if not plan.samples:
+            return [], [], {}
+        assert self._logits is not None
+        seqs = [seq for seq, _row in plan.samples]
+        rows = [self._row_params(seq) for seq in seqs]
+        index = [self._logit_index[row] for _seq, row in plan.samples]
+        try:
+            result = sample(self._logits[index], rows)
+        except Exception as exc:  # one batched draw: it fails for every row of the step
+            log.error("sampling failed for %d sequences", len(seqs), exc_info=True)
+            failure = f"sampling failed: {exc}"
+            return [None] * len(seqs), [None] * len(seqs), dict.fromkeys(seqs, failure)
+        logprobs: list[Logprobs | None] = []
+        for token, row, scored in zip(result.tokens, rows, result.logprobs, strict=True):
+            row.output_counts[token] = row.output_counts.get(token, 0) + 1
+            logprobs.append(None if scored is None else Logprobs(token, scored[0], scored[1]))
+        return list(result.tokens), logprobs, {}
+
+    def _row_params(self, seq: Sequence):
+        """The sequence's sampling row for this draw: made once (its seed fixed), then its counter moves."""
+        from gpu.sampler import RowParams
+
+        row = self._rows.get(seq)
+        if row is None:
+            p: SamplingParams = seq.request.sampling
+            row = RowParams(
+                temperature=p.temperature,
+                top_p=p.top_p,
+                top_k=p.top_k,
+                min_p=p.min_p,
+                presence_penalty=p.presence_penalty,
+                frequency_penalty=p.frequency_penalty,
+                repetition_penalty=p.repetition_penalty,
+                seed=p.seed if p.seed is not None else random.getrandbits(64),
+                prompt_tokens=seq.prompt,
+                logprobs=seq.request.logprobs,
+            )
+            self._rows[seq] = row
+        # The draw's counter is the index of the token drawn: a seeded stream is the same whatever batches
+        # and preemptions it met.
+        row.index = len(seq.output)
+        return row
