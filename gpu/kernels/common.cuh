@@ -27,6 +27,7 @@ struct Bf16 {
 
 struct F16 {
     typedef unsigned short storage;
+#ifdef __CUDA_ARCH__
     static __device__ __forceinline__ float load(unsigned short x) {
         float f;
         asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
@@ -37,6 +38,10 @@ struct F16 {
         asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
         return h;
     }
+#else  // the CPU emulation the tests run the kernels in (tests/cuda_cpu)
+    static float load(unsigned short x) { return emu_half_to_float(x); }
+    static unsigned short store(float f) { return emu_float_to_half(f); }
+#endif
 };
 
 // N consecutive elements read as fp32 with the widest loads their size allows (16-byte aligned when N * size
