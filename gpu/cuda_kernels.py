@@ -10,7 +10,8 @@ are captured by a CUDA graph being recorded on it.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -173,10 +174,15 @@ def _cupy(t: torch.Tensor) -> Any:
     return cupy.from_dlpack(t)
 
 
-def _torch_stream(device: torch.device) -> Any:
+@contextmanager
+def _on_torch_stream(device: torch.device) -> Iterator[None]:
+    """CuPy's current device and stream set to the tensor's device and torch's current stream there: DLPack
+    exports need no sync event, and a CUDA graph being captured on that stream records the launches."""
     import cupy
 
-    return cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device.index)
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device.index)
+    with cupy.cuda.Device(device.index), stream:
+        yield
 
 
 def paged_attention_decode(
@@ -217,7 +223,7 @@ def paged_attention_decode(
     split_max = torch.empty(split_shape, dtype=torch.float32, device=q.device)
     split_sum = torch.empty(split_shape, dtype=torch.float32, device=q.device)
     module = _module("paged_attention")
-    with _torch_stream(q.device):
+    with _on_torch_stream(q.device):
         outs = (_cupy(out), _cupy(split_out), _cupy(split_max), _cupy(split_sum))
         args = (
             *outs,
@@ -272,7 +278,7 @@ def sample_from_logits(
         return out
     launch = sampling_launch(num_rows)
     kernel = _module("sampling").get_function("sample_from_logits")
-    with _torch_stream(logits.device):
+    with _on_torch_stream(logits.device):
         args = (_cupy(out), _cupy(logits), np.int64(logits.stride(0)), np.int32(vocab), *map(_cupy, params))
         kernel(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
     return out

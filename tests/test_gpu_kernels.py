@@ -308,3 +308,12 @@ def test_the_kernels_threshold_search_picks_draws_token() -> None:
     top10 = np.argsort(-row, kind="stable")[:10]
     assert _kernel_pick(row, 1.0, 10, 1.0, 0.0, 1.0) == int(top10[-1])
     assert _kernel_pick(row, 0.0, 0, 1.0, 0.0, 0.5) == int(np.argmax(row))
+
+
+def test_the_device_check_says_what_it_needs() -> None:
+    from gpu.gpu_check_kernels import run_kernel_checks
+
+    if ck.available():
+        pytest.skip("a GPU and CuPy are here: run nearshore gpu-check instead")
+    with pytest.raises(RuntimeError, match="CUDA device and CuPy"):
+        run_kernel_checks()
