@@ -68,6 +68,8 @@ __device__ __forceinline__ void paged_attention_decode(
             for (int e = 0; e < E; ++e) qv[g][e] *= scale;
         }
     }
+    // Unrolled so that several keys' loads are in flight at once.
+#pragma unroll 4
     for (int i = warp; i < count; i += ATTN_WARPS) {
         const int pos = begin + i;
         const long long slot = (long long)table[pos / block_size] * block_size + pos % block_size;
@@ -112,6 +114,7 @@ __device__ __forceinline__ void paged_attention_decode(
     for (int g = 0; g < GROUP_MAX; ++g)
 #pragma unroll
         for (int e = 0; e < E; ++e) acc[g][e] = 0.f;
+#pragma unroll 4
     for (int i = warp; i < count; i += ATTN_WARPS) {
         const int pos = begin + i;
         const long long slot = (long long)table[pos / block_size] * block_size + pos % block_size;
