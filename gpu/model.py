@@ -22,11 +22,27 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu.attention import paged_attention
+from gpu.cuda_kernels import available as kernels_available
+from gpu.cuda_kernels import paged_attention_decode
 from gpu.gguf_weights import LoadedWeights, cache_entry, load_weights, read_entry_json, write_entry_json
 from gpu.kv_cache import PagedKvCache
 from gpu.model_config import ModelConfig
 
 CONFIG_FILE = "config.json"
+
+
+def decode_kernel_usable(device: torch.device) -> bool:
+    """Whether decode rows on ``device`` go to the CUDA kernel (a CUDA device with CuPy), else the torch
+    reference. Asked once per process: the answer does not change while it runs."""
+    global _KERNELS
+    if device.type != "cuda":
+        return False
+    if _KERNELS is None:
+        _KERNELS = kernels_available()
+    return _KERNELS
+
+
+_KERNELS: bool | None = None
 
 
 class RMSNorm(nn.Module):
@@ -93,9 +109,23 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, *rope, c.rope_neox), apply_rope(k, *rope, c.rope_neox)
         kv.write(self.layer, inputs.slot_mapping[self.group], k, v)
-        out = paged_attention(
-            q, kv.k[self.layer], kv.v[self.layer], inputs, self.group, self.window, c.attention_scale
-        )
+        if inputs.max_query_len == 1 and decode_kernel_usable(q.device):
+            # Every row is a decode row: the CUDA kernel reads the block tables (no host sync, so a decode
+            # step can be captured as a CUDA graph).
+            out = paged_attention_decode(
+                q,
+                kv.k[self.layer],
+                kv.v[self.layer],
+                inputs.block_tables[self.group],
+                inputs.seq_lens,
+                c.attention_scale,
+                self.window,
+                max_seq_len=inputs.max_seq_len,
+            )
+        else:
+            out = paged_attention(
+                q, kv.k[self.layer], kv.v[self.layer], inputs, self.group, self.window, c.attention_scale
+            )
         return F.linear(out.reshape(t, c.num_heads * c.head_dim), self.wo)
 
 

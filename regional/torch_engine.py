@@ -62,6 +62,7 @@ class TorchEngine(StepEngine):
         self._kv = None  # gpu.kv_cache.PagedKvCache
         self._blocks = None  # gpu.kv_blocks.KvBlockManager
         self._vocab_model: LlamaModel | None = None
+        self._graphs = None  # gpu.decode_graphs.DecodeGraphs, on a GPU with cuda_graphs on
         self._logits = None  # the last step's logits [N, vocab], on the device
         self._logit_index: dict[int, int] = {}  # batch row -> row of _logits
         # Each running sequence's sampling row (seed, counts), kept while the sequence lives.
@@ -94,6 +95,7 @@ class TorchEngine(StepEngine):
         self._kv = PagedKvCache(model.config, blocks, c.block_size, self._dtype, self._device)
         self._model = model
         self._vocab_model = vocab
+        self._graphs = self._capture_graphs(model)
         log.info(
             "%s: weights %s, KV %d MiB in blocks of %d tokens %s",
             self.description(),
@@ -103,6 +105,22 @@ class TorchEngine(StepEngine):
             blocks,
         )
         return vocab
+
+    def _capture_graphs(self, model):
+        """Decode steps as CUDA graphs at the configured batch sizes (GPU with the CUDA kernels only)."""
+        from gpu.decode_graphs import DecodeGraphs
+        from gpu.model import decode_kernel_usable
+
+        c = self.config
+        if not c.cuda_graphs or not decode_kernel_usable(self._device):
+            return None
+        sizes = [b for b in c.cuda_graph_batch_sizes if b <= c.max_sequences] or [c.max_sequences]
+        width = math.ceil(c.context_window / c.block_size) + 1
+        graphs = DecodeGraphs(
+            model, self._kv, sizes, dict.fromkeys(model.config.groups, width), c.context_window
+        )
+        log.info("decode steps captured as CUDA graphs at batch sizes %s", graphs.sizes)
+        return graphs
 
     def _pool_sizes(self, model_config) -> dict[str, int]:
         """Blocks per attention group: the full-attention pools hold ``kv_cache_tokens``; a sliding pool
@@ -121,7 +139,7 @@ class TorchEngine(StepEngine):
         return sizes
 
     def _close_backend(self) -> None:
-        self._model = self._kv = self._blocks = self._logits = None
+        self._model = self._kv = self._blocks = self._logits = self._graphs = None
         if self._vocab_model is not None:
             self._vocab_model.close()
             self._vocab_model = None
@@ -144,7 +162,11 @@ class TorchEngine(StepEngine):
         assert self._model is not None and self._blocks is not None
         chunks = chunks_from_rows(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
         inputs = build_step_inputs(chunks, self._blocks).to(self._device)
-        self._logits = self._model.forward(inputs, self._kv)
+        size = self._graphs.size_for(inputs) if self._graphs is not None else None
+        if size is not None:
+            self._logits = self._graphs.run(inputs, size)
+        else:
+            self._logits = self._model.forward(inputs, self._kv)
         wanted = (row for row, want in enumerate(plan.want_logits) if want)
         self._logit_index = {row: i for i, row in enumerate(wanted)}
 
