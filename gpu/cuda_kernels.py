@@ -12,9 +12,11 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 from gpu import kernel_build
@@ -185,12 +187,117 @@ def _on_torch_stream(device: torch.device) -> Iterator[None]:
         yield
 
 
-def paged_attention_decode(
+@dataclass(frozen=True, slots=True)
+class KernelCall:
+    """One launch: the kernel, its grid, block and shared memory, and its parameters in the kernel's order
+    (tensors as they are, scalars as numpy scalars of the C types)."""
+
+    kernel: str
+    launch: Launch
+    args: list[tuple[str, torch.Tensor | np.generic]]
+
+
+def attention_calls(
     q: torch.Tensor,  # [S, num_heads, head_dim], one decode query per sequence
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,  # int32 [S, max_blocks]
     seq_lens: torch.Tensor,  # int32 [S], context length including this query
+    scale: float,
+    window: int,
+    out: torch.Tensor,  # [S, num_heads, head_dim], q's dtype
+    max_seq_len: int,
+    num_sms: int,
+    num_splits: int | None = None,
+    partition_tokens: int | None = None,
+) -> list[KernelCall]:
+    """The launches of one decode attention (the decode kernel, then the combine when split), with their
+    split buffers allocated on q's device; no CUDA needed to build them."""
+    check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
+    num_seqs, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    keys = max(visible_keys(max_seq_len, window), 1)
+    if num_splits is None:
+        partition_tokens, num_splits = attention_splits(keys, num_seqs, num_kv_heads, num_sms)
+    elif partition_tokens is None:
+        partition_tokens = -(-keys // num_splits)
+    launch = attention_launch(num_seqs, num_heads, num_kv_heads, head_dim, num_splits, partition_tokens)
+    split_shape = (num_seqs, num_heads, num_splits) if num_splits > 1 else (1,)
+    split_out = torch.empty((*split_shape, head_dim), dtype=torch.float32, device=q.device)
+    split_max = torch.empty(split_shape, dtype=torch.float32, device=q.device)
+    split_sum = torch.empty(split_shape, dtype=torch.float32, device=q.device)
+    splits = [("out", out), ("split_out", split_out), ("split_max", split_max), ("split_sum", split_sum)]
+    decode = KernelCall(
+        attention_kernel_name(q.dtype, head_dim),
+        launch,
+        [
+            *splits,
+            ("q", q),
+            ("q_seq_stride", np.int64(q.stride(0))),
+            ("q_head_stride", np.int64(q.stride(1))),
+            ("k_cache", k_cache),
+            ("v_cache", v_cache),
+            ("block_tables", block_tables),
+            ("block_table_stride", np.int32(block_tables.stride(0))),
+            ("seq_lens", seq_lens),
+            ("num_heads", np.int32(num_heads)),
+            ("num_kv_heads", np.int32(num_kv_heads)),
+            ("block_size", np.int32(block_size)),
+            ("window", np.int32(window)),
+            ("scale", np.float32(scale)),
+            ("partition_tokens", np.int32(partition_tokens)),
+            ("num_splits", np.int32(num_splits)),
+        ],
+    )
+    if num_splits == 1:
+        return [decode]
+    scalars = [("num_heads", np.int32(num_heads)), ("head_dim", np.int32(head_dim))]
+    combine = KernelCall(
+        f"paged_attention_combine_{DTYPE_NAMES[q.dtype]}",
+        combine_launch(num_seqs, num_heads),
+        [*splits, *scalars, ("num_splits", np.int32(num_splits))],
+    )
+    return [decode, combine]
+
+
+def sampling_call(
+    logits: torch.Tensor,  # float32 [N, vocab], after penalties; rows contiguous
+    temperature: torch.Tensor,  # float32 [N]; <= 0 is greedy
+    top_k: torch.Tensor,  # int32 [N]; <= 0 is off
+    top_p: torch.Tensor,  # float32 [N]
+    min_p: torch.Tensor,  # float32 [N]
+    uniform_draws: torch.Tensor,  # float32 [N], gpu/sampler.py's uniform(seed, index)
+    out: torch.Tensor,  # int64 [N]
+) -> KernelCall:
+    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError("logits must be float32 [N, vocab] with contiguous rows")
+    num_rows, vocab = logits.shape
+    params = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
+    params["uniform"] = uniform_draws
+    for name, t in params.items():
+        dtype = torch.int32 if name == "top_k" else torch.float32
+        if t.dtype != dtype or t.shape != (num_rows,) or not t.is_contiguous() or t.device != logits.device:
+            raise ValueError(f"{name} is {t.dtype} {tuple(t.shape)}, expected {dtype} ({num_rows},)")
+    if out.dtype != torch.int64 or out.shape != (num_rows,):
+        raise ValueError(f"out is {out.dtype} {tuple(out.shape)}, expected int64 ({num_rows},)")
+    args = [("tokens", out), ("logits", logits), ("row_stride", np.int64(logits.stride(0)))]
+    args += [("vocab", np.int32(vocab)), *params.items()]
+    return KernelCall("sample_from_logits", sampling_launch(num_rows), args)
+
+
+def _launch(module_name: str, call: KernelCall) -> None:
+    """Run ``call`` on the current CuPy stream (inside :func:`_on_torch_stream`)."""
+    kernel = _module(module_name).get_function(call.kernel)
+    args = tuple(_cupy(v) if isinstance(v, torch.Tensor) else v for _, v in call.args)
+    kernel(call.launch.grid, call.launch.block, args, shared_mem=call.launch.shared_bytes)
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
     scale: float,
     window: int = 0,
     *,
@@ -199,86 +306,41 @@ def paged_attention_decode(
     partition_tokens: int | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Decode attention with the CUDA kernel; the same result as gpu/attention.py's paged_attention on
-    decode rows, within the storage dtype's rounding."""
-    import numpy as np
-
-    check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
+    """Decode attention with the CUDA kernel (shapes as in :func:`attention_calls`); the same result as
+    gpu/attention.py's paged_attention on decode rows, within the storage dtype's rounding."""
     num_seqs, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    if max_seq_len is None:
-        max_seq_len = int(seq_lens.max()) if num_seqs else 0
-    keys = max(visible_keys(max_seq_len, window), 1)
-    if num_splits is None:
-        num_sms = _num_sms(q.device.index)
-        partition_tokens, num_splits = attention_splits(keys, num_seqs, num_kv_heads, num_sms)
-    elif partition_tokens is None:
-        partition_tokens = -(-keys // num_splits)
-    out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype, device=q.device) if out is None else out
+    if out is None:
+        out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_seqs == 0:
         return out
-    launch = attention_launch(num_seqs, num_heads, num_kv_heads, head_dim, num_splits, partition_tokens)
-    split_shape = (num_seqs, num_heads, num_splits) if num_splits > 1 else (1,)
-    split_out = torch.empty((*split_shape, head_dim), dtype=torch.float32, device=q.device)
-    split_max = torch.empty(split_shape, dtype=torch.float32, device=q.device)
-    split_sum = torch.empty(split_shape, dtype=torch.float32, device=q.device)
-    module = _module("paged_attention")
+    if max_seq_len is None:
+        max_seq_len = int(seq_lens.max())
+    calls = attention_calls(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, window, out, max_seq_len,
+        _num_sms(q.device.index), num_splits, partition_tokens,
+    )  # fmt: skip
     with _on_torch_stream(q.device):
-        outs = (_cupy(out), _cupy(split_out), _cupy(split_max), _cupy(split_sum))
-        args = (
-            *outs,
-            _cupy(q),
-            np.int64(q.stride(0)),
-            np.int64(q.stride(1)),
-            _cupy(k_cache),
-            _cupy(v_cache),
-            _cupy(block_tables),
-            np.int32(block_tables.stride(0)),
-            _cupy(seq_lens),
-            np.int32(num_heads),
-            np.int32(num_kv_heads),
-            np.int32(block_size),
-            np.int32(window),
-            np.float32(scale),
-            np.int32(partition_tokens),
-            np.int32(num_splits),
-        )
-        kernel = module.get_function(attention_kernel_name(q.dtype, head_dim))
-        kernel(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
-        if num_splits > 1:
-            combine = module.get_function(f"paged_attention_combine_{DTYPE_NAMES[q.dtype]}")
-            merge = combine_launch(num_seqs, num_heads)
-            merge_args = (*outs, np.int32(num_heads), np.int32(head_dim), np.int32(num_splits))
-            combine(merge.grid, merge.block, merge_args, shared_mem=merge.shared_bytes)
+        for call in calls:
+            _launch("paged_attention", call)
     return out
 
 
 def sample_from_logits(
-    logits: torch.Tensor,  # float32 [N, vocab], after penalties; rows contiguous
-    temperature: torch.Tensor,  # float32 [N]; <= 0 is greedy
-    top_k: torch.Tensor,  # int32 [N]; <= 0 is off
-    top_p: torch.Tensor,  # float32 [N]
-    min_p: torch.Tensor,  # float32 [N]
-    uniform_draws: torch.Tensor,  # float32 [N], gpu/sampler.py's uniform(seed, index)
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    uniform_draws: torch.Tensor,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # int64 [N]
-    """Filter and draw one token per row with the fused kernel: gpu/sampler.py's draw() on the device."""
-    import numpy as np
-
-    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError("logits must be float32 [N, vocab] with contiguous rows")
-    num_rows, vocab = logits.shape
-    params = (temperature, top_k, top_p, min_p, uniform_draws)
-    dtypes = (torch.float32, torch.int32, torch.float32, torch.float32, torch.float32)
-    for t, dtype in zip(params, dtypes, strict=True):
-        if t.dtype != dtype or t.shape != (num_rows,) or not t.is_contiguous() or t.device != logits.device:
-            raise ValueError(f"a row parameter is {t.dtype} {tuple(t.shape)}, expected {dtype} ({num_rows},)")
-    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device) if out is None else out
-    if num_rows == 0:
+    """Filter and draw one token per row with the fused kernel (arguments as in :func:`sampling_call`):
+    gpu/sampler.py's draw() on the device."""
+    if out is None:
+        out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    if logits.shape[0] == 0:
         return out
-    launch = sampling_launch(num_rows)
-    kernel = _module("sampling").get_function("sample_from_logits")
+    call = sampling_call(logits, temperature, top_k, top_p, min_p, uniform_draws, out)
     with _on_torch_stream(logits.device):
-        args = (_cupy(out), _cupy(logits), np.int64(logits.stride(0)), np.int32(vocab), *map(_cupy, params))
-        kernel(launch.grid, launch.block, args, shared_mem=launch.shared_bytes)
+        _launch("sampling", call)
     return out

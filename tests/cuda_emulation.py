@@ -68,11 +68,43 @@ def build(name: str) -> Path:
     return binary
 
 
-def _raw(t: torch.Tensor) -> bytes:
-    t = t.contiguous().cpu()
-    if t.dtype in (torch.bfloat16, torch.float16):
-        t = t.view(torch.int16)
-    return t.numpy().tobytes()
+def _from_first_element(t: torch.Tensor) -> bytes:
+    """The tensor's storage from its first element on: a strided view reaches its elements through its
+    strides, as the kernel does."""
+    length = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    flat = t.detach().cpu().as_strided((length,), (1,))
+    if flat.dtype in (torch.bfloat16, torch.float16):
+        flat = flat.view(torch.int16)
+    return flat.numpy().tobytes()
+
+
+def run(name: str, calls: list[ck.KernelCall], threads: int | None = None) -> dict[str, bytes]:
+    """Run kernel file ``name``'s launches on the CPU; the bytes of every tensor argument afterwards.
+    ``threads`` replaces the block size (for kernels that work with any multiple of 32)."""
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for call in calls:
+            scalars = []
+            for arg, value in call.args:
+                if isinstance(value, torch.Tensor):
+                    (work / f"{arg}.bin").write_bytes(_from_first_element(value))
+                else:
+                    scalars.append(repr(float(value)) if isinstance(value, np.floating) else str(int(value)))
+            grid, block = call.launch.grid, threads or call.launch.block[0]
+            lines.append(" ".join(map(str, [call.kernel, *grid, block, call.launch.shared_bytes, *scalars])))
+        (work / "calls.txt").write_text("\n".join(lines) + "\n")
+        binary = build(name)
+        done = subprocess.run([str(binary), str(work)], capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            raise RuntimeError(f"{name} exited {done.returncode}:\n{done.stderr[-4000:]}")
+        return {p.stem: p.read_bytes() for p in work.glob("*.bin")}
+
+
+def _tensor(raw: bytes, like: torch.Tensor) -> torch.Tensor:
+    return torch.frombuffer(bytearray(raw[: like.numel() * like.element_size()]), dtype=like.dtype).view(
+        like.shape
+    )
 
 
 def paged_attention_decode(
@@ -83,52 +115,24 @@ def paged_attention_decode(
     seq_lens: torch.Tensor,
     scale: float,
     window: int,
-    num_splits: int,
-    partition_tokens: int,
+    num_splits: int | None = None,
+    partition_tokens: int | None = None,
+    num_sms: int = 132,
 ) -> torch.Tensor:
-    """The decode kernel's output, launched as gpu/cuda_kernels.py launches it."""
-    ck.check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
-    num_seqs, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[2]
-    launch = ck.attention_launch(num_seqs, num_heads, num_kv_heads, head_dim, num_splits, partition_tokens)
-    numbers = [
-        ck.DTYPE_NAMES[q.dtype], head_dim, *launch.grid, launch.block[0], launch.shared_bytes,
-        q.stride(0), q.stride(1), block_tables.stride(0), num_seqs, num_heads, num_kv_heads,
-        k_cache.shape[1], window, repr(float(np.float32(scale))), partition_tokens, num_splits,
-    ]  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        # q is passed whole from its first element, as the kernel reads it through its strides.
-        base = q.as_strided((q.untyped_storage().nbytes() // q.element_size() - q.storage_offset(),), (1,))
-        files = {"q.bin": base, "k.bin": k_cache, "v.bin": v_cache, "tables.bin": block_tables}
-        files["lens.bin"] = seq_lens
-        for name, t in files.items():
-            (work / name).write_bytes(_raw(t))
-        (work / "launch.txt").write_text(" ".join(map(str, numbers)))
-        _run(build("paged_attention"), work)
-        raw = np.frombuffer(
-            (work / "out.bin").read_bytes(), dtype=np.int16 if q.element_size() == 2 else np.float32
-        )
-    out = torch.from_numpy(raw.copy())
-    return (out.view(q.dtype) if q.element_size() == 2 else out).view(num_seqs, num_heads, head_dim)
+    """The decode kernel's output, from gpu/cuda_kernels.py's launches (its splits when none are given)."""
+    out = torch.full(q.shape, float("nan"), dtype=q.dtype)
+    max_seq_len = int(seq_lens.max())
+    calls = ck.attention_calls(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, window, out, max_seq_len, num_sms,
+        num_splits, partition_tokens,
+    )  # fmt: skip
+    return _tensor(run("paged_attention", calls)["out"], out)
 
 
 def sample_from_logits(logits: torch.Tensor, arrays: dict[str, torch.Tensor], threads: int = 64) -> list[int]:
     """The sampling kernel's tokens, with ``threads`` per block (the kernel works with any multiple of 32;
     fewer than on a GPU keeps the emulation quick)."""
-    launch = ck.sampling_launch(logits.shape[0])
-    numbers = [launch.grid[0], threads, launch.shared_bytes, logits.stride(0), logits.shape[1]]
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        (work / "logits.bin").write_bytes(_raw(logits))
-        for name, t in arrays.items():
-            (work / f"{name}.bin").write_bytes(_raw(t))
-        (work / "launch.txt").write_text(" ".join(map(str, numbers)))
-        _run(build("sampling"), work)
-        return np.frombuffer((work / "tokens.bin").read_bytes(), dtype=np.int64).tolist()
-
-
-def _run(binary: Path, work: Path) -> None:
-    done = subprocess.run([str(binary), str(work)], capture_output=True, text=True, timeout=600)
-    if done.returncode:
-        raise RuntimeError(f"{binary.name} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    out = torch.full((logits.shape[0],), -1, dtype=torch.int64)
+    a = arrays
+    call = ck.sampling_call(logits, a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["uniform"], out)
+    return _tensor(run("sampling", [call], threads)["tokens"], out).tolist()

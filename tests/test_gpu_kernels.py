@@ -317,3 +317,66 @@ def test_the_device_check_says_what_it_needs() -> None:
         pytest.skip("a GPU and CuPy are here: run nearshore gpu-check instead")
     with pytest.raises(RuntimeError, match="CUDA device and CuPy"):
         run_kernel_checks()
+
+
+C_TYPES = {"long long": np.int64, "int": np.int32, "float": np.float32}
+POINTEE = {"float": torch.float32, "int": torch.int32, "long long": torch.int64}
+
+
+def _signature(code: str, start: str) -> list[tuple[str, str, bool]]:
+    """(name, C type, is pointer) of each parameter of the list that opens at ``start``."""
+    text = code[code.index(start) + len(start) :]
+    if start.startswith("#define"):  # a macro's body: its continued lines
+        text = re.match(r"(?:.*\\\n)*.*", text).group(0)
+    else:
+        text = text[: text.index(")")]
+    text = text.replace("\\", " ")
+    params = []
+    for param in text.split(","):
+        words = param.replace("*", " * ").replace("const", " ").replace("__restrict__", " ").split()
+        pointer = "*" in words
+        words = [w for w in words if w != "*"]
+        params.append((words[-1], " ".join(words[:-1]), pointer))
+    return params
+
+
+def _check_call(call: ck.KernelCall, params: list[tuple[str, str, bool]], storage: torch.dtype) -> None:
+    assert [name for name, _ in call.args] == [name for name, _, _ in params], call.kernel
+    for (name, value), (_, c_type, pointer) in zip(call.args, params, strict=True):
+        if pointer:
+            assert isinstance(value, torch.Tensor), name
+            assert value.dtype == (storage if c_type in ("S", "T::storage") else POINTEE[c_type]), name
+        else:
+            assert type(value) is C_TYPES[c_type], f"{call.kernel} {name}: {type(value)} for {c_type}"
+
+
+@pytest.mark.parametrize("dtype", list(ck.DTYPE_NAMES))
+def test_launch_arguments_follow_the_kernels_signatures(dtype: torch.dtype) -> None:
+    attention = (kb.KERNEL_DIR / "paged_attention.cu").read_text()
+    inputs = decode_inputs([5, 40, 700], 16, 60, 0, random.Random(2))
+    q = torch.zeros(3, 4, 256, dtype=dtype)
+    cache = torch.zeros(60, 16, 1, 256, dtype=dtype)
+    out = torch.empty_like(q)
+    table, lens = inputs.block_tables["g"], inputs.seq_lens
+    decode, combine = ck.attention_calls(q, cache, cache, table, lens, 0.0625, 0, out, 700, 132)
+    assert decode.kernel == ck.attention_kernel_name(dtype, 256) and decode.launch.grid[2] > 1
+    _check_call(decode, _signature(attention, "#define ATTENTION_PARAMS(S)"), dtype)
+    assert combine.kernel == f"paged_attention_combine_{ck.DTYPE_NAMES[dtype]}"
+    _check_call(combine, _signature(attention, "paged_attention_combine_##DTYPE("), dtype)
+    assert combine.launch == ck.combine_launch(3, 4)
+    (only,) = ck.attention_calls(q, cache, cache, table, lens, 0.0625, 0, out, 700, 132, num_splits=1)
+    assert only.kernel == decode.kernel and only.launch.grid[2] == 1
+
+    sampling = (kb.KERNEL_DIR / "sampling.cu").read_text()
+    rows = [RowParams(temperature=0.8, top_k=5), RowParams(top_p=0.9)]
+    a = ck.sampling_arrays(rows)
+    tokens = torch.empty(2, dtype=torch.int64)
+    logits = torch.zeros(2, 1000)
+    call = ck.sampling_call(
+        logits, a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["uniform"], tokens
+    )
+    _check_call(call, _signature(sampling, "sample_from_logits("), torch.float32)
+    with pytest.raises(ValueError, match="top_k"):
+        ck.sampling_call(
+            logits, a["temperature"], a["top_k"].long(), a["top_p"], a["min_p"], a["uniform"], tokens
+        )

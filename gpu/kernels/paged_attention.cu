@@ -5,7 +5,7 @@
 // on a sliding layer those at positions >= seq_len - window.
 //
 // One block of 4 warps per (sequence, kv head, split): the block computes every query head of the kv head's
-// group (GQA: each key is read once for the whole group), over one split of at most partition_size keys.
+// group (GQA: each key is read once for the whole group), over one split of at most partition_tokens keys.
 // Three phases, with the split's scores in shared memory rather than an online softmax: (1) each warp takes
 // keys in turn, its lanes holding D / 32 elements each, and writes one score per head; (2) one warp per head
 // turns its scores into exp(s - max) and their sum; (3) each warp accumulates p * v over its keys, and the
@@ -36,7 +36,7 @@ __device__ __forceinline__ void paged_attention_decode(
     int block_table_stride,
     const int* __restrict__ seq_lens,            // [S]
     int num_heads, int num_kv_heads, int block_size, int window, float scale,
-    int partition_size, int num_splits) {
+    int partition_tokens, int num_splits) {
     constexpr int E = HEAD_DIM / 32;  // elements per lane
     constexpr int GROUP_MAX = group_max(HEAD_DIM);
     extern __shared__ float smem[];
@@ -48,11 +48,11 @@ __device__ __forceinline__ void paged_attention_decode(
     const int head0 = kv_head * group + (blockIdx.x % chunks) * GROUP_MAX;
     const int heads = min(GROUP_MAX, kv_head * group + group - head0);
     const int seq_len = seq_lens[seq];
-    const int begin = (window > 0 ? max(0, seq_len - window) : 0) + split * partition_size;
-    const int count = max(min(partition_size, seq_len - begin), 0);  // this split's keys
+    const int begin = (window > 0 ? max(0, seq_len - window) : 0) + split * partition_tokens;
+    const int count = max(min(partition_tokens, seq_len - begin), 0);  // this split's keys
 
-    float* scores = smem;                               // [heads][partition_size]
-    float* merged = scores + heads * partition_size;    // [heads][HEAD_DIM]
+    float* scores = smem;                               // [heads][partition_tokens]
+    float* merged = scores + heads * partition_tokens;    // [heads][HEAD_DIM]
     float* stats = merged + heads * HEAD_DIM;           // [heads][2]: max, sum
     const int* table = block_tables + (long long)seq * block_table_stride;
     const long long token_stride = (long long)num_kv_heads * HEAD_DIM;
@@ -82,7 +82,7 @@ __device__ __forceinline__ void paged_attention_decode(
 #pragma unroll
                 for (int e = 0; e < E; ++e) s = fmaf(qv[g][e], kf[e], s);
                 s = warp_sum(s);
-                if (lane == 0) scores[g * partition_size + i] = s;
+                if (lane == 0) scores[g * partition_tokens + i] = s;
             }
         }
     }
@@ -90,7 +90,7 @@ __device__ __forceinline__ void paged_attention_decode(
 
     // (2) softmax numerators in place, and per head its max and sum.
     for (int g = warp; g < heads; g += ATTN_WARPS) {
-        float* row = scores + g * partition_size;
+        float* row = scores + g * partition_tokens;
         float m = -NS_INF;
         for (int i = lane; i < count; i += 32) m = fmaxf(m, row[i]);
         m = warp_max(m);
@@ -123,7 +123,7 @@ __device__ __forceinline__ void paged_attention_decode(
 #pragma unroll
         for (int g = 0; g < GROUP_MAX; ++g) {
             if (g < heads) {
-                const float p = scores[g * partition_size + i];
+                const float p = scores[g * partition_tokens + i];
 #pragma unroll
                 for (int e = 0; e < E; ++e) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
             }
@@ -188,12 +188,12 @@ __device__ __forceinline__ void paged_attention_combine(
         float* __restrict__ split_sum, const S* __restrict__ q, long long q_seq_stride,                 \
         long long q_head_stride, const S* __restrict__ k_cache, const S* __restrict__ v_cache,           \
         const int* __restrict__ block_tables, int block_table_stride, const int* __restrict__ seq_lens, \
-        int num_heads, int num_kv_heads, int block_size, int window, float scale, int partition_size,   \
+        int num_heads, int num_kv_heads, int block_size, int window, float scale, int partition_tokens,   \
         int num_splits
 #define ATTENTION_ARGS                                                                                  \
     out, split_out, split_max, split_sum, q, q_seq_stride, q_head_stride, k_cache, v_cache,            \
         block_tables, block_table_stride, seq_lens, num_heads, num_kv_heads, block_size, window, scale, \
-        partition_size, num_splits
+        partition_tokens, num_splits
 
 // One entry point per (storage type, head dim): paged_attention_decode_<dtype>_d<head_dim>.
 #define DEFINE_DECODE(DTYPE, T, D)                                                                       \

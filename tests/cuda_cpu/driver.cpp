@@ -1,111 +1,119 @@
-// Launches one of gpu/kernels' kernels on the CPU emulation, on arrays in raw files: the tests write the
-// inputs and a launch.txt (the kernel's name, then its grid, block, shared bytes and scalar arguments as
-// gpu/cuda_kernels.py computes them), run this, and read the outputs back.
+// Launches gpu/kernels' kernels on the CPU emulation, as gpu/cuda_kernels.py's KernelCalls describe them:
+// calls.txt holds one line per launch (kernel name, grid x y z, block x, shared bytes, then the scalar
+// arguments in the kernel's order); each pointer argument is a raw file NAME.bin, written back after the
+// launches. Each kernel is called directly, so the compiler checks the argument list against the kernel.
 //
 // Built once per kernel file: -DATTENTION with paged_attention.cu as kernel.cu, -DSAMPLING with sampling.cu.
 #include "cuda_on_cpu.h"
 
-#include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 
 #include "kernel.cu"
 
 static std::string dir;
+static std::map<std::string, std::vector<unsigned char>> buffers;
 
-static std::vector<unsigned char> read_file(const std::string& name) {
-    std::ifstream in(dir + "/" + name, std::ios::binary);
-    return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {});
-}
-
-static void write_file(const std::string& name, const void* data, size_t bytes) {
-    std::ofstream out(dir + "/" + name, std::ios::binary);
-    out.write(static_cast<const char*>(data), bytes);
+// The argument file NAME.bin, read once and kept (several launches share buffers).
+template <typename T>
+static T* buf(const std::string& name) {
+    auto found = buffers.find(name);
+    if (found == buffers.end()) {
+        std::ifstream in(dir + "/" + name + ".bin", std::ios::binary);
+        if (!in) throw std::runtime_error("missing " + name + ".bin");
+        found = buffers.emplace(name, std::vector<unsigned char>(std::istreambuf_iterator<char>(in), {})).first;
+    }
+    return reinterpret_cast<T*>(found->second.data());
 }
 
 template <typename T>
-static T* data_of(std::vector<unsigned char>& bytes) {
-    return reinterpret_cast<T*>(bytes.data());
+static T next(std::istream& in) {
+    T v;
+    if (!(in >> v)) throw std::runtime_error("calls.txt: an argument is missing");
+    return v;
 }
 
 #ifdef ATTENTION
-typedef void (*Decode)(void*, float*, float*, float*, const void*, long long, long long, const void*,
-                       const void*, const int*, int, const int*, int, int, int, int, float, int, int);
-typedef void (*Combine)(void*, const float*, const float*, const float*, int, int, int);
-
-#define ENTRY(DTYPE, D) {#DTYPE "_d" #D, reinterpret_cast<Decode>(&paged_attention_decode_##DTYPE##_d##D)}
-static const std::map<std::string, Decode> decoders = {
-    ENTRY(bf16, 64), ENTRY(bf16, 128), ENTRY(bf16, 256), ENTRY(f16, 64),  ENTRY(f16, 128),
-    ENTRY(f16, 256), ENTRY(f32, 64),   ENTRY(f32, 128),  ENTRY(f32, 256),
+// Each entry reads its scalars and its buffers (before any thread runs: the buffer map is not thread-safe),
+// and returns the body every thread of the launch runs.
+#define DECODE(DTYPE, D, S)                                                                                 \
+    {"paged_attention_decode_" #DTYPE "_d" #D, [](std::istream& in) -> std::function<void()> {            \
+         auto q_seq_stride = next<long long>(in), q_head_stride = next<long long>(in);                      \
+         auto table_stride = next<int>(in), num_heads = next<int>(in), num_kv_heads = next<int>(in);        \
+         auto block_size = next<int>(in), window = next<int>(in);                                          \
+         auto scale = next<float>(in);                                                                      \
+         auto partition_tokens = next<int>(in), num_splits = next<int>(in);                                 \
+         S *out = buf<S>("out"), *q = buf<S>("q"), *k = buf<S>("k_cache"), *v = buf<S>("v_cache");         \
+         float *split_out = buf<float>("split_out"), *split_max = buf<float>("split_max");                 \
+         float* split_sum = buf<float>("split_sum");                                                        \
+         int *tables = buf<int>("block_tables"), *lens = buf<int>("seq_lens");                              \
+         return [=] {                                                                                       \
+             paged_attention_decode_##DTYPE##_d##D(out, split_out, split_max, split_sum, q, q_seq_stride,   \
+                                                   q_head_stride, k, v, tables, table_stride, lens,         \
+                                                   num_heads, num_kv_heads, block_size, window, scale,      \
+                                                   partition_tokens, num_splits);                           \
+         };                                                                                                 \
+     }}
+#define COMBINE(DTYPE, S)                                                                                   \
+    {"paged_attention_combine_" #DTYPE, [](std::istream& in) -> std::function<void()> {                   \
+         auto num_heads = next<int>(in), head_dim = next<int>(in), num_splits = next<int>(in);              \
+         S* out = buf<S>("out");                                                                            \
+         float *split_out = buf<float>("split_out"), *split_max = buf<float>("split_max");                 \
+         float* split_sum = buf<float>("split_sum");                                                        \
+         return [=] {                                                                                       \
+             paged_attention_combine_##DTYPE(out, split_out, split_max, split_sum, num_heads, head_dim,    \
+                                             num_splits);                                                   \
+         };                                                                                                 \
+     }}
+typedef unsigned short U16;
+static const std::map<std::string, std::function<std::function<void()>(std::istream&)>> kernels = {
+    DECODE(bf16, 64, U16),  DECODE(bf16, 128, U16), DECODE(bf16, 256, U16), DECODE(f16, 64, U16),
+    DECODE(f16, 128, U16),  DECODE(f16, 256, U16),  DECODE(f32, 64, float),  DECODE(f32, 128, float),
+    DECODE(f32, 256, float), COMBINE(bf16, U16),    COMBINE(f16, U16),       COMBINE(f32, float),
 };
-static const std::map<std::string, Combine> combiners = {
-    {"bf16", reinterpret_cast<Combine>(&paged_attention_combine_bf16)},
-    {"f16", reinterpret_cast<Combine>(&paged_attention_combine_f16)},
-    {"f32", reinterpret_cast<Combine>(&paged_attention_combine_f32)},
-};
-
-static int run(std::istream& launch) {
-    std::string dtype;
-    dim3 grid, block;
-    size_t shared;
-    long long q_seq_stride, q_head_stride;
-    int head_dim, table_stride, num_seqs, num_heads, num_kv_heads, block_size, window, partition, splits;
-    float scale;
-    launch >> dtype >> head_dim >> grid.x >> grid.y >> grid.z >> block.x >> shared >> q_seq_stride >>
-        q_head_stride >> table_stride >> num_seqs >> num_heads >> num_kv_heads >> block_size >> window >>
-        scale >> partition >> splits;
-    auto q = read_file("q.bin"), k = read_file("k.bin"), v = read_file("v.bin");
-    auto tables = read_file("tables.bin"), lens = read_file("lens.bin");
-    const size_t item = dtype == "f32" ? 4 : 2;
-    std::vector<unsigned char> out((size_t)num_seqs * num_heads * head_dim * item, 0xff);
-    const size_t split_rows = (size_t)num_seqs * num_heads * splits;
-    std::vector<float> split_out(split_rows * head_dim, NAN), split_max(split_rows, NAN), split_sum(split_rows, NAN);
-    Decode decode = decoders.at(dtype + "_d" + std::to_string(head_dim));
-    emu::launch(grid, block, shared, [&] {
-        decode(out.data(), split_out.data(), split_max.data(), split_sum.data(), q.data(), q_seq_stride,
-               q_head_stride, k.data(), v.data(), data_of<int>(tables), table_stride, data_of<int>(lens),
-               num_heads, num_kv_heads, block_size, window, scale, partition, splits);
-    });
-    if (splits > 1) {
-        Combine combine = combiners.at(dtype);
-        emu::launch({(unsigned)num_heads, (unsigned)num_seqs, 1}, {128, 1, 1}, 0, [&] {
-            combine(out.data(), split_out.data(), split_max.data(), split_sum.data(), num_heads, head_dim, splits);
-        });
-    }
-    write_file("out.bin", out.data(), out.size());
-    return 0;
-}
 #endif
 
 #ifdef SAMPLING
-static int run(std::istream& launch) {
-    dim3 grid, block;
-    size_t shared;
-    long long row_stride;
-    int vocab;
-    launch >> grid.x >> block.x >> shared >> row_stride >> vocab;
-    auto logits = read_file("logits.bin"), temperature = read_file("temperature.bin");
-    auto top_k = read_file("top_k.bin"), top_p = read_file("top_p.bin"), min_p = read_file("min_p.bin");
-    auto uniform = read_file("uniform.bin");
-    std::vector<long long> tokens(grid.x, -1);
-    emu::launch(grid, block, shared, [&] {
-        sample_from_logits(tokens.data(), data_of<float>(logits), row_stride, vocab, data_of<float>(temperature),
-                           data_of<int>(top_k), data_of<float>(top_p), data_of<float>(min_p),
-                           data_of<float>(uniform));
-    });
-    write_file("tokens.bin", tokens.data(), tokens.size() * sizeof(long long));
-    return 0;
-}
+static const std::map<std::string, std::function<std::function<void()>(std::istream&)>> kernels = {
+    {"sample_from_logits", [](std::istream& in) -> std::function<void()> {
+         auto row_stride = next<long long>(in);
+         auto vocab = next<int>(in);
+         long long* tokens = buf<long long>("tokens");
+         float *logits = buf<float>("logits"), *temperature = buf<float>("temperature");
+         float *top_p = buf<float>("top_p"), *min_p = buf<float>("min_p"), *uniform = buf<float>("uniform");
+         int* top_k = buf<int>("top_k");
+         return [=] {
+             sample_from_logits(tokens, logits, row_stride, vocab, temperature, top_k, top_p, min_p, uniform);
+         };
+     }},
+};
 #endif
 
 int main(int argc, char** argv) {
     if (argc != 2) {
-        std::cerr << "usage: driver DIR (with launch.txt and the inputs)\n";
+        std::cerr << "usage: driver DIR (with calls.txt and the arguments' files)\n";
         return 2;
     }
     dir = argv[1];
-    std::ifstream launch(dir + "/launch.txt");
-    return run(launch);
+    std::ifstream calls(dir + "/calls.txt");
+    std::string line;
+    while (std::getline(calls, line)) {
+        std::istringstream in(line);
+        std::string name;
+        dim3 grid, block;
+        size_t shared;
+        in >> name >> grid.x >> grid.y >> grid.z >> block.x >> shared;
+        auto body = kernels.at(name)(in);
+        emu::launch(grid, block, shared, body);
+    }
+    for (auto& [name, bytes] : buffers) {
+        std::ofstream out(dir + "/" + name + ".bin", std::ios::binary);
+        out.write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    }
+    return 0;
 }
