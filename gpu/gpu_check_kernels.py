@@ -38,8 +38,13 @@ class KernelCheck:
     reference_ms: float
 
 
-def _time_ms(fn: Callable[[], object], repeats: int = 20) -> float:
+def _time_ms(fn: Callable[[], object], device: torch.device, repeats: int = 20) -> float:
     fn()
+    if device.type != "cuda":
+        start_s = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - start_s) * 1000 / repeats
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -91,8 +96,14 @@ def check_attention(
     num_splits: int | None = None,
     block_size: int = 16,
     seed: int = 0,
+    device: str = "cuda",
+    kernel_fn: Callable[..., torch.Tensor] | None = None,  # cuda_kernels.paged_attention_decode's signature
+    repeats: int = 20,
 ) -> KernelCheck:
-    device = torch.device("cuda")
+    """The decode kernel against the torch reference on random inputs; ``kernel_fn`` and ``device`` let the
+    tests run the same check through the CPU emulation."""
+    kernel_fn = kernel_fn or cuda_kernels.paged_attention_decode
+    device = torch.device(device)
     gen = random.Random(seed)
     torch.manual_seed(seed)
     num_blocks = sum(-(-n // block_size) for n in seq_lens) + 2
@@ -106,7 +117,7 @@ def check_attention(
     table = inputs.block_tables["g"]
 
     def kernel() -> torch.Tensor:
-        return cuda_kernels.paged_attention_decode(
+        return kernel_fn(
             q, k_cache, v_cache, table, inputs.seq_lens, scale, window,
             max_seq_len=inputs.max_seq_len, num_splits=num_splits,
         )  # fmt: skip
@@ -124,9 +135,9 @@ def check_attention(
     kv_bytes = (
         sum(min(n, window or n) for n in seq_lens) * 2 * num_kv_heads * head_dim * k_cache.element_size()
     )
-    kernel_ms = _time_ms(kernel)
+    kernel_ms = _time_ms(kernel, device, repeats)
     detail = f"max rel error {error:.2e}; {kv_bytes / kernel_ms / 1e6:.0f} GB/s of KV"
-    return KernelCheck(name, passed, detail, kernel_ms, _time_ms(reference, repeats=3))
+    return KernelCheck(name, passed, detail, kernel_ms, _time_ms(reference, device, min(repeats, 3)))
 
 
 def _sampling_rows(num_rows: int, gen: random.Random) -> list[RowParams]:
@@ -146,8 +157,17 @@ def _sampling_rows(num_rows: int, gen: random.Random) -> list[RowParams]:
     return rows
 
 
-def check_sampling(num_rows: int = 256, vocab: int = 262_144, seed: int = 0) -> KernelCheck:
-    device = torch.device("cuda")
+def check_sampling(
+    num_rows: int = 256,
+    vocab: int = 262_144,
+    seed: int = 0,
+    device: str = "cuda",
+    kernel_fn: Callable[..., torch.Tensor] | None = None,  # cuda_kernels.sample_from_logits's signature
+    repeats: int = 20,
+) -> KernelCheck:
+    """The sampling kernel against draw() (argmax on greedy rows) on random peaked rows."""
+    kernel_fn = kernel_fn or cuda_kernels.sample_from_logits
+    device = torch.device(device)
     gen = random.Random(seed)
     torch.manual_seed(seed)
     # Peaked rows, like a model's: a few large logits over a long tail.
@@ -160,7 +180,7 @@ def check_sampling(num_rows: int = 256, vocab: int = 262_144, seed: int = 0) -> 
     arrays["temperature"][greedy] = 0.0  # top_k == 1 is greedy in sample(); the kernel's greedy is T <= 0
 
     def kernel() -> torch.Tensor:
-        return cuda_kernels.sample_from_logits(
+        return kernel_fn(
             logits,
             arrays["temperature"],
             arrays["top_k"],
@@ -184,7 +204,8 @@ def check_sampling(num_rows: int = 256, vocab: int = 262_144, seed: int = 0) -> 
     passed = agreement >= MIN_SAMPLING_AGREEMENT and len(near_ties) == len(differ) and greedy_exact
     detail = f"{num_rows - len(differ)}/{num_rows} rows agree; differing rows near ties: {len(near_ties)}"
     name = f"sampling rows={num_rows} vocab={vocab}"
-    return KernelCheck(name, passed, detail, _time_ms(kernel), _time_ms(reference, repeats=3))
+    kernel_ms, reference_ms = _time_ms(kernel, device, repeats), _time_ms(reference, device, min(repeats, 3))
+    return KernelCheck(name, passed, detail, kernel_ms, reference_ms)
 
 
 def _near_tie(row_logits: torch.Tensor, params: RowParams, got: int, want: int) -> bool:

@@ -12,7 +12,7 @@ import torch
 
 from gpu import cuda_kernels as ck
 from gpu.attention import paged_attention
-from gpu.gpu_check_kernels import decode_inputs
+from gpu.gpu_check_kernels import check_attention, check_sampling, decode_inputs
 from gpu.sampler import RowParams, draw, uniform
 from tests import cuda_emulation as emulated
 
@@ -130,3 +130,28 @@ def test_sampling_kernel_keeps_what_the_filters_keep() -> None:
     got = emulated.sample_from_logits(logits, ck.sampling_arrays(rows))
 
     assert got == want.tolist()
+
+
+def test_the_device_checks_pass_through_the_emulation() -> None:
+    """gpu/gpu_check_kernels.py's checks, with the emulation standing in for the device: the script's own
+    inputs, references and verdicts run here, and fail as they would on a GPU when a kernel is wrong."""
+
+    def attention(q, k_cache, v_cache, table, seq_lens, scale, window, *, max_seq_len, num_splits):
+        assert max_seq_len >= int(seq_lens.max())
+        args = (q, k_cache, v_cache, table, seq_lens, scale, window)
+        return emulated.paged_attention_decode(*args, num_splits)
+
+    def sampling(logits, temperature, top_k, top_p, min_p, uniform_draws):
+        arrays = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
+        return torch.tensor(emulated.sample_from_logits(logits, {**arrays, "uniform": uniform_draws}))
+
+    check = check_attention(4, 1, 256, [1, 17, 100], window=64, device="cpu", kernel_fn=attention, repeats=1)
+    assert check.passed, check
+    check = check_sampling(num_rows=6, vocab=1000, device="cpu", kernel_fn=sampling, repeats=1)
+    assert check.passed, check
+
+    def off_by_one(q, k_cache, v_cache, table, seq_lens, scale, window, **kwargs):
+        return attention(q, k_cache, v_cache, table, seq_lens - 1, scale, window, **kwargs)
+
+    wrong = check_attention(4, 1, 64, [3, 40], device="cpu", kernel_fn=off_by_one, repeats=1)
+    assert not wrong.passed
