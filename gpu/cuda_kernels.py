@@ -30,6 +30,7 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32
 # Dynamic shared memory a kernel may use without opting in to more (the same on sm_80 and sm_90).
 MAX_DYNAMIC_SHARED_BYTES = 48 * 1024
 DEFAULT_PARTITION_TOKENS = 512
+MAX_SAMPLING_VOCAB = 1 << 24  # sampling.cu sums weights of at most 2^40 each in 64 bits
 MIN_PARTITION_TOKENS = 64
 
 
@@ -272,6 +273,10 @@ def sampling_call(
     if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError("logits must be float32 [N, vocab] with contiguous rows")
     num_rows, vocab = logits.shape
+    if vocab > MAX_SAMPLING_VOCAB:
+        raise ValueError(
+            f"vocabulary of {vocab}: the kernel's 40-bit fixed-point sums hold {MAX_SAMPLING_VOCAB}"
+        )
     params = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p}
     params["uniform"] = uniform_draws
     for name, t in params.items():

@@ -372,11 +372,10 @@ def test_launch_arguments_follow_the_kernels_signatures(dtype: torch.dtype) -> N
     a = ck.sampling_arrays(rows)
     tokens = torch.empty(2, dtype=torch.int64)
     logits = torch.zeros(2, 1000)
-    call = ck.sampling_call(
-        logits, a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["uniform"], tokens
-    )
+    params = (a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["uniform"])
+    call = ck.sampling_call(logits, *params, tokens)
     _check_call(call, _signature(sampling, "sample_from_logits("), torch.float32)
     with pytest.raises(ValueError, match="top_k"):
-        ck.sampling_call(
-            logits, a["temperature"], a["top_k"].long(), a["top_p"], a["min_p"], a["uniform"], tokens
-        )
+        ck.sampling_call(logits, params[0], params[1].long(), *params[2:], tokens)
+    with pytest.raises(ValueError, match="vocabulary"):
+        ck.sampling_call(torch.empty(2, ck.MAX_SAMPLING_VOCAB + 1), *params, tokens)
