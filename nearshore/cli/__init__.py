@@ -136,6 +136,15 @@ COMMANDS = [
         run="run_cache",
     ),
     Command(
+        "gpu-check",
+        "nearshore.cli.gpu_check",
+        "the torch engine on this machine's GPU: kernels, parity, cross-talk, decode vs the bandwidth floor",
+        "Check the CUDA kernels against the torch reference, teacher-forced parity with llama.cpp and no "
+        "cross-talk between batched streams; time decode steps at several batch sizes (CUDA graphs on and "
+        "off) against the memory-bandwidth floor and beside llama.cpp's rate. Installs nothing; without a "
+        "GPU, --device cpu runs the same checks slowly.",
+    ),
+    Command(
         "demo",
         "nearshore.cli.demo",
         "the main job: bring up the Lagos topology, stream one answer as a Lagos user, stop",
