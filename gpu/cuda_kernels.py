@@ -133,6 +133,10 @@ def check_attention_args(
         raise ValueError(f"{num_seqs} queries, {block_tables.shape[0]} tables, {seq_lens.shape[0]} lengths")
 
 
+# sample_from_logits's row parameters, in its order
+SAMPLING_ORDER = ("temperature", "top_k", "top_p", "min_p", "uniform")
+
+
 def sampling_arrays(rows: Sequence[RowParams]) -> dict[str, torch.Tensor]:
     """Per-row parameters as the sampling kernel takes them (CPU tensors); the uniform is draw()'s, rounded
     to float32 as draw() rounds it."""

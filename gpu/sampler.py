@@ -76,9 +76,37 @@ def sample(logits: torch.Tensor, rows: Sequence[RowParams]) -> Sampled:
         tokens[index] = adjusted[index].argmax(dim=-1)
     if drawn:
         index = torch.tensor(drawn, device=logits.device)
-        tokens[index] = draw(adjusted[index], [rows[i] for i in drawn])
+        drawn_rows = [rows[i] for i in drawn]
+        if _fused_kernel_usable(logits.device):
+            tokens[index] = _draw_on_device(adjusted[index], drawn_rows)
+        else:
+            tokens[index] = draw(adjusted[index], drawn_rows)
     chosen = tokens.tolist()
     return Sampled(chosen, _logprobs(raw, rows, tokens))
+
+
+_FUSED: bool | None = None
+
+
+def _fused_kernel_usable(device: torch.device) -> bool:
+    """A CUDA device with the kernels (asked once per process): the draw runs as one fused kernel."""
+    global _FUSED
+    if device.type != "cuda":
+        return False
+    if _FUSED is None:
+        from gpu import cuda_kernels
+
+        _FUSED = cuda_kernels.available()
+    return _FUSED
+
+
+def _draw_on_device(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
+    """:func:`draw` as the fused CUDA kernel: the same token for the same inputs (but for exact ties)."""
+    from gpu import cuda_kernels
+
+    arrays = cuda_kernels.sampling_arrays(rows)
+    on_device = [arrays[k].to(logits.device, non_blocking=True) for k in cuda_kernels.SAMPLING_ORDER]
+    return cuda_kernels.sample_from_logits(logits.float().contiguous(), *on_device)
 
 
 def _penalised(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
