@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from gpu import kernel_build
-from gpu.sampler import RowParams, uniform
+from gpu.sampling_rows import RowParams, uniform
 
 # Fixed by the kernels' sources (paged_attention.cu, sampling.cu).
 ATTN_THREADS = 128
