@@ -31,6 +31,9 @@ from typing import Protocol
 from regional.engine import EngineFinish, GenerationRequest, Logprobs
 from regional.sampler import TokenSampler
 
+# The most prompt rows whose logits one step computes for prompt log-probabilities.
+SCORED_ROWS_PER_STEP = 64
+
 
 @dataclass(eq=False)
 class Sequence:
@@ -273,7 +276,10 @@ class Scheduler:
                 break
             if seq not in self.running:
                 continue
-            chunk = seq.uncomputed(room)
+            scored = seq.request.prompt_logprobs is not None and seq.num_computed < len(seq.prompt)
+            # A scored prompt wants a whole vocabulary row of logits per token (1 MiB each for Gemma):
+            # at most SCORED_ROWS_PER_STEP of them a step keep the model's output buffer small.
+            chunk = seq.uncomputed(min(room, SCORED_ROWS_PER_STEP) if scored else room)
             if self._make_room(plan, seq, len(chunk), now):
                 plan.add(seq, chunk, sample=seq.num_computed + len(chunk) == seq.num_tokens)
                 room -= len(chunk)

@@ -9,7 +9,7 @@ from regional.engine import GenerationRequest, Logprobs, SamplingParams
 from regional.kv_slots import SlotMemory
 from regional.logprobs import LOGPROB_FLOOR, position_logprobs, top_tokens
 from regional.sampler import TokenSampler
-from regional.scheduler import Scheduler, Sequence, StepPlan
+from regional.scheduler import SCORED_ROWS_PER_STEP, Scheduler, Sequence, StepPlan
 
 VOCAB = 262_144  # Gemma 3's
 
@@ -84,6 +84,22 @@ def test_every_prompt_position_but_the_last_is_scored_once_across_prefill_chunks
     assert marked == list(range(10))
     assert [-lp.logprob for lp in s.prompt_logprobs] == list(range(9))
     assert s.output == [7]
+
+
+def test_a_scored_prompt_computes_a_bounded_number_of_logit_rows_a_step():
+    sched = scheduler(batch_tokens=512)
+    s = sequence(list(range(1, 301)), max_tokens=1, prompt_logprobs=0)
+    plain = sequence(list(range(1, 301)), max_tokens=1, prompt_logprobs=None)
+    sched.add(s)
+    sched.add(plain)
+    rows_per_step = []
+    while s.finish_reason is None:
+        plan = sched.schedule(0.0)
+        rows_per_step.append(sum(plan.want_logits))
+        sched.postprocess(plan, [7] * len(plan.samples), 0.0, scores_for(plan))
+    assert max(rows_per_step) <= SCORED_ROWS_PER_STEP + 1  # + the other sequence's sampled row
+    assert len(s.prompt_logprobs) == 299  # and still every position scored once
+    assert plain.num_computed >= 300  # the unscored prompt was not held to the bound
 
 
 def test_a_scored_prompt_reuses_no_cached_prefix():
