@@ -44,6 +44,39 @@ def user(content: str) -> dict:
     return {"role": "user", "content": content}
 
 
+async def get_text(url: str) -> str:
+    async with aiohttp.ClientSession() as s, s.get(url) as r:
+        return await r.text()
+
+
+def metric(text: str, name: str) -> float:
+    line = next(x for x in text.splitlines() if x.startswith(name + "{") or x.startswith(name + " "))
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def test_preempted_streams_recover_and_finish_whole(tmp_path: Path):
+    """A pool of 16 blocks (256 tokens) for three 100-token answers at once: the newest is preempted,
+    recomputes and goes on; every answer is whole and equals its answer alone."""
+    node = start_region(tmp_path, engine={**TORCH_ENGINE, "kv_cache_tokens": 256, "context_window": 256})
+    try:
+        url = node.url + "/v1/completions"
+        prompts = [f"List the numbers from {n} upwards:" for n in (1, 20, 300)]
+
+        def body(prompt: str) -> dict:
+            return {"model": MODEL, "prompt": prompt, "max_tokens": 100, "temperature": 0}
+
+        together = await asyncio.gather(*(post(url, body(p)) for p in prompts))
+        metrics = await get_text(node.url + "/metrics")
+        assert metric(metrics, "nearshore:num_preemptions_total") >= 1
+        for prompt, (status, _, answer) in zip(prompts, together, strict=True):
+            assert status == 200, answer
+            assert answer["usage"]["completion_tokens"] == 100
+            _, _, solo = await post(url, body(prompt))
+            assert answer["choices"][0]["text"] == solo["choices"][0]["text"]
+    finally:
+        node.process.stop()
+
+
 async def get_json(url: str) -> dict:
     async with aiohttp.ClientSession() as s, s.get(url) as r:
         return await r.json()
@@ -92,6 +125,8 @@ async def test_a_repeated_prompt_reuses_its_cached_blocks(torch_region: Node):
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= prompt - 16 and cached < prompt  # every full block but the last token's
     assert first["choices"][0]["message"] == second["choices"][0]["message"]
+    metrics = await get_text(torch_region.url + "/metrics")
+    assert metric(metrics, "nearshore:prefix_cache_hits_total") >= cached
 
 
 async def test_streams_in_one_batch_equal_each_alone(torch_region: Node):
@@ -153,6 +188,8 @@ async def test_the_official_client_streams_and_a_disconnect_frees_the_sequence(t
         await asyncio.sleep(0.1)
     else:
         raise AssertionError("the abandoned stream kept running")
+    # and its blocks are free again (cached prefixes are free room, not usage)
+    assert metric(await get_text(torch_region.url + "/metrics"), "nearshore:kv_cache_usage_perc") == 0.0
     await client.close()
 
 
