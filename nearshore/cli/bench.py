@@ -108,6 +108,12 @@ def add_region_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model-path", default="", help="GGUF file (default: the embedded model)")
     parser.add_argument("--no-peer", action="store_true", help="skip llama-cpp-python's server")
+    parser.add_argument(
+        "--engine",
+        choices=["llama.cpp", "gpu"],
+        default="llama.cpp",
+        help="gpu: also the torch engine (CUDA when present, else the CPU), beside the llama.cpp engine",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--logs", default="", help="folder for server logs (default: a temp folder)")
 

@@ -128,21 +128,23 @@ def start_edge(
     return Endpoint(name, url, headers, process, context, folder)
 
 
-def start_region(logs: Path, model_path: str, threads: int, max_sequences: int) -> Endpoint:
-    """``nearshore region`` on ``model_path`` (loads the model: minutes on a busy machine)."""
+def start_region(
+    logs: Path, model_path: str, threads: int, max_sequences: int, engine: str = "llama.cpp"
+) -> Endpoint:
+    """``nearshore region`` on ``model_path`` with the ``engine`` ("llama.cpp" or "gpu": the torch engine,
+    on CUDA when present, else the CPU); loading takes minutes on a busy machine the first time."""
     port = free_port()
     config = {
         "server": {"port": port},
         "model": {"path": model_path},
-        "engine": {"n_threads": threads, "max_sequences": max_sequences},
+        "engine": {"kind": engine, "n_threads": threads, "max_sequences": max_sequences},
     }
-    (logs / "region.toml").write_text(dumps(config))
-    argv = nearshore_argv("region", "--config", str(logs / "region.toml"))
+    name = "nearshore" if engine == "llama.cpp" else f"nearshore-{engine}"
+    (logs / f"{name}.toml").write_text(dumps(config))
+    argv = nearshore_argv("region", "--config", str(logs / f"{name}.toml"))
     url = f"http://127.0.0.1:{port}"
-    process = _started(
-        ManagedProcess("nearshore region", argv, logs / "region.log"), url + "/health/ready", 120
-    )
-    return Endpoint("nearshore", url, dict(JSON), process)
+    process = _started(ManagedProcess(name, argv, logs / f"{name}.log"), url + "/health/ready", 300)
+    return Endpoint(name, url, dict(JSON), process)
 
 
 # --- the peers ---------------------------------------------------------------------------------------------

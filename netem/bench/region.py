@@ -55,6 +55,7 @@ class RegionBench:
     threads: int  # llama.cpp threads, both servers
     model_path: str  # GGUF file ("": the embedded model)
     no_peer: bool  # skip llama-cpp-python's server
+    engine: str = "llama.cpp"  # "gpu": the torch engine too, beside the llama.cpp engine
     json: str | None  # also write the results here
     logs: str  # folder for server logs ("": a temp folder)
 
@@ -117,9 +118,12 @@ def run(bench: RegionBench) -> list[LevelResult]:
     model_path = str(resolve_model_path(bench.model_path))
     logs = Path(bench.logs or tempfile.mkdtemp(prefix="nearshore-bench-"))
     logs.mkdir(parents=True, exist_ok=True)
+    sequences = max(16, max(levels))
     servers: list[tuple[Callable[[], Endpoint], dict]] = [
-        (lambda: peers.start_region(logs, model_path, bench.threads, max(16, max(levels))), {})
+        (lambda: peers.start_region(logs, model_path, bench.threads, sequences), {})
     ]
+    if bench.engine == "gpu":
+        servers.append((lambda: peers.start_region(logs, model_path, bench.threads, sequences, "gpu"), {}))
     if not bench.no_peer:
         servers.append((lambda: peers.start_llama_cpp_server(logs, model_path, bench.threads), PEER_GREEDY))
     results: list[LevelResult] = []
@@ -164,6 +168,13 @@ def _print_table(results: list[LevelResult], levels: list[int]) -> None:
             f"{r.server:>18} {r.concurrency:>7} {s['ttft_p50_ms']:8.0f}ms {s['ttft_p99_ms']:8.0f}ms "
             f"{s['itl_p50_ms']:6.1f}ms {s['itl_p99_ms']:6.1f}ms {s['tok_per_s']:7.1f} {s['errors']:>3}"
         )
+    for level in levels:
+        gpu, ours = by_key.get(("nearshore-gpu", level)), by_key.get(("nearshore", level))
+        if gpu and ours and ours["tok_per_s"] and gpu["ttft_p99_ms"]:
+            print(
+                f"x{level}: the torch engine's throughput {gpu['tok_per_s'] / ours['tok_per_s']:.2f}x the "
+                f"llama.cpp engine's; TTFT p99 {gpu['ttft_p99_ms'] / ours['ttft_p99_ms']:.1f}x its"
+            )
     for level in levels:
         ours, peer = by_key.get(("nearshore", level)), by_key.get(("llama_cpp.server", level))
         if ours and peer and peer["tok_per_s"] and ours["ttft_p99_ms"]:
