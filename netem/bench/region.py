@@ -55,9 +55,9 @@ class RegionBench:
     threads: int  # llama.cpp threads, both servers
     model_path: str  # GGUF file ("": the embedded model)
     no_peer: bool  # skip llama-cpp-python's server
-    engine: str = "llama.cpp"  # "gpu": the torch engine too, beside the llama.cpp engine
     json: str | None  # also write the results here
     logs: str  # folder for server logs ("": a temp folder)
+    engine: str = "llama.cpp"  # "gpu": the torch engine too, beside the llama.cpp engine
 
 
 @dataclass
