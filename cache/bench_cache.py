@@ -406,7 +406,7 @@ def format_report(report: dict) -> str:
                 f", cache;dur p50 {r['cache_dur_p50_ms']} ms" if r["cache_dur_p50_ms"] is not None else ""
             )
             lines.append(
-                f"  {kind:<16} p50 {r['ttft_p50_ms']:>7.2f} ms  p99 {r['ttft_p99_ms']:>7.2f} ms  "
+                f"  {kind:<28} p50 {r['ttft_p50_ms']:>7.2f} ms  p99 {r['ttft_p99_ms']:>7.2f} ms  "
                 f"({r['answered_by_cache']}/{r['requests']} from the cache, {r['errors']} errors{cache_dur})"
             )
     if report.get("skipped"):

@@ -38,6 +38,7 @@ def test_bench_cache_at_toy_sizes_reports_every_part(tmp_path: Path, capsys):
     assert methods == ["numpy brute force", "numpy IVF (the store's)"]
     kinds = report["ttft"]["kinds"]
     assert kinds["exact hit"]["answered_by_cache"] == 3 and kinds["semantic hit"]["answered_by_cache"] == 3
+    assert kinds["semantic hit, fp32 embedder"]["answered_by_cache"] == 3
     assert kinds["miss, cache on"]["answered_by_cache"] == 0 and kinds["miss, cache off"]["errors"] == 0
     assert kinds["exact hit"]["ttft_p50_ms"] < 100 <= kinds["miss, cache off"]["ttft_p50_ms"]
     assert "TTFT through an edge" in out and "the index at 400 rows" in out

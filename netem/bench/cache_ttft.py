@@ -72,18 +72,22 @@ def _summary(streams: list[Stream]) -> dict:
     }
 
 
-async def _measure(edge_on: peers.Endpoint, edge_off: peers.Endpoint, bench: TtftBench) -> dict:
-    kinds = ("exact hit", "semantic hit", "miss, cache on", "miss, cache off")
+async def _measure(
+    edge_on: peers.Endpoint, edge_fp32: peers.Endpoint, edge_off: peers.Endpoint, bench: TtftBench
+) -> dict:
+    kinds = ("exact hit", "semantic hit", "semantic hit, fp32 embedder", "miss, cache on", "miss, cache off")
     results: dict[str, list[Stream]] = {k: [] for k in kinds}
-    async with session_for(edge_on) as on, session_for(edge_off) as off:
+    async with session_for(edge_on) as on, session_for(edge_fp32) as fp32, session_for(edge_off) as off:
         for i in range(5):  # warm: connections, the edge's embedder, the partition's files and index
             await _one(on, edge_on, bench.paraphrases[i % len(bench.paraphrases)], store=False)
+            await _one(fp32, edge_fp32, bench.paraphrases[i % len(bench.paraphrases)], store=False)
             await _one(off, edge_off, f"warm-up question {i}", store=False)
         for i in range(bench.requests):
             miss = f"What was the price of cement in Kumasi on day {i} of the {bench.rows} day survey?"
             results["exact hit"].append(await _one(on, edge_on, bench.stored[i % len(bench.stored)], False))
             paraphrase = bench.paraphrases[i % len(bench.paraphrases)]
             results["semantic hit"].append(await _one(on, edge_on, paraphrase, False))
+            results["semantic hit, fp32 embedder"].append(await _one(fp32, edge_fp32, paraphrase, False))
             results["miss, cache on"].append(await _one(on, edge_on, miss, store=False))
             results["miss, cache off"].append(await _one(off, edge_off, miss, store=False))
     return {kind: _summary(streams) for kind, streams in results.items()}
@@ -102,10 +106,14 @@ def run(bench: TtftBench) -> dict:
             cache = {"folder": str(bench.folder), "size_limit_mb": 1 << 16}
             edge_on = peers.start_edge(logs, "edge-cache", pacer.url, tls=True, cache=cache)
             started.append(edge_on)
+            # The same folder through an edge that embeds in fp32: the int8 default's gain, in the same run.
+            fp32 = cache | {"embedder_backend": "auto"}
+            edge_fp32 = peers.start_edge(logs, "edge-cache-fp32", pacer.url, tls=True, cache=fp32)
+            started.append(edge_fp32)
             edge_off = peers.start_edge(logs, "edge-no-cache", pacer.url, tls=True, cache={"enabled": False})
             started.append(edge_off)
             t = time.perf_counter()
-            kinds = asyncio.run(_measure(edge_on, edge_off, bench))
+            kinds = asyncio.run(_measure(edge_on, edge_fp32, edge_off, bench))
             return {
                 "rows": bench.rows,
                 "rtt_ms": bench.rtt_ms,
