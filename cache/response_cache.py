@@ -85,6 +85,7 @@ class ResponseCache:
         self.failures: dict[str, str] = {}
         self.failure_counts: dict[str, int] = {}  # every failure since start, by operation, for /metrics
         self.semantic_off = ""  # why only exact hits are served (no embedding model), for /health
+        self._background: set[asyncio.Future] = set()  # reads being recorded for the LRU
 
     @property
     def failure(self) -> str:
@@ -114,22 +115,40 @@ class ResponseCache:
             return Lookup(None, None)
         self.failures.pop("embedding", None)
         try:
-            candidates = await asyncio.to_thread(
-                self.store.nearest, key.partition, vector, CANDIDATES, self.threshold
-            )
-            self.failures.pop("semantic lookup", None)
-            rejected = 0
-            for similarity, exact in candidates:
-                entry = self.store.get(exact)
-                if entry is None or entry.partition != key.partition:
-                    continue
-                if verify(key.query, entry.query).ok:
-                    return Lookup(Hit(entry, "semantic", similarity), vector, rejected)
-                rejected += 1
-            return Lookup(None, vector, rejected)
+            hit, exact, rejected = await asyncio.to_thread(self._search, key, vector)
         except Exception as exc:
             self._broke("semantic lookup", exc)
             return Lookup(None, vector)
+        self.failures.pop("semantic lookup", None)
+        if exact:
+            self._touch_later(exact)
+        return Lookup(hit, vector, rejected)
+
+    def _search(self, key: CacheKey, vector: np.ndarray) -> tuple[Hit | None, str, int]:
+        """The nearest entries of the partition, best first, until the verifier accepts one (in a worker
+        thread: index search, entry reads and the verifier stay off the event loop)."""
+        rejected = 0
+        for similarity, exact in self.store.nearest(key.partition, vector, CANDIDATES, self.threshold):
+            entry = self.store.peek(exact)
+            if entry is None or entry.partition != key.partition:
+                continue
+            if verify(key.query, entry.query).ok:
+                return Hit(entry, "semantic", similarity), exact, rejected
+            rejected += 1
+        return None, "", rejected
+
+    def _touch_later(self, exact: str) -> None:
+        """Record the served entry's read for the LRU eviction, after the answer has gone."""
+
+        def touch() -> None:
+            try:
+                self.store.touch(exact)
+            except Exception as exc:  # a full disk: the entry is served all the same
+                log.debug("cache: could not record a read of %s: %s", exact, exc)
+
+        task = asyncio.get_running_loop().run_in_executor(None, touch)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def save(self, key: CacheKey, entry: Entry, vector: np.ndarray | None) -> bool:
         """Store a complete answer (embedding its question if the lookup did not); False if not stored."""
