@@ -97,13 +97,17 @@ class ResponseCache:
         return not self.failures
 
     def exact(self, key: CacheKey) -> Hit | None:
+        """On the event loop: one read without a write transaction; a hit's read is recorded later."""
         try:
-            entry = self.store.get(key.exact)
+            entry = self.store.peek(key.exact)
         except Exception as exc:  # a disk problem: serve without the cache
             self._broke("exact lookup", exc)
             return None
         self.failures.pop("exact lookup", None)  # it works (again)
-        return Hit(entry, "exact", 1.0) if entry is not None else None
+        if entry is None:
+            return None
+        self._touch_later(key.exact)
+        return Hit(entry, "exact", 1.0)
 
     async def semantic(self, key: CacheKey) -> Lookup:
         if self.semantic_off:
@@ -146,7 +150,12 @@ class ResponseCache:
             except Exception as exc:  # a full disk: the entry is served all the same
                 log.debug("cache: could not record a read of %s: %s", exact, exc)
 
-        task = asyncio.get_running_loop().run_in_executor(None, touch)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called outside a loop (a tool): record it now
+            touch()
+            return
+        task = loop.run_in_executor(None, touch)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
