@@ -9,6 +9,7 @@ gpu-check`` on a GPU and by the tests on the CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -66,9 +67,11 @@ def check_crosstalk(
     max_sequences: int = 8,
     batch_tokens: int = 256,
     prefill_chunk: int = 32,
+    after_step: Callable[[KvBlockManager], object] | None = None,
 ) -> CrossTalk:
     """Greedy streams of ``prompts`` through the scheduler in a pool of ``num_blocks`` (small enough to
-    preempt), each sampled row compared with the stream's own prefill alone."""
+    preempt), each sampled row compared with the stream's own prefill alone. ``after_step`` sees the block
+    manager after every step (the tests check its invariants there)."""
     blocks = _manager(model, num_blocks, block_size)
     kv = PagedKvCache(model.config, num_blocks, block_size, model.dtype, model.device)
     sched = Scheduler(PagedMemory(blocks), max_sequences, batch_tokens, prefill_chunk, lambda _t: False)
@@ -95,6 +98,8 @@ def check_crosstalk(
             seen[seq.request_id].append((plan.positions[row], row_logits))
             sampled.append(int(torch.argmax(row_logits)))
         sched.postprocess(plan, sampled, 0.0)
+        if after_step is not None:
+            after_step(blocks)
         steps += 1
     worst, agree, total = 0.0, 0, 0
     for seq in seqs:

@@ -12,7 +12,6 @@ import torch
 
 from gpu.bench_decode import kv_bytes_read, time_decode, weight_bytes
 from nearshore.procs import nearshore_argv
-from regional.gpu_crosstalk import check_crosstalk
 from tests.test_paged_model import tiny_gemma
 
 
@@ -48,17 +47,6 @@ def test_the_whole_check_runs_on_the_cpu(tmp_path: Path):
     assert [t["batch"] for t in report["decode"]["graphs"]] == [1, 2]
     assert set(report["llama_cpp_tokens_per_s"]) == {"1", "2"}
     assert "x floor" in done.stdout and "all checks passed" in done.stdout
-
-
-def test_crosstalk_check_on_a_tiny_model_sees_preemption_and_shared_prefixes():
-    model = tiny_gemma()
-    shared = [5, 17, 29, 41, 53, 65, 77, 89, 3]
-    prompts = [[*shared, i, 2 * i + 1] for i in range(1, 4)] + [[11, 22, 33], list(range(40, 58))]
-    result = check_crosstalk(
-        model, prompts, 10, num_blocks=13, block_size=4, max_sequences=4, batch_tokens=24, prefill_chunk=5
-    )
-    assert result.top1_agreement == 1.0 and result.max_abs_diff < 1e-4
-    assert result.preemptions > 0 and result.prefix_hit_tokens > 0 and result.positions == 50
 
 
 def test_the_floor_counts_weights_once_and_each_sequences_visible_keys():
