@@ -18,6 +18,7 @@ from aiohttp import web
 from edge.admission import authenticate
 from edge.journey import Journey, Kind
 from edge.pipeline import Pipeline, run_journey
+from edge.request_log import log_journey
 from edge.stages import default_pipeline
 from edge.state import EDGE, EdgeState
 from nearshore.httpkit import (
@@ -27,6 +28,7 @@ from nearshore.httpkit import (
     openai_errors,
     request_id_of,
 )
+from nearshore.protocol import trace
 from nearshore.protocol.errors import NOT_FOUND, ApiError
 from nearshore.protocol.schemas import ModelCard, ModelList, json_encoder
 
@@ -156,12 +158,20 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def _proxy(request: web.Request, kind: Kind) -> web.StreamResponse:
+    state = request.app[EDGE]
     journey = Journey(
         request,
-        request.app[EDGE],
+        state,
         kind,
         time.perf_counter(),
         request_id_of(request),
         request[CLIENT_REQUEST_ID_KEY],
+        trace=trace.incoming(request.headers),  # a malformed traceparent starts a new trace
+        span_id=trace.new_span_id(),
     )
-    return await run_journey(request.app[PIPELINE], journey)
+    if state.config.logging.format != "json":
+        return await run_journey(request.app[PIPELINE], journey)
+    try:
+        return await run_journey(request.app[PIPELINE], journey)
+    finally:
+        log_journey(journey)  # after the answer's last byte, whatever the outcome

@@ -11,6 +11,7 @@ from cache.settings import CacheSettings
 from edge.billing import Price
 from geo.catalog import GeoConfig, RegionSpec
 from geo.rightsize import SizeAlias
+from nearshore.jsonlog import LoggingConfig
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Seconds = Annotated[float, Meta(gt=0)]
@@ -146,6 +147,7 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     default_max_tokens: Annotated[int, Meta(ge=1)] = 1024
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     keys_db: str = str(DATA_DIR / "keys.sqlite3")  # `nearshore keys` uses the same default
     ledger_db: str = str(DATA_DIR / "ledger.sqlite3")  # and `nearshore usage` this one
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)

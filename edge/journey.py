@@ -22,7 +22,8 @@ from edge.state import EdgeState
 from edge.usage_audit import AuditedUsage, UsageBounds
 from geo.route import Route
 from nearshore.protocol.errors import ApiError
-from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Usage
+from nearshore.protocol.trace import TraceContext
 
 Kind = Literal["chat", "completions", "embeddings"]
 Status = Literal["ok", "error", "aborted"]
@@ -74,6 +75,8 @@ class Journey:
     started: float  # perf_counter at arrival
     request_id: str  # the edge's own, unique
     client_request_id: str = ""
+    trace: TraceContext | None = None  # the caller's W3C trace (or one the edge started)
+    span_id: str = ""  # the edge's span: the parent id the region receives
     key: ApiKey | None = None
     body: Body | None = None
     admission: Admission | None = None
@@ -99,6 +102,7 @@ class Journey:
     http_status: int = CLIENT_LEFT
     error_code: str = ""
     usage: bytes | None = None  # the region's usage JSON, unchecked
+    billed: Usage | None = None  # the usage as settled (checked), for the request's log line
     produced: bool = False  # an answer, or a streamed token, came back
     relayed_events: int | None = None  # streams: content events that reached the client
     refused: bool = False  # the region refused the request itself (a 4xx)

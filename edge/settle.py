@@ -23,7 +23,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
     state, key = journey.state, journey.key
     model = journey.body.model if journey.body is not None else ""
     audited = audit_usage(journey.usage, journey.bounds, journey.produced)
-    usage = audited.usage
+    usage = journey.billed = audited.usage
     if audited.anomalies:
         _report_anomalies(journey, audited)
     cached = usage.prompt_tokens_details.cached_tokens

@@ -19,6 +19,7 @@ from edge.limits import rate_limit_headers
 from edge.pipeline import Pipeline, Stage
 from edge.rightsize_stage import rightsize_stage
 from edge.routing import route_stage
+from nearshore.protocol import trace
 from nearshore.protocol.headers import CLIENT_REQUEST_ID, MODEL, REQUEST_ID
 from nearshore.protocol.schemas import (
     CompletionRequest,
@@ -59,13 +60,22 @@ async def admit_stage(journey: Journey) -> Reply | None:
         client_headers[CLIENT_REQUEST_ID] = journey.client_request_id
     if journey.chosen_model:
         client_headers[MODEL] = journey.chosen_model
+    trace_headers: dict[str, str] = {}
+    if journey.trace is not None:  # the region's parent is the edge's span; the client learns the trace
+        trace_headers = trace.forward_headers(journey.trace, journey.span_id)
+        client_headers[trace.TRACERESPONSE] = trace.traceparent(journey.trace, journey.span_id)
     upstream = body
     if body.stream:  # the edge always asks for usage; the client gets the chunk only if it asked too
         upstream = msgspec.structs.replace(body, stream_options=StreamOptions(include_usage=True))
     journey.call = Call(
         path=PATHS[journey.kind],
         body=json_encoder.encode(upstream),  # what was validated is what leaves
-        headers={"Content-Type": "application/json", REQUEST_ID: journey.request_id, **state.pool.headers},
+        headers={
+            "Content-Type": "application/json",
+            REQUEST_ID: journey.request_id,
+            **trace_headers,
+            **state.pool.headers,
+        },
         client_headers=client_headers,
         echo=isinstance(body, CompletionRequest) and body.echo,
         keep_usage=body.wants_usage_chunk(),

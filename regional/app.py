@@ -37,6 +37,7 @@ from regional.embeddings import EMBEDDINGS, EmbeddingsService, add_embeddings
 from regional.engine import Engine, Logprobs
 from regional.load_report import LoadReporter, load_header
 from regional.logprob_wire import CompletionLogprobsWriter, TokenNames, chat_logprobs
+from regional.request_log import GENERATION, request_log
 from regional.service import Generation, RegionService, Timings
 
 SERVICE = web.AppKey("service", RegionService)
@@ -56,6 +57,8 @@ def create_app(
     embeddings: EmbeddingsService | None = None,
 ) -> web.Application:
     middlewares = [request_ids, openai_errors]
+    if config.logging.format == "json":  # outside the error middleware: it logs the status sent
+        middlewares.insert(1, request_log(config.name))
     if guard := edges_only(config.server):
         middlewares.append(guard)  # inside openai_errors, so a refusal leaves OpenAI-shaped
     app = web.Application(middlewares=middlewares, client_max_size=config.server.max_body_bytes)
@@ -130,7 +133,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body: ChatCompletionRequest = await read_json(request, chat_request_decoder)
     service = request.app[SERVICE]
     prepared = await service.prepare_chat(body, request_id_of(request), timings)
-    generation = service.run(prepared, timings)
+    generation = request[GENERATION] = service.run(prepared, timings)
     ids = _ids(request, "chatcmpl")
     names = service.token_names if prepared.logprobs is not None else None
     if body.stream:
@@ -152,7 +155,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body: CompletionRequest = await read_json(request, completion_request_decoder)
     service = request.app[SERVICE]
     prepared = await service.prepare_completion(body, request_id_of(request), timings)
-    generation = service.run(prepared, timings)
+    generation = request[GENERATION] = service.run(prepared, timings)
     ids = _ids(request, "cmpl")
     writer = CompletionLogprobsWriter(service.token_names) if prepared.logprobs is not None else None
     if body.stream:

@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, Struct, field
 
+from nearshore.jsonlog import LoggingConfig
+
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[int, Meta(ge=1)]
 
@@ -116,3 +118,4 @@ class RegionConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     engine: EngineConfig = field(default_factory=EngineConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     embeddings: EmbeddingsConfig = field(default_factory=EmbeddingsConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)

@@ -88,8 +88,9 @@ def _flags(parser: argparse.ArgumentParser, path: str = "") -> dict[str, list[st
 # Every command and flag as they were before the CLI moved above the layers (issue 8, item 6).
 FLAGS = {
     "": ["-v/--verbose"],
-    "region": ["--config", "--port"],
-    "edge": ["--config", "--port", "--worker"],  # --worker: set by the supervisor of server.workers
+    "region": ["--config", "--port", "--log-format"],
+    # --worker: set by the supervisor of server.workers
+    "edge": ["--config", "--port", "--log-format", "--worker"],
     "keys create": ["--tenant", "--tier", "--rpm", "--tpm", "--model", "--budget", "--db"],
     "keys list": ["--db"],
     "keys revoke": ["key_id", "--db"],

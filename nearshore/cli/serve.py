@@ -7,15 +7,25 @@ the edge's dependencies.
 from __future__ import annotations
 
 import argparse
+from typing import TypeVar
 
-from nearshore import logsafe
+import msgspec
+
+from nearshore import jsonlog, logsafe
 from nearshore.config import ConfigError, load_config
 from nearshore.httpkit import PortInUse
+
+T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML config file (default: built-in defaults)")
     parser.add_argument("--port", type=int, help="override server.port (0 picks a free port)")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="override logging.format (json: one JSON object a line, and one line per request)",
+    )
 
 
 def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +43,6 @@ def run_region(args: argparse.Namespace) -> int:
 
 
 def run_edge(args: argparse.Namespace) -> int:
-    import msgspec
-
     from edge.config import EdgeConfig
     from edge.node import build_edge_app, check_config, run_edge
 
@@ -56,8 +64,18 @@ def run_edge(args: argparse.Namespace) -> int:
     )
 
 
+def _with_log_format(args: argparse.Namespace, config: T) -> T:
+    """The config with ``--log-format`` applied, and the process's log handlers switched to it."""
+    if args.log_format:
+        logging_ = msgspec.structs.replace(config.logging, format=args.log_format)  # type: ignore[attr-defined]
+        config = msgspec.structs.replace(config, logging=logging_)  # type: ignore[type-var]
+    jsonlog.configure(config.logging.format)  # type: ignore[attr-defined]
+    return config
+
+
 def _run(args: argparse.Namespace, config: object, build, run, secrets: list[str]) -> int:
     where = args.config or "defaults"
+    config = _with_log_format(args, config)
     for secret in secrets:  # before anything can log it
         logsafe.register_secret(secret)
     try:

@@ -27,6 +27,8 @@ def _argv(args: argparse.Namespace, port: int, index: int) -> list[str]:
     argv = ["edge", "--port", str(port), "--worker", str(index)]
     if args.config:
         argv += ["--config", args.config]
+    if getattr(args, "log_format", None):
+        argv += ["--log-format", args.log_format]
     if getattr(args, "verbose", False):
         return nearshore_argv("-v", *argv)
     return nearshore_argv(*argv)

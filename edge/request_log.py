@@ -1,0 +1,64 @@
+"""The edge's one log line per request (JSON logs, opt-in: ``[logging] format = "json"``).
+
+Written when the request has ended, whatever the outcome: ids (the edge's request id, the client's, the
+W3C trace id and the edge's span id, which the region logs as its parent), who asked (tenant and key id,
+never the key), what (model, kind), the outcome (HTTP status, error code, cache status, region), the
+tokens billed, and time to first token and in total.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from edge.forward import StreamReply
+from edge.journey import Journey
+from nearshore import jsonlog
+
+log = logging.getLogger(jsonlog.REQUESTS)
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def journey_fields(journey: Journey, ended_at: float) -> dict[str, Any]:
+    key, body, billed = journey.key, journey.body, journey.billed
+    fields: dict[str, Any] = {
+        "process": "edge",
+        "request_id": journey.request_id,
+        "client_request_id": journey.client_request_id or None,
+        "trace_id": journey.trace.trace_id if journey.trace else None,
+        "span_id": journey.span_id or None,
+        "tenant": key.tenant if key else None,
+        "key_id": key.key_id if key else None,
+        "kind": journey.kind,
+        "model": body.model if body is not None else None,
+        "status": journey.http_status,
+        "outcome": journey.status,
+        "error_code": journey.error_code or None,
+        "cache": journey.cache_status,
+        "region": journey.region or None,
+        "prompt_tokens": billed.prompt_tokens if billed else None,
+        "cached_tokens": billed.prompt_tokens_details.cached_tokens if billed else None,
+        "completion_tokens": billed.completion_tokens if billed else None,
+        "ttft_ms": None,
+        "total_ms": _ms(ended_at - journey.started),
+    }
+    stream = journey.stream
+    if isinstance(stream, StreamReply) and stream.relay.first_write_at:
+        fields["ttft_ms"] = _ms(stream.relay.first_write_at - journey.started)
+    elif journey.status == "ok" and journey.opened is not None and stream is None:
+        fields["ttft_ms"] = fields["total_ms"]  # a unary answer's first byte is its whole answer
+    if journey.continued_from:
+        fields["continued_from"] = journey.continued_from
+    return fields
+
+
+def log_journey(journey: Journey) -> None:
+    """The request's closing line; a failure to build it never fails the request."""
+    try:
+        jsonlog.request_line(log, journey_fields(journey, time.perf_counter()))
+    except Exception:
+        log.exception("request %s: could not write its log line", journey.request_id)
