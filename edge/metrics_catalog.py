@@ -1,0 +1,82 @@
+"""Every metric family an edge exposes on ``/metrics`` (:mod:`edge.metrics`): name, type, labels, meaning.
+
+Tests hold a live edge's ``/metrics`` and the Grafana dashboard (``configs/grafana/nearshore.json``) to
+this list: a family added to the edge's metrics is added here, with its HELP text.
+"""
+
+from __future__ import annotations
+
+from nearshore.metrics_catalog import MetricSpec
+
+P = "nearshore_edge:"
+
+EDGE_METRICS: tuple[MetricSpec, ...] = (
+    # Requests, tokens, cost (settled once per admitted request)
+    MetricSpec(P + "requests", "counter", ("status", "region"), "Requests by outcome."),
+    MetricSpec(P + "prompt_tokens", "counter", ("model",), "Prompt tokens billed."),
+    MetricSpec(P + "cached_prompt_tokens", "counter", ("model",), "Prompt tokens from cache."),
+    MetricSpec(P + "generation_tokens", "counter", ("model",), "Completion tokens billed."),
+    MetricSpec(P + "cost_usd", "counter", ("model",), "Cost billed, USD.", optional_labels=("tenant",)),
+    MetricSpec(
+        P + "usage_anomalies",
+        "counter",
+        ("kind", "region"),
+        "Usage figures from a region that failed the edge's checks (the checked figure was billed).",
+    ),
+    MetricSpec(P + "ledger_write_errors", "counter", (), "Usage records that failed to commit."),
+    # Refusals and failures
+    MetricSpec(P + "rate_limited", "counter", ("limit",), "Requests refused by a limit."),
+    MetricSpec(P + "ratelimit_backend_up", "gauge", (), "1 while the shared limit store answers."),
+    MetricSpec(
+        P + "upstream_errors",
+        "counter",
+        ("code", "region"),
+        "Requests a region failed, by the error the client got.",
+    ),
+    MetricSpec(P + "upstream_failovers", "counter", ("region",), "Regions skipped before the first byte."),
+    MetricSpec(
+        P + "streams_continued",
+        "counter",
+        ("from_region", "region"),
+        "Streams whose region died mid-answer, finished by another.",
+    ),
+    # Latency as the client sees it
+    MetricSpec(P + "time_to_first_token_seconds", "histogram", (), "Arrival to first byte sent."),
+    MetricSpec(P + "e2e_request_latency_seconds", "histogram", (), "Arrival to last byte sent."),
+    MetricSpec(P + "edge_processing_seconds", "histogram", (), "Edge time before forwarding."),
+    MetricSpec(
+        P + "pool_queue_seconds", "histogram", ("pool",), "Time waited for a slot in the pool at the edge."
+    ),
+    # Regions as the router sees them
+    MetricSpec(
+        P + "region_rtt_seconds",
+        "gauge",
+        ("region",),
+        "The router's round trip to the replica (measured, floored).",
+    ),
+    MetricSpec(
+        P + "region_inflight", "gauge", ("region",), "Requests this edge has in flight at the replica."
+    ),
+    MetricSpec(P + "region_up", "gauge", ("region",), "1 while the region's health check passes."),
+    MetricSpec(P + "routed", "counter", ("region",), "Requests by the replica the router put first."),
+    # The response cache
+    MetricSpec(
+        P + "cache_lookups",
+        "counter",
+        ("result",),
+        "Response cache lookups by result (exact, semantic, miss).",
+    ),
+    MetricSpec(
+        P + "cache_verifier_rejections", "counter", (), "Semantic candidates the verifier turned down."
+    ),
+    MetricSpec(P + "cache_lookup_seconds", "histogram", (), "Semantic lookup time (embedding included)."),
+    MetricSpec(P + "cache_entries", "gauge", (), "Entries in the response cache."),
+    MetricSpec(P + "cache_bytes", "gauge", (), "Bytes the response cache's entries take."),
+    MetricSpec(P + "cache_up", "gauge", (), "1 while the response cache works (0: bypassed)."),
+    MetricSpec(
+        P + "cache_failures",
+        "gauge",
+        ("operation",),
+        "Response cache operations that failed since start (the request went on without the cache).",
+    ),
+)
