@@ -200,6 +200,17 @@ BENCHMARKS = [
         add="add_cache_arguments",
         run="run_cache",
     ),
+    Command(
+        "load",
+        "nearshore.cli.bench",
+        "load any OpenAI-compatible endpoint: rate sweeps, goodput, tails, caches, cost, soak",
+        "Open-loop arrivals (Poisson or bursty gamma) at a rate or a sweep, or a closed loop, with a prompt "
+        "mix that exercises prefix and response caches; TTFT, ITL, TPOT and e2e tails, throughput, goodput "
+        "under an SLO, cache hits, refusals, errors and cost, one or two endpoints side by side; a table, "
+        "JSON and PNG charts, the generator's own ceiling beside them; --soak samples memory and fds.",
+        add="add_load_arguments",
+        run="run_load",
+    ),
 ]
 
 

@@ -1,11 +1,13 @@
-"""``nearshore bench edge|region|hostile|geo|cache``: the benchmarks' flags; each run lives in netem/bench/
-(geo's in geo/bench_route.py, cache's in cache/bench_cache.py with its TTFT part in netem/bench/)."""
+"""``nearshore bench edge|region|hostile|geo|cache|load``: the benchmarks' flags; each run lives in
+netem/bench/ (geo's in geo/bench_route.py, cache's in cache/bench_cache.py with its TTFT part in
+netem/bench/)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,7 +16,7 @@ import msgspec
 from cache import bench_cache
 from cache.embedder import load_embedder
 from geo import bench_route
-from netem.bench import cache_ttft, edge, edge_routing, hostile, region
+from netem.bench import cache_ttft, edge, edge_routing, hostile, load_run, region
 
 T = TypeVar("T")
 
@@ -219,4 +221,74 @@ def run_cache(args: argparse.Namespace) -> int:
     print(bench_cache.format_report(report))
     if args.json:
         Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2))
+    return 0
+
+
+# --- bench load ----------------------------------------------------------------------------------------
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_argument_group("endpoints")
+    target.add_argument(
+        "--url", action="append", default=[], help="an OpenAI-compatible base URL; twice: side by side"
+    )
+    target.add_argument(
+        "--api-key", action="append", default=[], help="its key (once for all, or once per --url)"
+    )
+    target.add_argument("--model", default="gemma-3-270m", help="model asked for (default %(default)s)")
+    target.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
+    target.add_argument("--ca", default="", help="CA file to trust (e.g. the edge's dev-cert.pem)")
+    target.add_argument("--timeout-s", type=float, default=300.0, help="one request's limit (default 300)")
+    load = parser.add_argument_group("load")
+    load.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second")
+    load.add_argument("--rates", default="", help="open-loop sweep, e.g. 1,2,4,8 (requests per second)")
+    load.add_argument(
+        "--burstiness", type=float, default=1.0, help="gamma arrivals: 1 Poisson, >1 bursty (default 1)"
+    )
+    load.add_argument("--concurrency", default="", help="closed loop: requests in flight, e.g. 8 or 1,4,16")
+    load.add_argument("--seconds", type=float, default=10.0, help="each step's length (default 10)")
+    load.add_argument("--seed", type=int, default=0, help="arrivals and prompts (default 0)")
+    mix = parser.add_argument_group("prompt mix")
+    mix.add_argument("--system-prompts", type=int, default=4, help="shared system prompts (default 4)")
+    mix.add_argument("--system-tokens", type=int, default=64, help="their length (default 64)")
+    mix.add_argument("--repeat-share", type=float, default=0.1, help="repeated questions (default 0.1)")
+    mix.add_argument(
+        "--paraphrase-share", type=float, default=0.1, help="paraphrased questions (default 0.1)"
+    )
+    mix.add_argument(
+        "--input-tokens",
+        default="uniform:32-128",
+        help="context length: fixed:N, uniform:LO-HI, lognormal:MEAN[:SIGMA] (default %(default)s)",
+    )
+    mix.add_argument(
+        "--output-tokens", default="fixed:32", help="max_tokens, same forms (default %(default)s)"
+    )
+    mix.add_argument("--temperature", type=float, default=0.0, help="default 0 (the edge caches only 0)")
+    report = parser.add_argument_group("report")
+    report.add_argument(
+        "--slo", default="ttft=500ms,itl=100ms", help="goodput's objectives: ttft, itl, tpot, e2e"
+    )
+    report.add_argument("--prices", default="", help="an edge config whose [prices] give the cost")
+    report.add_argument("--json", metavar="FILE", help="also write every number as JSON")
+    report.add_argument("--charts", default="", metavar="DIR", help="write PNG charts here")
+    report.add_argument("--self-test", action="store_true", help="only measure the generator's own ceiling")
+    report.add_argument(
+        "--ceiling-s", type=float, default=2.0, help="ceiling measured before each run; 0 skips"
+    )
+    report.add_argument("--logs", default="", help="folder for the self-test server's log")
+    soak = parser.add_argument_group("soak")
+    soak.add_argument("--soak", default="", help="one open-loop step this long (30m, 2h) at --rate")
+    soak.add_argument("--sample-s", type=float, default=10.0, help="seconds between samples (default 10)")
+    soak.add_argument("--pid", action="append", default=[], help="a watched process: NAME=PID (repeatable)")
+    soak.add_argument(
+        "--pids-from", default="", help="watch a topology's processes: its run folder or state.json"
+    )
+
+
+def run_load(args: argparse.Namespace) -> int:
+    try:
+        load_run.run(_settings(args, load_run.LoadBench))
+    except ValueError as exc:
+        print(f"nearshore bench load: {exc}", file=sys.stderr)
+        return 2
     return 0

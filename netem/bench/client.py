@@ -22,12 +22,23 @@ from dataclasses import dataclass, field
 import aiohttp
 import msgspec
 
-from nearshore.protocol.headers import REGION, SERVER_TIMING
+from nearshore.protocol.headers import CACHE, REGION, SERVER_TIMING
+
+
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int = 0
 
 
 class Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens the server took from its prefix cache (0 when it does not say)."""
+        details = self.prompt_tokens_details
+        return details.cached_tokens if details is not None else 0
 
 
 class _Delta(msgspec.Struct):
@@ -60,6 +71,7 @@ class Stream:
     gaps_s: list[float] = field(default_factory=list)
     usage: Usage | None = None
     region: str = ""
+    cache: str = ""  # the edge's x-nearshore-cache: HIT, SEMANTIC or MISS ("" from a server without one)
     server_timing_ms: dict[str, float] = field(default_factory=dict)
     error: str = "unfinished"
 
@@ -81,9 +93,10 @@ def parse_server_timing(header: str) -> dict[str, float]:
 
 
 def read_head(stream: Stream, status: int, headers: Mapping[str, str]) -> None:
-    """What the response's head tells: status, serving region, Server-Timing (case-blind headers)."""
+    """What the response's head tells: status, serving region, cache, Server-Timing (case-blind headers)."""
     stream.status = status
     stream.region = headers.get(REGION, "")
+    stream.cache = headers.get(CACHE, "")
     stream.server_timing_ms = parse_server_timing(headers.get(SERVER_TIMING, ""))
 
 
