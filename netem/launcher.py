@@ -29,6 +29,7 @@ from edge.keys import KeyStore
 from nearshore import tls, tomlw
 from nearshore.procs import ManagedProcess, free_port, nearshore_argv
 from netem.leftovers import RunRecord, stop_orphans
+from netem.scrape_targets import write_prometheus_folder
 from netem.topology import Topology
 
 RUNS = DATA_DIR / "runs"
@@ -64,6 +65,7 @@ class RunningTopology:
     regions: list[RegionEndpoints] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
     metrics_url: str = ""  # the edge's operator listener: /metrics and /health (loopback, plain HTTP)
+    prometheus_config: str = ""  # a scrape config for this run's ports (netem.scrape_targets)
 
     def save(self) -> Path:
         path = Path(self.run_dir) / "state.json"
@@ -265,6 +267,7 @@ class Launcher:
             pids=[p.proc.pid for p in self.processes if p.proc is not None],
             metrics_url=f"http://{HOST}:{metrics_port}",
         )
+        running.prometheus_config = str(write_prometheus_folder(running))
         running.save()
         self.progress(f"[4/4] up in {time.monotonic() - started:.1f}s; logs in {self.run_dir / 'logs'}")
         return running

@@ -26,6 +26,7 @@ Nearshore is up: {running.name}
   API key:                             {key}
   trust this certificate:              {ca}
   links control API:                   {running.control_url}/links
+  Prometheus scrape config:            {running.prometheus_config}
 
 Try it:
   nearshore chat "What should I see in Lagos?"
