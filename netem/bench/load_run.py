@@ -124,13 +124,17 @@ class Progress:
             f"errors {self.errors}  rate {rate:.1f}/s"
         )
 
-    async def show(self) -> None:
+    def print(self, final: bool = False) -> None:
+        """On a terminal, one line rewritten in place; in a log, a line each time."""
         tty = sys.stderr.isatty()
+        end = "\n" if final or not tty else ""
+        line = ("\r" + self.line() + "  ") if tty else self.line()
+        print(line, end=end, file=sys.stderr, flush=True)
+
+    async def show(self) -> None:
         while True:
-            await asyncio.sleep(0.5 if tty else 5.0)
-            print(
-                ("\r" + self.line() + "  ") if tty else self.line(), end="" if tty else "\n", file=sys.stderr
-            )
+            await asyncio.sleep(0.5 if sys.stderr.isatty() else 5.0)
+            self.print()
 
 
 class LoadRun:
@@ -158,12 +162,11 @@ class LoadRun:
             for index, step in enumerate(self.steps):
                 self.progress.step = step.label
                 await self._step(index, step, sessions, prompts)
+                self.progress.print(final=True)  # each step's last counts stay on screen
         finally:
             shower.cancel()
             for session in sessions:
                 await session.close()
-            if sys.stderr.isatty():
-                print(file=sys.stderr)
 
     async def _step(
         self,
