@@ -63,3 +63,25 @@ def test_json_lines_carry_their_fields_and_are_redacted():
     line = json.loads(formatter.format(record))
     assert line["message"] == "request" and line["request_id"] == "r1" and line["tenant"] == "acme"
     assert "s" * 43 not in json.dumps(line) and "ns-0123456789ab-***" in line["note"]
+
+
+def test_the_log_format_flag_overrides_the_config_and_switches_the_handlers():
+    import argparse
+
+    from edge.config import EdgeConfig
+    from nearshore.cli import build_parser
+    from nearshore.cli.serve import _with_log_format
+
+    args = build_parser().parse_args(["edge", "--log-format", "json"])
+    logger = logging.getLogger("nearshore.test.flag")
+    handler = logging.StreamHandler()
+    logger.addHandler(handler)
+    try:
+        # The CLI switches the root logger's handlers; this one stands in for them.
+        jsonlog.configure(_with_log_format(args, EdgeConfig()).logging.format, logger)
+        assert isinstance(handler.formatter, logsafe.RedactingFormatter)
+        assert isinstance(handler.formatter.inner, jsonlog.JsonFormatter)
+    finally:
+        logger.removeHandler(handler)
+    plain = argparse.Namespace(log_format=None)
+    assert _with_log_format(plain, EdgeConfig()).logging.format == "text"

@@ -65,17 +65,17 @@ def run_edge(args: argparse.Namespace) -> int:
 
 
 def _with_log_format(args: argparse.Namespace, config: T) -> T:
-    """The config with ``--log-format`` applied, and the process's log handlers switched to it."""
+    """The config with ``--log-format`` applied."""
     if args.log_format:
         logging_ = msgspec.structs.replace(config.logging, format=args.log_format)  # type: ignore[attr-defined]
         config = msgspec.structs.replace(config, logging=logging_)  # type: ignore[type-var]
-    jsonlog.configure(config.logging.format)  # type: ignore[attr-defined]
     return config
 
 
 def _run(args: argparse.Namespace, config: object, build, run, secrets: list[str]) -> int:
     where = args.config or "defaults"
     config = _with_log_format(args, config)
+    jsonlog.configure(config.logging.format)  # type: ignore[attr-defined]
     for secret in secrets:  # before anything can log it
         logsafe.register_secret(secret)
     try:
