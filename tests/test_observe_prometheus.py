@@ -124,3 +124,29 @@ def test_a_launched_topology_is_scraped_through_its_written_config(tmp_path):
         check_exposition(text, REGION_METRICS)
     finally:
         launcher.stop()
+
+
+def test_compose_config_targets_each_compose_service_on_its_configured_port():
+    import tomllib
+
+    root = CONFIGS.parents[1]
+    compose_dir = root / "deploy" / "compose"
+    if not (compose_dir / "lagos.yml").is_file():
+        pytest.skip("no compose topology in this checkout")
+    compose = yaml.safe_load((compose_dir / "lagos.yml").read_text())
+    config = yaml.safe_load((CONFIGS / "compose-lagos.yml").read_text())
+    expected: dict[str, dict[str, str]] = {"nearshore-edge": {}, "nearshore-region": {}}
+    for service, spec in compose["services"].items():
+        mounts = {v.split(":")[1]: v.split(":")[0] for v in spec.get("volumes", []) if ":" in v}
+        if (edge_toml := mounts.get("/etc/nearshore/edge.toml")) is not None:
+            edge = tomllib.loads((compose_dir / edge_toml).read_text())
+            expected["nearshore-edge"][f"{service}:{edge['metrics']['port']}"] = ""
+        elif (region_toml := mounts.get("/etc/nearshore/region.toml")) is not None:
+            region = tomllib.loads((compose_dir / region_toml).read_text())
+            assert not region["server"].get("tls_cert"), "a TLS region needs scheme https here"
+            expected["nearshore-region"][f"{service}:{region['server']['port']}"] = region["name"]
+    for job in config["scrape_configs"]:
+        name = job["job_name"]
+        targets = {t: g["labels"].get("region", "") for g in job["static_configs"] for t in g["targets"]}
+        assert targets == expected[name], name
+    assert set(expected["nearshore-region"].values()) == {r.name for r in load_topology("lagos").regions}
