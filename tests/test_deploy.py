@@ -88,6 +88,18 @@ def load_any(path: Path) -> EdgeConfig | RegionConfig:
     return load_config(str(path), EdgeConfig if "edge" in path.name else RegionConfig)
 
 
+def check(config: EdgeConfig | RegionConfig) -> None:
+    """The process's own start-up checks, with the files that only exist in a container left out."""
+    replace = msgspec.structs.replace
+    if isinstance(config, EdgeConfig):
+        upstream = replace(config.upstream, ca="", client_cert="", client_key="")
+        check_edge_config(replace(config, tls=replace(config.tls, cert="", key=""), upstream=upstream))
+    else:
+        check_region_config(
+            replace(config, server=replace(config.server, tls_cert="", tls_key="", client_ca=""))
+        )
+
+
 def region_drain_s() -> float:
     """How long `nearshore region` lets in-flight streams finish after SIGTERM: the shutdown_timeout of
     the AppRunner in regional/node.py, or aiohttp's default when it passes none."""
@@ -170,6 +182,7 @@ def test_image_runs_a_real_command_as_non_root_with_a_healthcheck(image: str) ->
     # The config named by --config is a file of this repository copied to that path, and it loads.
     copied = {parse_copy(c).destination: parse_copy(c).sources[0] for c in final.all("COPY")}
     config = load_any(ROOT / copied[args.config])
+    check(config)
     exposed = {int(p) for e in final.all("EXPOSE") for p in e.text.split()}
     assert config.server.port in exposed
     probe = final.last("HEALTHCHECK").text
@@ -285,7 +298,7 @@ def test_compose_lagos_topology_mounts_what_exists() -> None:
     mounted = {
         v.partition(":")[2].partition(":")[0]: v.partition(":")[0] for v in services["prometheus"]["volumes"]
     }
-    assert mounted["/etc/prometheus/prometheus.yml"] == "../../configs/prometheus/lagos.yml"
+    assert mounted["/etc/prometheus/prometheus.yml"] == "../../configs/prometheus/compose-lagos.yml"
     assert any("configs/grafana" in v for v in services["grafana"]["volumes"])
 
 
@@ -302,12 +315,12 @@ def test_compose_configs_load_and_name_the_compose_services() -> None:
     secrets = {f"/run/secrets/{s}" for s in services["edge"]["secrets"]}
     assert {edge.tls.cert, edge.tls.key} <= secrets
     assert "/run/secrets/edge_keys" in command and edge.keys_db in command
-    check_edge_config(msgspec.structs.replace(edge, tls=msgspec.structs.replace(edge.tls, cert="", key="")))
+    check(edge)
     for name, service in services.items():
         if "region" in service.get("build", {}).get("dockerfile", ""):
             region = load_config(str(COMPOSE.parent / service["volumes"][0].split(":")[0]), RegionConfig)
             assert region.name == name and region.server.port == 8100 and region.server.host == "0.0.0.0"
-            check_region_config(region)
+            check(region)
             grace = int(service["stop_grace_period"].rstrip("s"))
             assert grace >= region_drain_s()
     assert int(services["edge"]["stop_grace_period"].rstrip("s")) >= edge.server.shutdown_timeout_s
@@ -379,13 +392,7 @@ def test_lagos_edge_overlay() -> None:
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(PRESTOP_S)]
     (init,) = spec["initContainers"]
     assert init["command"][0] == "cp" and init["command"][-1] == edge.keys_db
-    check_edge_config(
-        msgspec.structs.replace(
-            edge,
-            tls=msgspec.structs.replace(edge.tls, cert="", key=""),
-            upstream=msgspec.structs.replace(edge.upstream, ca="", client_cert="", client_key=""),
-        )
-    )
+    check(edge)
 
 
 @pytest.mark.parametrize("kind", ["cpu", "gpu"])
@@ -403,6 +410,7 @@ def test_london_region_overlay(kind: str) -> None:
     region = msgspec.toml.decode(config_map["data"][mount["subPath"]], type=RegionConfig)
     assert region.name == "london" and region.server.host == "0.0.0.0"
     assert region.engine.kind == ("gpu" if kind == "gpu" else "llama.cpp")
+    check(region)
     scheme = "HTTPS" if region.server.tls_cert else "HTTP"
     assert container["readinessProbe"]["httpGet"]["scheme"] == scheme
     assert {p["containerPort"] for p in container["ports"]} == {region.server.port}
