@@ -32,7 +32,14 @@ def hops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Edge, Node,
     folder = tmp_path_factory.mktemp("json-logs")
     region = start_region(folder, engine=SMALL_ENGINE, logging=JSON_LOGS, embeddings={"enabled": False})
     try:
-        edge = start_edge(folder / "edge", [("london", region.url)], logging=JSON_LOGS)
+        # The base model's answers run to max_tokens: keep those in the cache (exact only: no near miss
+        # of one question for another, which would keep a request from the region).
+        edge = start_edge(
+            folder / "edge",
+            [("london", region.url)],
+            logging=JSON_LOGS,
+            cache={"store_truncated": True, "semantic": False},
+        )
     except Exception:
         region.process.stop()
         raise
@@ -51,7 +58,8 @@ class Answer:
 def chat(edge: Edge, key: str, headers: dict[str, str] | None = None, **body: object) -> Answer:
     payload = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": "Name a city in Nigeria."}],
+        # A question of its own: an earlier answer in the response cache would never reach the region.
+        "messages": [{"role": "user", "content": f"Name a city in Nigeria ({os.urandom(4).hex()})."}],
         "max_tokens": 4,
         "temperature": 0,
         "stream": True,
@@ -166,3 +174,22 @@ def test_refused_requests_get_their_line_too(hops):
         assert line["status"] == status and line["completion_tokens"] in (None, 0)
         assert line["trace_id"] and line["region"] is None
     assert "x" * 43 not in (edge.folder / "edge.log").read_text()
+
+
+def test_a_cache_hit_is_logged_at_the_edge_alone(hops):
+    edge, _region, region_log = hops
+    key = edge.new_key()
+    question = [{"role": "user", "content": "Name a river in Lagos."}]
+    first = chat(edge, key, messages=question)
+    for _ in range(50):  # the answer is stored just after it is sent
+        again = chat(edge, key, messages=question)
+        if again.headers.get("x-nearshore-cache") == "HIT":
+            break
+        time.sleep(0.1)
+    assert first.status_code == again.status_code == 200
+    assert again.headers["x-nearshore-cache"] == "HIT"
+    line = line_of(edge.folder / "edge.log", again.headers["x-request-id"])
+    assert line["cache"] == "exact" and line["region"] is None and line["status"] == 200
+    assert line["completion_tokens"] == 4 and line["trace_id"]
+    assert line_of(region_log, first.headers["x-request-id"])["status"] == 200
+    assert again.headers["x-request-id"] not in region_log.read_text()  # it never crossed the ocean

@@ -102,7 +102,7 @@ def test_live_edge_and_region_expose_exactly_their_catalogs(edge: Edge, region: 
     key = edge.new_key(rpm=3)
     assert post(edge, key) == 200
     assert post(edge, key, stream=True, stream_options={"include_usage": True}) == 200
-    assert post(edge, key) == 200  # the same question again: the response cache's exact hit
+    assert post(edge, key) == 200  # the same question again
     assert post(edge, key) == 429
     assert post(edge, "ns-000000000000-" + "x" * 43) == 401
     edge_text, region_text = scrape(edge.metrics_url), scrape(region.url)
