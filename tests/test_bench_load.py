@@ -179,6 +179,7 @@ def test_cost_with_cached_prompt_tokens_and_response_cache_hits():
     assert s.cost_usd == pytest.approx(1.98e-3)
     assert s.usd_per_million_tokens == pytest.approx(1.98e-3 / 3000 * 1e6)
     assert s.cached_prompt_tokens == 800 and s.cache == {"MISS": 1, "HIT": 1}
+    assert s.cache_by_kind == {"fresh": {"MISS": 1, "HIT": 1}}
 
 
 def test_prices_from_the_edge_config():

@@ -237,7 +237,23 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     )
     target.add_argument("--model", default="gemma-3-270m", help="model asked for (default %(default)s)")
     target.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
-    target.add_argument("--ca", default="", help="CA file to trust (e.g. the edge's dev-cert.pem)")
+    target.add_argument(
+        "--ca",
+        action="append",
+        default=[],
+        help="CA file to trust (e.g. the edge's dev-cert.pem); once for all, or once per --url",
+    )
+    target.add_argument("--client-cert", default="", help="a client certificate (mutual TLS to a region)")
+    target.add_argument("--client-key", default="", help="its key")
+    target.add_argument(
+        "--up",
+        action="append",
+        default=[],
+        metavar="TARGET",
+        help="the running `nearshore up` topology: edge (as its user reaches it) or a region's name (its "
+        "direct path); repeatable",
+    )
+    target.add_argument("--up-state", default="", help="that topology's state.json (default: the latest)")
     target.add_argument("--timeout-s", type=float, default=300.0, help="one request's limit (default 300)")
     load = parser.add_argument_group("load")
     load.add_argument("--rate", type=float, default=0.0, help="open loop: requests per second")

@@ -55,24 +55,29 @@ def latency_cdfs(plt: Any, samples: list[Sample], path: Path) -> Path:
 
 def over_time(plt: Any, samples: list[Sample], path: Path) -> Path:
     figure, (throughput, ttft) = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
+    requests_axis = throughput.twinx()
+    ends_all = [s.sent_s + s.stream.e2e_s for s in samples if s.ok]
+    # Bins wide enough that a slow load still reads as a rate (about 40 bins a run, at least 1 s).
+    bin_s = max(BIN_S, max(ends_all, default=0.0) / 40)
     for name in _endpoints(samples):
         ok = [s for s in samples if s.endpoint == name and s.ok]
         if not ok:
             continue
         ends = [s.sent_s + s.stream.e2e_s for s in ok]
-        bins = int(max(ends) / BIN_S) + 1
+        bins = int(max(ends) / bin_s) + 1
         requests = [0.0] * bins
         tokens = [0.0] * bins
         for sample, end in zip(ok, ends, strict=True):
-            requests[int(end / BIN_S)] += 1 / BIN_S
-            tokens[int(end / BIN_S)] += sample.completion_tokens / BIN_S
-        times = [(i + 0.5) * BIN_S for i in range(bins)]
+            requests[int(end / bin_s)] += 1 / bin_s
+            tokens[int(end / bin_s)] += sample.completion_tokens / bin_s
+        times = [(i + 0.5) * bin_s for i in range(bins)]
         (line,) = throughput.plot(times, tokens, label=f"{name} output tok/s")
-        throughput.plot(times, requests, linestyle="--", color=line.get_color(), label=f"{name} req/s")
+        requests_axis.plot(times, requests, linestyle="--", color=line.get_color(), label=f"{name} req/s")
         ttft.scatter([s.sent_s for s in ok], [s.stream.ttft_s * 1000 for s in ok], s=6, label=name, alpha=0.6)
-    throughput.set_ylabel("per second (answers ended in each 1 s)")
-    throughput.set_yscale("symlog")
-    throughput.legend(fontsize=8)
+    throughput.set_ylabel(f"output tok/s (solid; {bin_s:.0f} s bins)")
+    requests_axis.set_ylabel("answers/s (dashed)")
+    throughput.legend(fontsize=8, loc="upper left")
+    requests_axis.legend(fontsize=8, loc="upper right")
     throughput.grid(True, alpha=0.3)
     ttft.set_ylabel("TTFT ms (at the due time)")
     ttft.set_xlabel("seconds since the run started")

@@ -71,10 +71,14 @@ def latency_table(summaries: list[StepSummary]) -> str:
 
 def outcome_table(summaries: list[StepSummary]) -> str:
     header = ["endpoint", "step", "sent", "ok", "req/s", "out tok/s", "goodput/s", "met", "cache H/S/M",
-              "refused", "errors", "USD/Mtok"]  # fmt: skip
+              "fresh H/S", "refused", "errors", "USD/Mtok"]  # fmt: skip
     rows = []
     for s in summaries:
         cache = "/".join(str(s.cache.get(kind, 0)) for kind in ("HIT", "SEMANTIC", "MISS"))
+        fresh = s.cache_by_kind.get("fresh", {})
+        fresh_hits = (
+            f"{fresh.get('HIT', 0)}/{fresh.get('SEMANTIC', 0)}"  # new questions answered from the cache
+        )
         rows.append(
             [
                 s.endpoint,
@@ -86,6 +90,7 @@ def outcome_table(summaries: list[StepSummary]) -> str:
                 f"{s.goodput_rps:.2f}",
                 "-" if math.isnan(s.slo_met_share) else f"{s.slo_met_share:.0%}",
                 cache,
+                fresh_hits,
                 " ".join(f"{code}:{n}" for code, n in s.refused.items()) or "0",
                 " ".join(f"{kind}:{n}" for kind, n in s.errors.items()) or "0",
                 "-" if math.isnan(s.usd_per_million_tokens) else f"{s.usd_per_million_tokens:.4f}",

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
-import ssl
 import sys
 import tempfile
 import time
@@ -24,19 +24,18 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
 
-from nearshore.tls import client_context
-from netem.bench import load_charts, load_report, load_selftest
+from netem.bench import load_charts, load_report, load_selftest, load_targets
 from netem.bench.client import Stream, stream_once
 from netem.bench.load_arrivals import ClosedLoop, OpenLoop, parse_rates
 from netem.bench.load_prompts import LengthDist, LoadRequest, PromptMix
 from netem.bench.load_report import Ceiling, LoadReport
 from netem.bench.load_soak import Growth, Sampler, parse_duration_s, parse_pid, pids_from_run
 from netem.bench.load_stats import Prices, Sample, Slo, StepSummary, summarize
+from netem.bench.load_targets import Target, TargetFlags
 
 CEILING_CONCURRENCY = 32
 KNEE_SHARE = 0.9  # the knee: the highest rate whose goodput is at least this share of the offered rate
@@ -50,7 +49,11 @@ class LoadBench:
     api_key: list[str] = field(default_factory=list)
     model: str = "gemma-3-270m"
     insecure: bool = False
-    ca: str = ""
+    ca: list[str] = field(default_factory=list)
+    client_cert: str = ""
+    client_key: str = ""
+    up: list[str] = field(default_factory=list)
+    up_state: str = ""
     rate: float = 0.0
     rates: str = ""
     burstiness: float = 1.0
@@ -76,14 +79,6 @@ class LoadBench:
     pid: list[str] = field(default_factory=list)
     pids_from: str = ""
     logs: str = ""
-
-
-@dataclass
-class Target:
-    name: str
-    url: str  # base URL: /v1/chat/completions is added
-    headers: dict[str, str]
-    ssl: ssl.SSLContext | bool
 
 
 @dataclass(frozen=True)
@@ -283,29 +278,8 @@ def _session(target: Target, timeout_s: float) -> aiohttp.ClientSession:
 
 
 def targets_of(settings: LoadBench) -> list[Target]:
-    if not settings.url:
-        raise ValueError("give at least one --url")
-    if len(settings.url) > 2:
-        raise ValueError("at most two --url (side by side)")
-    keys = settings.api_key or [""]
-    if len(keys) not in (1, len(settings.url)):
-        raise ValueError("give one --api-key for all --url, or one per --url in the same order")
-    context: ssl.SSLContext | bool = True
-    if settings.insecure:
-        context = False
-    elif settings.ca:
-        context = client_context(ca=Path(settings.ca))
-    targets: list[Target] = []
-    for n, url in enumerate(settings.url):
-        key = keys[n] if len(keys) > 1 else keys[0]
-        headers = {"Content-Type": "application/json"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        name = urlsplit(url).netloc or url
-        if any(t.name == name for t in targets):
-            name = f"{name}#{n + 1}"
-        targets.append(Target(name, url.rstrip("/").removesuffix("/v1"), headers, context))
-    return targets
+    names = [f.name for f in dataclasses.fields(TargetFlags)]
+    return load_targets.targets_of(TargetFlags(**{name: getattr(settings, name) for name in names}))
 
 
 def steps_of(settings: LoadBench) -> list[Step]:

@@ -173,6 +173,8 @@ class StepSummary(msgspec.Struct):
     slo: str
     slo_met_share: float
     cache: dict[str, int]  # answers by x-nearshore-cache value ("none" where absent)
+    # the same by the prompt mix's kind: a HIT or SEMANTIC on a "fresh" question answered it from another's
+    cache_by_kind: dict[str, dict[str, int]]
     refused: dict[str, int]  # "429" / "503" -> count
     errors: dict[str, int]  # type -> count
     prompt_tokens: int
@@ -218,6 +220,10 @@ def summarize(
         slo=str(slo),
         slo_met_share=met / len(samples) if samples else math.nan,
         cache=dict(Counter(s.cache or "none" for s in ok)),
+        cache_by_kind={
+            kind: dict(Counter(s.cache or "none" for s in ok if s.kind == kind))
+            for kind in sorted({s.kind for s in ok})
+        },
         refused={str(code): n for code in REFUSALS if (n := _count_status(samples, code))},
         errors=dict(Counter(error_type(s.stream) for s in samples if not s.ok and not _refused(s))),
         prompt_tokens=prompt,
