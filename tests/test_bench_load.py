@@ -216,3 +216,17 @@ def test_pids_from_a_run_folder(tmp_path):
     (tmp_path / "state.json").write_text(json.dumps({"pids": [os.getpid(), 2**22 + 12345]}))
     named = pids_from_run(tmp_path)
     assert list(named.values()) == [os.getpid()]  # the dead one is left out
+
+
+def test_the_knee_is_the_highest_rate_where_most_requests_met_the_objectives():
+    from netem.bench.load_run import knees
+
+    def step(endpoint, rate, met):
+        good, bad = _sample(ttft_s=0.1), _sample(ttft_s=5.0)
+        samples = [good] * met + [bad] * (10 - met)
+        return summarize(samples, endpoint=endpoint, step=f"{rate:g} rps", offered_rps=rate, duration_s=10,
+                         slo=Slo(ttft=1.0))  # fmt: skip
+
+    steps = [step("a", 1, 10), step("a", 2, 9), step("a", 4, 5), step("b", 1, 8), step("a", math.nan, 10)]
+    result = knees(steps)
+    assert result["a"] == 2 and math.isnan(result["b"])

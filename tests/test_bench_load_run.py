@@ -113,3 +113,42 @@ def test_bad_flags_are_a_usage_error():
     assert done.returncode == 2 and "rates must be positive" in done.stderr
     done = _bench("--url", "http://127.0.0.1:9", "--ceiling-s", "0", timeout_s=60)
     assert done.returncode == 2 and "--rate, --rates or --concurrency" in done.stderr
+
+
+@pytest.mark.slow
+def test_up_targets_read_the_running_topology(tmp_path):
+    """``--up edge --up REGION``: the edge with the topology's key and certificate, the region's direct path
+    with the cluster's client certificate, as `nearshore up`'s state.json lists them."""
+    from nearshore import tls
+
+    pacer = start_pacer(tmp_path, name="r1", tokens=3, interval_ms=5)
+    edge = start_edge(tmp_path / "edge", [("r1", pacer.url)])
+    edge.extra.append(pacer.process)
+    try:
+        ca_dir = tmp_path / "pki" / "ca"
+        tls.create_cluster_ca(ca_dir)
+        cert, key = tls.issue_certificate(ca_dir, "edge", tmp_path / "pki" / "certs", client=True)
+        region = {"name": "r1", "url": pacer.url, "via_edge_link": pacer.url, "direct": pacer.url}
+        state = {
+            "name": "test", "run_dir": str(tmp_path), "edge_url": edge.url, "edge_local_url": edge.url,
+            "api_key": edge.new_key(rpm=10_000), "edge_ca": str(edge.ca),
+            "cluster_ca": str(ca_dir / "ca.pem"),
+            "client_cert": str(cert), "client_key": str(key), "control_url": "", "regions": [region],
+            "pids": [edge.process.proc.pid, pacer.process.proc.pid],
+        }  # fmt: skip
+        (tmp_path / "state.json").write_text(json.dumps(state))
+        out = tmp_path / "up.json"
+        done = _bench(
+            "--up", "edge", "--up", "r1", "--up-state", str(tmp_path / "state.json"), "--concurrency", "1",
+            "--seconds", "1", "--ceiling-s", "0", "--json", str(out),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        steps = json.loads(out.read_text())["steps"]
+        assert [s["endpoint"] for s in steps] == ["edge", "r1-direct"]
+        assert all(s["ok"] == s["sent"] > 0 for s in steps), steps
+        done = _bench(
+            "--up", "nowhere", "--up-state", str(tmp_path / "state.json"), "--rate", "1", "--ceiling-s", "0"
+        )
+        assert done.returncode == 2 and "has edge, r1" in done.stderr
+    finally:
+        edge.stop()

@@ -25,7 +25,7 @@ class Ceiling(msgspec.Struct):
 class LoadReport(msgspec.Struct):
     ceiling: Ceiling | None
     steps: list[StepSummary]
-    knee_rps: dict[str, float]  # endpoint -> highest rate whose goodput kept up (NaN: none did)
+    knee_rps: dict[str, float]  # endpoint -> highest rate at which 90% met the objectives (NaN: none)
     soak: list[Growth]
     settings: dict
 
@@ -117,7 +117,7 @@ def format_report(report: LoadReport) -> str:
             f"{name}: {'below the lowest rate' if math.isnan(rps) else f'{rps:g} rps'}"
             for name, rps in report.knee_rps.items()
         )
-        parts.append(f"knee (highest rate with goodput >= 90% of it): {knees}")
+        parts.append(f"knee (highest rate at which >= 90% of requests met the objectives): {knees}")
     if report.soak:
         header = ["process", "pid", "samples", "RSS first/last MiB", "growth MiB", "MiB/h", "fds first/last",
                   "fds growth", "fds/h"]  # fmt: skip

@@ -38,7 +38,7 @@ from netem.bench.load_stats import Prices, Sample, Slo, StepSummary, summarize
 from netem.bench.load_targets import Target, TargetFlags
 
 CEILING_CONCURRENCY = 32
-KNEE_SHARE = 0.9  # the knee: the highest rate whose goodput is at least this share of the offered rate
+KNEE_SHARE = 0.9  # the knee: the highest rate at which this share of requests met the objectives
 
 
 @dataclass
@@ -335,13 +335,14 @@ async def measure_ceiling(seconds: float, logs: Path) -> Ceiling:
 
 
 def knees(summaries: list[StepSummary]) -> dict[str, float]:
-    """Per endpoint, the highest offered rate at which goodput kept up (>= KNEE_SHARE of it)."""
+    """Per endpoint, the highest offered rate at which at least KNEE_SHARE of the requests sent met the
+    objectives (a share, not goodput over offered rate: a short step's Poisson count would blur that)."""
     out: dict[str, float] = {}
     for s in summaries:
         if math.isnan(s.offered_rps) or s.step.startswith("soak"):
             continue
         best = out.setdefault(s.endpoint, math.nan)
-        if s.goodput_rps >= KNEE_SHARE * s.offered_rps and (math.isnan(best) or s.offered_rps > best):
+        if s.slo_met_share >= KNEE_SHARE and (math.isnan(best) or s.offered_rps > best):
             out[s.endpoint] = s.offered_rps
     return out
 
