@@ -263,7 +263,13 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     )
     load.add_argument("--concurrency", default="", help="closed loop: requests in flight, e.g. 8 or 1,4,16")
     load.add_argument("--seconds", type=float, default=10.0, help="each step's length (default 10)")
-    load.add_argument("--seed", type=int, default=0, help="arrivals and prompts (default 0)")
+    load.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="arrivals and prompts (default: a new one each run, printed; a rerun of the same seed finds "
+        "its questions in the edge's response cache)",
+    )
     mix = parser.add_argument_group("prompt mix")
     mix.add_argument("--system-prompts", type=int, default=4, help="shared system prompts (default 4)")
     mix.add_argument("--system-tokens", type=int, default=64, help="their length (default 64)")

@@ -111,6 +111,8 @@ def format_report(report: LoadReport) -> str:
             f"{f', {c.errors} errors' if c.errors else ''}; a result near this measures the client"
         )
     if report.steps:
+        seed = report.settings.get("seed")
+        parts.append(f"seed {seed} (--seed {seed} repeats these arrivals and prompts)")
         parts += [latency_table(report.steps), outcome_table(report.steps)]
     if report.knee_rps:
         knees = ", ".join(

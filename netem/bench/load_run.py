@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import math
+import secrets
 import sys
 import tempfile
 import time
@@ -59,7 +60,7 @@ class LoadBench:
     burstiness: float = 1.0
     concurrency: str = ""
     seconds: float = 10.0
-    seed: int = 0
+    seed: int | None = None  # None: drawn at start (a rerun's questions would be the cache's answers)
     system_prompts: int = 4
     system_tokens: int = 64
     repeat_share: float = 0.1
@@ -243,7 +244,7 @@ class LoadRun:
         return samples
 
     def _seed(self, step_index: int, target_index: int) -> int:
-        return self.settings.seed * 1_000_003 + step_index * 101 + target_index
+        return (self.settings.seed or 0) * 1_000_003 + step_index * 101 + target_index
 
     async def _send(self, i: int, session: aiohttp.ClientSession, request: LoadRequest, due: float) -> Sample:
         target = self.targets[i]
@@ -267,7 +268,7 @@ def prompt_mix(settings: LoadBench, model: str | None = None) -> PromptMix:
         input_tokens=LengthDist.parse(settings.input_tokens),
         output_tokens=LengthDist.parse(settings.output_tokens),
         temperature=settings.temperature,
-        seed=settings.seed,
+        seed=settings.seed or 0,
     )
 
 
@@ -357,6 +358,8 @@ def _install_uvloop() -> None:
 def run(settings: LoadBench) -> LoadReport:
     """Everything ``bench load`` does: ceiling, steps, table on stdout, JSON and charts where asked."""
     _install_uvloop()
+    if settings.seed is None:
+        settings = dataclasses.replace(settings, seed=secrets.randbelow(1 << 31))
     logs = Path(settings.logs) if settings.logs else Path(tempfile.mkdtemp(prefix="nearshore-load-"))
     ceiling = None
     if settings.self_test or settings.ceiling_s > 0:
