@@ -261,7 +261,9 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument(
         "--burstiness", type=float, default=1.0, help="gamma arrivals: 1 Poisson, >1 bursty (default 1)"
     )
-    load.add_argument("--concurrency", default="", help="closed loop: requests in flight, e.g. 8 or 1,4,16")
+    load.add_argument(
+        "--concurrency", default="", help="closed loop: requests in flight per endpoint, e.g. 8 or 1,4,16"
+    )
     load.add_argument("--seconds", type=float, default=10.0, help="each step's length (default 10)")
     load.add_argument(
         "--seed",
