@@ -27,7 +27,10 @@ pytestmark = pytest.mark.slow
 
 QUESTION = [{"role": "user", "content": "Name three rivers of West Africa."}]
 PROMPT = "The capital of France is Paris. The capital of Germany is"
-TOLERANCE = 1e-3  # the same tokens scored in another batch may differ in the last float32 bits
+# The same tokens scored twice by llama.cpp differ by up to a few thousandths of a nat: its unified KV cache
+# puts a request's cells wherever other requests' cached prefixes left room, and the attention's sums run
+# over that layout (measured: 0.007 between two identical requests on a node that had served others).
+TOLERANCE = 2e-2
 
 
 def chat_body(**fields: object) -> dict:
