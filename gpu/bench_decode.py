@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from gpu.decode_graphs import DecodeGraphs
-from gpu.kv_blocks import GroupSpec, KvBlockManager
-from gpu.kv_cache import PagedKvCache
+from gpu.kv_cache import PagedKvCache, block_manager_for
 from gpu.model import CausalLM, decode_kernel_usable
 from gpu.step_inputs import SeqChunk, build_step_inputs
 
@@ -112,9 +111,7 @@ def time_decode(
     out = []
     gen = torch.Generator().manual_seed(0)
     for batch in batch_sizes:
-        blocks = KvBlockManager(
-            [GroupSpec(g, num_blocks, c.window_of(g) or None) for g in c.groups], block_size
-        )
+        blocks = block_manager_for(c, num_blocks, block_size)
         prompts = torch.randint(0, c.vocab_size, (batch, context_tokens), generator=gen).tolist()
         for seq, prompt in enumerate(prompts):  # prefill, one sequence at a time (not timed)
             blocks.allocate(seq, prompt, max_cached=0)

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
+from gpu.kv_blocks import GroupSpec, KvBlockManager
 from gpu.model_config import ModelConfig
 
 DEFAULT_BLOCK_SIZE = 16
@@ -24,6 +25,15 @@ def bytes_per_block(config: ModelConfig, group: str, block_size: int, dtype: tor
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_layer = 2 * block_size * config.num_kv_heads * config.head_dim * itemsize
     return per_layer * len(config.layers_of(group))
+
+
+def block_manager_for(
+    config: ModelConfig, num_blocks: int | Mapping[str, int], block_size: int = DEFAULT_BLOCK_SIZE
+) -> KvBlockManager:
+    """The block bookkeeping for ``config``'s attention groups (a sliding group with its window)."""
+    counts = num_blocks if isinstance(num_blocks, Mapping) else dict.fromkeys(config.groups, num_blocks)
+    groups = [GroupSpec(g, int(counts[g]), window=config.window_of(g) or None) for g in config.groups]
+    return KvBlockManager(groups, block_size)
 
 
 def blocks_that_fit(

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.kv_blocks import GroupSpec, KvBlockManager
-from gpu.kv_cache import PagedKvCache
+from gpu.kv_blocks import KvBlockManager
+from gpu.kv_cache import PagedKvCache, block_manager_for
 from gpu.model import CausalLM
 from gpu.step_inputs import SeqChunk, build_step_inputs, chunks_from_rows
 from regional.engine import GenerationRequest, SamplingParams
@@ -42,15 +42,10 @@ class CrossTalk:
         )
 
 
-def _manager(model: CausalLM, num_blocks: int, block_size: int) -> KvBlockManager:
-    c = model.config
-    return KvBlockManager([GroupSpec(g, num_blocks, c.window_of(g) or None) for g in c.groups], block_size)
-
-
 def alone_logits(model: CausalLM, tokens: list[int], block_size: int) -> torch.Tensor:
     """Logits at every position of ``tokens``: one sequence in a fresh cache, one prefill."""
     num_blocks = len(tokens) // block_size + 3
-    blocks = _manager(model, num_blocks, block_size)
+    blocks = block_manager_for(model.config, num_blocks, block_size)
     kv = PagedKvCache(model.config, num_blocks, block_size, model.dtype, model.device)
     blocks.allocate(0, tokens, max_cached=0)
     blocks.append(0, tokens)
@@ -72,7 +67,7 @@ def check_crosstalk(
     """Greedy streams of ``prompts`` through the scheduler in a pool of ``num_blocks`` (small enough to
     preempt), each sampled row compared with the stream's own prefill alone. ``after_step`` sees the block
     manager after every step (the tests check its invariants there)."""
-    blocks = _manager(model, num_blocks, block_size)
+    blocks = block_manager_for(model.config, num_blocks, block_size)
     kv = PagedKvCache(model.config, num_blocks, block_size, model.dtype, model.device)
     sched = Scheduler(PagedMemory(blocks), max_sequences, batch_tokens, prefill_chunk, lambda _t: False)
     seqs = [

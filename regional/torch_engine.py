@@ -76,8 +76,8 @@ class TorchEngine(StepEngine):
     # --- the model --------------------------------------------------------------------------------
 
     def _load_backend(self) -> LlamaModel:
-        from gpu.kv_blocks import GroupSpec, KvBlockManager
-        from gpu.kv_cache import PagedKvCache
+
+        from gpu.kv_cache import PagedKvCache, block_manager_for
         from gpu.model import CausalLM
 
         c = self.config
@@ -90,8 +90,7 @@ class TorchEngine(StepEngine):
         info = model.weights_info
         self.weights_cached = bool(info is not None and info.cache_hit)
         blocks = self._pool_sizes(model.config)
-        groups = [GroupSpec(g, n, window=model.config.window_of(g) or None) for g, n in blocks.items()]
-        self._blocks = KvBlockManager(groups, c.block_size)
+        self._blocks = block_manager_for(model.config, blocks, c.block_size)
         self._kv = PagedKvCache(model.config, blocks, c.block_size, self._dtype, self._device)
         self._model = model
         self._vocab_model = vocab

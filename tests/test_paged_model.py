@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from gpu.kv_blocks import GroupSpec, KvBlockManager
+from gpu.kv_blocks import KvBlockManager
+from gpu.kv_cache import block_manager_for
 from gpu.model import CausalLM
 from gpu.model_config import GLOBAL, SLIDING, ModelConfig
 from regional.gpu_crosstalk import check_crosstalk
@@ -67,9 +68,7 @@ def tiny_gemma(seed: int = 0) -> CausalLM:
 
 
 def block_manager(model: CausalLM, num_blocks: int) -> KvBlockManager:
-    c = model.config
-    groups = [GroupSpec(g, num_blocks, window=c.window_of(g) or None) for g in c.groups]
-    return KvBlockManager(groups, BLOCK_SIZE)
+    return block_manager_for(model.config, num_blocks, BLOCK_SIZE)
 
 
 def test_streams_in_a_mixed_paged_batch_equal_each_stream_alone():
