@@ -51,6 +51,7 @@ class Pair(msgspec.Struct):
     b: str
     same: bool
     kind: str = ""
+    lang: str = "en"
 
 
 _pair_decoder = msgspec.json.Decoder(Pair)
@@ -96,7 +97,7 @@ class Outcome:
         return self.exact or (self.similarity >= threshold and (self.verified or not verifier))
 
 
-class _Table:
+class Table:
     """An :class:`Embedder` that answers from vectors computed up front (the same ones), falling back to
     the real embedder for a text it has not seen."""
 
@@ -139,10 +140,13 @@ def _entry(partition: str, query: str, ttl_s: float) -> Entry:
 
 
 async def run_pairs(
-    pairs: Sequence[Pair], settings: CacheSettings, embedder: Embedder, folder: Path
+    pairs: Sequence[Pair], settings: CacheSettings, embedder: Embedder | Table, folder: Path
 ) -> list[Outcome]:
-    """Store ``a`` and look up ``b`` for each pair through a ResponseCache built as the edge builds it."""
-    table = _Table(embedder, [t for p in pairs for t in (p.a, p.b)])
+    """Store ``a`` and look up ``b`` for each pair through a ResponseCache built as the edge builds it
+    (``embedder`` may be a :class:`Table` already holding every text's vector)."""
+    texts = [t for p in pairs for t in (p.a, p.b)]
+    table = embedder if isinstance(embedder, Table) else Table(embedder, texts)
+    table.embed(texts)  # the ones it lacks
     pool = EmbedderPool(lambda: table, source="cache-eval", load_when="eager")
     await pool.start()
     cache = ResponseCache(
@@ -176,6 +180,10 @@ async def run_pairs(
         cache.close()
         await pool.close()
     return outcomes
+
+
+def _hard(o: Outcome) -> bool:
+    return not o.pair.same and o.pair.kind not in EASY_KINDS
 
 
 def _rates(outcomes: Sequence[Outcome], threshold: float, verifier: bool = True) -> dict:
@@ -221,10 +229,15 @@ def report(outcomes: Sequence[Outcome], settings: CacheSettings, elapsed_s: floa
     false_hits = sum(bool(o.hit) for o in negatives)
     false_hard = sum(bool(o.hit) for o in hard)
     kinds: dict[str, dict] = {}
+    languages: dict[str, dict] = {}
     for o in outcomes:
         row = kinds.setdefault(o.pair.kind or "-", {"same": o.pair.same, "pairs": 0, "hits": 0})
         row["pairs"] += 1
         row["hits"] += bool(o.hit)
+        side = "paraphrases" if o.pair.same else ("hard_negatives" if _hard(o) else "easy_negatives")
+        counts = languages.setdefault(o.pair.lang, {}).setdefault(side, {"pairs": 0, "hits": 0})
+        counts["pairs"] += 1
+        counts["hits"] += bool(o.hit)
     return {
         "pairs": len(outcomes),
         "target_false_hit_rate": settings.target_false_hit_rate,
@@ -243,6 +256,7 @@ def report(outcomes: Sequence[Outcome], settings: CacheSettings, elapsed_s: floa
         "hard_false_hit_rate": false_hard / len(hard) if hard else 0.0,
         "hard_false_hit_rate_ci95": wilson(false_hard, len(hard)),
         "kinds": kinds,
+        "languages": languages,
         # The lookups through the cache against the same rule applied to the kept similarity and verdict.
         "offline_disagreements": sum(bool(o.hit) != o.hit_at(threshold) for o in outcomes),
         "curve": [{"target_false_hit_rate": t, **_rates(outcomes, threshold_for(t))} for t in TARGETS],

@@ -4,9 +4,9 @@
 question off the loop, takes the nearest entries of its partition above the similarity threshold and returns
 the first one the verifier (:mod:`cache.verify`) accepts. The threshold comes from the operator's target
 false-hit rate through the calibration curve (``CALIBRATION``) that ``nearshore cache-eval --calibrate``
-measured on the shipped labelled set, cache/data/pairs.jsonl, not from a raw cosine: the default target
-of 1% maps to 0.79. Nothing raised in here reaches a request: a broken cache is a miss, a warning and a
-metric, and ``healthy`` turns false for ``/health``.
+measured on the shipped dev sets, not from a raw cosine: the default target of 1% maps to 0.50. Nothing
+raised in here reaches a request: a broken cache is a miss, a warning and a metric, and ``healthy`` turns
+false for ``/health``.
 """
 
 from __future__ import annotations
@@ -30,22 +30,17 @@ log = logging.getLogger("nearshore.cache")
 HitKind = Literal["exact", "semantic"]
 
 # (threshold, false-hit rate on the hard negatives, verifier on: the upper end of its 95% Wilson interval),
-# as `nearshore cache-eval --calibrate` measures it on the shipped set (cache/data/pairs.jsonl: 679 pairs,
-# 248 paraphrases, 399 hard negatives), non-increasing: the lowest threshold whose rate is within the target
-# is used, so a target is met with 95% confidence on the set. At 0.79 none of the 399 is a false hit (and
-# 92.7% of paraphrases hit); no threshold can promise less than 0.95% on 399 pairs, so a lower target gets
-# the strictest. Measured with all-MiniLM-L6-v2 in int8 (the cache's default backend; fp32 gives the same
-# curve from 0.79 up and 93.5% of paraphrases) and cache/verify.py as of issue 10: re-measure after
-# changing either.
+# as `nearshore cache-eval --calibrate` measures it on the dev sets only (the project's pairs, the first
+# held-out file, the Pidgin and French seeds and the generated negatives of the dev half: 1,597 hard
+# negatives), non-increasing: the lowest threshold whose rate is within the target is used. The verifier
+# (cache/verify.py) explains every difference or refuses, so none of the 1,597 passes at any threshold from
+# 0.50 up and the curve is flat at the bound 0 false hits in 1,597 allows (0.24%); the threshold then only
+# narrows which entries are compared. The promise of the docs rests on the sets never tuned on (the
+# generated test half and data/sealed/), which cache-eval reports beside these. Measured with
+# all-MiniLM-L6-v2 in int8 (the cache's default backend): re-measure after changing it or the verifier.
 CALIBRATION: Sequence[tuple[float, float]] = (
-    (0.50, 0.0324),
-    (0.59, 0.0290),
-    (0.69, 0.0255),
-    (0.72, 0.0219),
-    (0.74, 0.0181),
-    (0.76, 0.0141),
-    (0.79, 0.0095),
-    (0.99, 0.0095),
+    (0.50, 0.0024),
+    (0.99, 0.0024),
 )
 CANDIDATES = 5  # nearest entries checked by the verifier, best first
 

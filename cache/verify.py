@@ -1,286 +1,234 @@
-"""The verifier: a semantic hit must say the same thing, not merely sound alike.
+"""The verifier: a semantic hit is allowed only when every difference between the two questions is
+explained as one that cannot change the answer.
 
-Sentence embeddings put "Is it safe to drink tap water in London?" and "... unsafe ..." at cosine 0.99,
-Celsius->Fahrenheit beside Fahrenheit->Celsius, 100 dollars beside 1000. So after the similarity threshold a
-candidate must pass cheap structural checks, each of which names why it failed:
+Sentence embeddings put "Is it safe to drink tap water in London?" beside "... unsafe ...", Celsius beside
+Fahrenheit and "for children" beside the same question without it. So a candidate above the similarity
+threshold is compared word by word, and the rule is inverted: nothing is a harmless difference unless this
+module says why. Both texts are read into their canonical form (:mod:`cache.verify_read`: case, spelling,
+contractions, framings, ignored words, numbers, stems, synonyms, phrases); two questions ask the same thing
+when their words are the same multiset and their phrases are the same multiset ("not" anywhere in its
+phrase). Before that, a word on one side only may still be explained by one on the other side only: a
+British / American spelling, a typo (one edit, the same first letter, one of the two a dictionary word and
+the other not), or a compound written apart. Anything else, a qualifier, another member of a kind, an
+opposite, a quantifier, a modal, a tense, a number, a swapped role, is a miss that names its reason:
+``words: +children on one side``, ``words: celsius vs fahrenheit``, ``numbers: 100 vs 1000``, ``order: ...``.
 
-language  the same language (script, then the common words of a few languages, English on a tie)
-numbers   the same numbers (digits, number words, ordinals, 10k / 1.5m, 50kg), in the same order
-negation  the same negation cues, one form for all of not / n't / cannot / no (and stop / avoid, which
-          negate what follows); no word that is the other's with a negating prefix (safe / unsafe,
-          venomous / non-venomous); no pair of opposites, one on each side (good / bad, enable / disable)
-entities  the same capitalised names and acronyms (London / Paris, USD / EUR), casefolded
-units     the same units of measure and currencies, in the same order (Celsius -> Fahrenheit)
-direction no pair of opposite directions or comparisons, one on each side (buy / sell, before / after,
-          largest / smallest); nothing that is "from X" on one side and "to X" on the other; the same
-          target of "than" / "vs"
-dates     the same years, months, weekdays, seasons, parts of the day and relative days (today, next)
-
-The checks compare opposites only when each side has its own half of a pair: a word present on one side
-alone ("set up Python" beside "install Python") is left to the similarity threshold. A check compares small
-sets extracted once per text (``facts`` is cached): microseconds, so it runs on every candidate.
+Texts the verifier does not compare (too long to read in full on the request's path, or verbatim text such
+as code, where spacing and symbols matter) are never semantic hits: :func:`semantic_allowed` says which.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
-import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
-from cache.verify_words import (
-    DATE_WORDS,
-    DETERMINERS,
-    DIRECTION_PAIRS,
-    FILLER,
-    KINDS,
-    LANGUAGE_WORDS,
-    NEGATING_PREFIXES,
-    NEGATION_CUES,
-    NEGATION_PAIRS,
-    NUMBER_WORDS,
-    ONE_SIDED_DOWNWARDS,
-    PHRASES,
-    SCALE,
-    UNITS,
-    ordinal,
+from cache import verify_words as vw
+from cache.verify_read import Canon, Token, canon, stem
+
+# The longest text the verifier reads (characters): longer questions are served only by an exact hit, so
+# the request's path never reads a huge text twice and a difference past the embedder's window still counts.
+MAX_COMPARED_CHARS = 2000
+
+_CODE = re.compile(
+    r"```|`[^`\n]+`|\n[ \t]+\S|[{};]\s*(?:\n|$)|=>|->|==|!=|&&|\|\||::|"
+    r"\b(?:def|function|return|const|var|print|echo)\s*\w*\(|(?:^|\n)\s*(?:import|from|#include|\$|>>>) |"
+    r"\b(?:SELECT|INSERT|UPDATE|DELETE)\b|(?:[^\n]*\n){3}"
 )
-
-# Words (hyphens and apostrophes inside a word kept), and currency / percent signs as words of their own.
-_WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*|[$€£¥₦%°]", re.UNICODE)
-# A number and its scale (10k, 1.5m, 2bn, 10 thousand) or percent; an ordinal (2nd) is read as a word.
-_NUMBER = re.compile(
-    r"(?<![\w.])((?>\d+(?:[.,]\d+)*))(?!(?:st|nd|rd|th)\b)"
-    r"(?:\s*(k|m|mn|b|bn|thousand|million|billion)\b|\s*(%))?",
-    re.IGNORECASE,
-)
-# Letters stuck to a number that are neither a scale nor an ordinal suffix are a unit: 50kg, 10-day -> 50 kg,
-# 10 day.
-_ATTACHED = re.compile(r"(?<=\d)-?(?=[a-zA-Z])(?!(?:st|nd|rd|th|k|m|mn|b|bn)\b)", re.IGNORECASE)
-_ORDINAL = re.compile(r"^(\d+)(?:st|nd|rd|th)$")
-# An arithmetic sign before a number ("5 + 3", "-5 degrees", "3/4", "5 x 4"): part of what is asked.
-_OPERATOR = re.compile(r"(?:(?<=\d)|(?<=\d )|(?<=^)|(?<= ))([-+*/×÷^=<>]|x(?= ))(?= ?\d)")
-_POSSESSIVE = re.compile(r"['’]s$", re.IGNORECASE)  # Africa's: Africa (what's: what)
-_GREETING = re.compile(r"\bgood (morning|afternoon|evening|night|day)\b", re.IGNORECASE)
-
-
-@dataclass(frozen=True, slots=True)
-class Facts:
-    """What one text asserts, in the forms the checks compare."""
-
-    numbers: tuple[str, ...]
-    negations: frozenset[str]
-    words: frozenset[str]
-    entities: frozenset[str]
-    entity_order: tuple[str, ...]  # the entities in the order they first appear
-    units: tuple[str, ...]
-    sources: frozenset[str]  # what follows "from"
-    targets: frozenset[str]  # what follows "to" / "into" / "towards"
-    compared: tuple[str, ...]  # what follows "than" / "vs" / "versus"
-    dates: frozenset[str]
-    language: str
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
     ok: bool
-    reason: str = ""  # which check failed, e.g. "numbers: 100 vs 1000"
+    reason: str = ""  # why not, e.g. "words: celsius vs fahrenheit"
 
 
-def _tokens(text: str) -> tuple[list[str], list[str]]:
-    """The words as written (hyphens dropped: M-Pesa is mpesa) and lowercased, phrases joined
-    (turn on -> turn_on), ordinals kept whole (2nd) and units split from their numbers (50kg -> 50 kg)."""
-    text = _GREETING.sub(" ", text)  # "Good morning!" greets; it does not ask about the morning
-    tokens = [_POSSESSIVE.sub("", t.replace("-", "")) for t in _WORD.findall(text)]
-    lower = [t.lower().replace("’", "'") for t in tokens]
-    joined, out_tokens, i = [], [], 0
-    while i < len(lower):
-        pair = f"{lower[i]} {lower[i + 1]}" if i + 1 < len(lower) else ""
-        if pair in PHRASES:
-            joined.append(PHRASES[pair])
-            out_tokens.append(PHRASES[pair])
-            i += 2
-            continue
-        joined.append(lower[i])
-        out_tokens.append(tokens[i])
-        i += 1
-    return out_tokens, joined
+def semantic_allowed(text: str) -> bool:
+    """Whether ``text`` may be answered by a semantic hit (and be embedded): not too long to compare in
+    full, not verbatim text (code, indented lines) where spacing and symbols carry meaning."""
+    return len(text) <= MAX_COMPARED_CHARS and is_prose(text)
 
 
-@lru_cache(maxsize=65536)
-def facts(text: str) -> Facts:
-    text = _ATTACHED.sub(" ", unicodedata.normalize("NFKC", text))
-    tokens, lower = _tokens(text)
-    words = frozenset(lower)
-    entities = _entities(tokens)
-    numbers = _numbers(text, lower)
-    dates = frozenset(w for w in lower if w in DATE_WORDS) | frozenset(
-        n for n in numbers if len(n) == 4 and n.isdigit() and 1000 < int(n) < 2200
-    )
-    return Facts(
-        numbers=numbers,
-        negations=frozenset(NEGATION_CUES.get(w, "not" if w.endswith("n't") else "") for w in lower) - {""},
-        words=words,
-        entities=frozenset(entities),
-        entity_order=tuple(dict.fromkeys(entities)),
-        units=tuple(UNITS[w] for w in lower if w in UNITS),
-        sources=_after(lower, ("from",)),
-        targets=_after(lower, ("to", "into", "towards")),
-        compared=tuple(sorted(_after(lower, ("than", "vs", "versus")))),
-        dates=dates,
-        language=_language(text, lower),
-    )
+def is_prose(text: str) -> bool:
+    """Text whose spacing does not matter: no code markers, no indented lines."""
+    return _CODE.search(text) is None
 
 
 def verify(query: str, cached: str) -> Verdict:
     """Whether a cached answer to ``cached`` may answer ``query``."""
-    a, b = facts(query), facts(cached)
-    if a.language != b.language:
+    if query == cached:
+        return Verdict(True)
+    for text in (query, cached):
+        if len(text) > MAX_COMPARED_CHARS:
+            return Verdict(False, f"length: {len(text)} characters (more than {MAX_COMPARED_CHARS} compared)")
+        if not is_prose(text):
+            return Verdict(False, "verbatim: code or indented text is served only by an exact hit")
+    a, b = canon(query), canon(cached)
+    if _family(a.language) != _family(b.language):
         return Verdict(False, f"language: {a.language} vs {b.language}")
-    if a.numbers != b.numbers:
-        return Verdict(False, f"numbers: {' '.join(a.numbers) or '-'} vs {' '.join(b.numbers) or '-'}")
-    if a.negations != b.negations:
-        return Verdict(False, f"negation: {sorted(a.negations)} vs {sorted(b.negations)}")
-    opposite = _prefixed_antonym(a.words, b.words) or _opposites(a.words, b.words, NEGATION_PAIRS)
-    if opposite:
-        return Verdict(False, f"negation: {opposite}")
-    # A name must be in the other text too, capitalised or not ("france" asks about France).
-    missing = (a.entities - b.words) | (b.entities - a.words)
-    if missing:
-        return Verdict(False, f"entities: {sorted(missing)}")
-    other = _other_of_kind(a.words, b.words)
-    if other:
-        return Verdict(False, f"entities: {other}")
-    if a.units != b.units:
-        return Verdict(False, f"units: {' '.join(a.units) or '-'} vs {' '.join(b.units) or '-'}")
-    opposite = _opposites(a.words, b.words, DIRECTION_PAIRS)
-    if opposite:
-        return Verdict(False, f"direction: {opposite}")
-    downwards = (a.words ^ b.words) & ONE_SIDED_DOWNWARDS
-    if downwards:
-        return Verdict(False, f"direction: {sorted(downwards)} on one side")
-    shared = a.entities & b.entities
-    order_a = [e for e in a.entity_order if e in shared]
-    if len(shared) > 1 and order_a != [e for e in b.entity_order if e in shared]:
-        return Verdict(False, f"direction: {order_a} in another order")
-    swapped = (a.sources & b.targets) | (a.targets & b.sources)
-    if swapped:
-        return Verdict(False, f"direction: from/to {sorted(swapped)} swapped")
-    if a.compared and b.compared and a.compared != b.compared:
-        return Verdict(False, f"direction: than {a.compared} vs {b.compared}")
-    if a.dates != b.dates:
-        return Verdict(False, f"dates: {sorted(a.dates ^ b.dates)}")
+    b = _explained(a, b)
+    a = _explained(b, a)
+    only_a, only_b = a.keys() - b.keys(), b.keys() - a.keys()
+    if only_a or only_b:
+        return Verdict(False, _difference(sorted(only_a.elements()), sorted(only_b.elements())))
+    if _phrase_set(a) != _phrase_set(b):
+        return Verdict(False, f"order: {_show(a)} vs {_show(b)}")
     return Verdict(True)
 
 
-def _numbers(text: str, lower: list[str]) -> tuple[str, ...]:
-    found: list[tuple[int, str]] = []
-    for m in _NUMBER.finditer(text):
-        digits = m.group(1).replace(",", "")
-        if digits.count(".") > 1:
-            digits = m.group(1)  # a version or a date: keep as written
-        scale = (m.group(2) or "").lower()
-        try:
-            value = float(digits) * SCALE.get(scale, 1.0)
-            normal = f"{value:.12g}" if value < 1e15 else digits
-        except ValueError:
-            normal = digits
-        if m.group(3):
-            normal += "%"
-        found.append((m.start(), normal))
-    found += [(m.start(), m.group(1).replace("×", "*").replace("x", "*")) for m in _OPERATOR.finditer(text)]
-    for position, word in enumerate(lower):  # number words and ordinals, after the digits
-        match = _ORDINAL.match(word)
-        if match:
-            found.append((10**9 + position, ordinal(int(match.group(1)))))
-        elif word in SCALE and position and lower[position - 1][-1:].isdigit():
-            continue  # "1.5 million": the scale of the number before it, read with the digits
-        elif word in NUMBER_WORDS:
-            found.append((10**9 + position, str(NUMBER_WORDS[word])))
-    return tuple(n for _, n in sorted(found))
+def _family(language: str) -> str:
+    # Nigerian Pidgin is told from English by a few words ("abeg", "wetin") that a question may or may not
+    # carry; the words themselves are compared, so the two are one family here.
+    return "en" if language == "pcm" else language
 
 
-def _entities(tokens: list[str]) -> list[str]:
-    """Capitalised words not at a sentence start, and acronyms anywhere, casefolded."""
-    out = []
-    sentence_start = True
-    for token in tokens:
-        if token in (".", "?", "!"):
-            sentence_start = True
+# --- explaining differences ----------------------------------------------------------------------------
+
+
+def _explained(a: Canon, b: Canon) -> Canon:
+    """``b`` with each word that is on its side only, and is a spelling, a typo or a split compound of a
+    word on ``a``'s side only, rewritten as that word."""
+    only_a, only_b = a.keys() - b.keys(), b.keys() - a.keys()
+    if not only_a or not only_b:
+        return b
+    a_words = {t.key: t for t in a.tokens if t.key in only_a}
+    rename: dict[str, str] = {}
+    for token in b.tokens:
+        if token.key not in only_b or token.key in rename:
             continue
-        acronym = len(token) > 1 and token.isupper() and token.isalpha()
-        if acronym or (token[:1].isupper() and not sentence_start and token.casefold() not in FILLER):
-            out.append(token.casefold())
-        sentence_start = False
-    return out
+        for key, mine in a_words.items():
+            if key not in rename.values() and (_spelling(mine.surface, token.surface) or _typo(mine, token)):
+                rename[token.key] = key
+                break
+    joined = _compounds(a_words, b, only_b)
+    if not rename and not joined:
+        return b
+    phrases = []
+    for lead, tokens in b.phrases:
+        out: list[Token] = []
+        skip = False
+        for i, token in enumerate(tokens):
+            if skip:
+                skip = False
+                continue
+            if i + 1 < len(tokens) and (token.key, tokens[i + 1].key) in joined:
+                out.append(Token(joined[token.key, tokens[i + 1].key], token.surface + tokens[i + 1].surface))
+                skip = True
+            else:
+                out.append(Token(rename.get(token.key, token.key), token.surface))
+        phrases.append((lead, tuple(out)))
+    return Canon(b.language, tuple(phrases))
 
 
-def _after(lower: list[str], markers: tuple[str, ...]) -> frozenset[str]:
-    """The word after each marker, past determiners ("from my savings" -> savings)."""
-    out = set()
-    for i, w in enumerate(lower):
-        if w in markers:
-            j = i + 1
-            while j < len(lower) and lower[j] in DETERMINERS:
-                j += 1
-            if j < len(lower):
-                out.add(lower[j])
-    return frozenset(out)
-
-
-def _opposites(a: frozenset[str], b: frozenset[str], pairs: dict[str, frozenset[str]]) -> str:
-    """A word on one side only whose opposite is on the other side only."""
-    only_a, only_b = a - b, b - a
-    for word in only_a:
-        for other in pairs.get(word, ()):
-            if other in only_b:
-                return f"{word} vs {other}"
-    return ""
-
-
-def _kind(word: str) -> tuple[str, str] | None:
-    found = KINDS.get(word)
-    if found is None and word.endswith("s"):
-        found = KINDS.get(word[:-1]) or (KINDS.get(word[:-2]) if word.endswith("es") else None)
+def _compounds(a_words: dict[str, Token], b: Canon, only_b: Counter[str]) -> dict[tuple[str, str], str]:
+    """Two neighbouring words of ``b``, both on its side only, that write one word of ``a`` apart."""
+    surfaces = {t.surface: t.key for t in a_words.values()}
+    found = {}
+    for _, tokens in b.phrases:
+        for x, y in itertools.pairwise(tokens):
+            if x.key in only_b and y.key in only_b and x.surface + y.surface in surfaces:
+                found[x.key, y.key] = surfaces[x.surface + y.surface]
     return found
 
 
-def _other_of_kind(a: frozenset[str], b: frozenset[str]) -> str:
-    """A thing of some kind on one side only, and another thing of that kind on the other side only."""
-    only_b = {}
-    for word in b - a:
-        found = _kind(word)
-        if found is not None:
-            only_b.setdefault(found[0], (found[1], word))
-    for word in a - b:
-        found = _kind(word)
-        if found is not None and found[0] in only_b and only_b[found[0]][0] != found[1]:
-            return f"{word} vs {only_b[found[0]][1]}"
-    return ""
+_SPELLING_RULES = (
+    (re.compile(r"our(?=s?$|ite|able|ful|ed|ing|er)"), "or"),  # colour, favourite, labour
+    (re.compile(r"is(?=e[sdr]?s?$|ing$|ation)"), "iz"),  # organise, organisation, fertiliser
+    (re.compile(r"ys(?=e[sd]?$|ing$)"), "yz"),  # analyse
+    (re.compile(r"tre(?=s?$)"), "ter"),  # centre, litre, metre
+    (re.compile(r"(?<=[aeiou])ll(?=ed|ing|er|or)"), "l"),  # travelled, cancelling, jeweller
+    (re.compile(r"ogue$"), "og"),  # catalogue
+    (re.compile(r"ence$"), "ense"),  # defence, licence
+    (re.compile(r"amme$"), "am"),  # programme
+    (re.compile(r"ae|oe(?=[^s]|$)"), "e"),  # anaemia, oestrogen
+    (re.compile(r"yre$"), "ire"),  # tyre
+)
 
 
-def _prefixed_antonym(a: frozenset[str], b: frozenset[str]) -> str:
-    only_a, only_b = a - b, b - a
-    for x, y in ((only_a, only_b), (only_b, only_a)):
-        for word in x:
-            for prefix in NEGATING_PREFIXES:
-                if word.startswith(prefix) and len(word) - len(prefix) >= 3 and word[len(prefix) :] in y:
-                    return f"{word} vs {word[len(prefix) :]}"
-    return ""
+def _spelling(x: str, y: str) -> bool:
+    """British and American spellings of one word."""
+    if x == y or len(x) < 4 or len(y) < 4:
+        return x == y
+    for pattern, american in _SPELLING_RULES:
+        x, y = pattern.sub(american, x), pattern.sub(american, y)
+    return x == y
 
 
-def _language(text: str, lower: list[str]) -> str:
-    """A script other than Latin names itself; in Latin script, the language with the most of its common
-    words, English unless another has more and two or more (or one, and accented letters or no English
-    word); four words or more with no common word of any language listed: "unknown"."""
-    scripts = {unicodedata.name(ch, "?").split()[0] for ch in text if ch.isalpha()}
-    scripts.discard("LATIN")
-    if scripts:
-        return "script:" + "+".join(sorted(scripts))
-    accented = any(ord(ch) > 127 and ch.isalpha() for ch in text)
-    counts = {language: sum(1 for w in lower if w in common) for language, common in LANGUAGE_WORDS.items()}
-    english = counts.pop("en")
-    best, best_count = max(counts.items(), key=lambda kv: kv[1])
-    if best_count > english and (best_count >= 2 or accented or english == 0):
-        return best
-    return "en" if english or len(lower) < 4 else "unknown"
+def _typo(a: Token, b: Token) -> bool:
+    """One edit apart (a letter added, dropped, changed or two swapped), the same first letter, and one of
+    them a word of the embedder's vocabulary while the other is not (two real words are two words)."""
+    x, y = a.surface, b.surface
+    if min(len(x), len(y)) < 3 or max(len(x), len(y)) < 4 or x[0] != y[0] or not (x + y).isalpha():
+        return False
+    vocabulary = _vocabulary()
+    if not vocabulary or (x in vocabulary) == (y in vocabulary):
+        return False
+    return _one_edit(x, y)
+
+
+def _one_edit(x: str, y: str) -> bool:
+    if abs(len(x) - len(y)) > 1 or x == y:
+        return False
+    if len(x) == len(y):
+        diff = [i for i in range(len(x)) if x[i] != y[i]]
+        return len(diff) == 1 or (
+            len(diff) == 2
+            and diff[1] == diff[0] + 1
+            and x[diff[0]] == y[diff[1]]
+            and x[diff[1]] == y[diff[0]]
+        )
+    short, long = (x, y) if len(x) < len(y) else (y, x)
+    i = next((i for i in range(len(short)) if short[i] != long[i]), len(short))
+    return short[i:] == long[i + 1 :]
+
+
+@lru_cache(maxsize=1)
+def _vocabulary() -> frozenset[str]:
+    """The embedded sentence embedder's word list (its whole words): the dictionary a typo is told by; an
+    empty set (no typo explained) when it is not installed."""
+    try:
+        from cache.embedder import embedded_model_dir
+
+        path = Path(embedded_model_dir()) / "vocab.txt"
+        words = path.read_text(encoding="utf-8").split()
+    except Exception:  # no embedded model: typos stay differences
+        return frozenset()
+    return frozenset(w for w in words if w.isalpha() and len(w) > 1)
+
+
+def _difference(only_a: list[str], only_b: list[str]) -> str:
+    both = only_a + only_b
+    if any(w[:1].isdigit() for w in both):
+        kind = "numbers"
+    elif any(w in vw.NEGATION_CUES for w in both):
+        kind = "negation"
+    elif any(w in _UNIT_STEMS for w in both):
+        kind = "units"
+    else:
+        kind = "words"
+    if only_a and only_b:
+        return f"{kind}: {' '.join(only_a)} vs {' '.join(only_b)}"
+    return f"{kind}: +{' '.join(only_a or only_b)} on one side"
+
+
+_UNIT_STEMS = frozenset(stem(w, False) for w in vw.UNIT_WORDS) | vw.UNIT_WORDS
+
+
+def _phrase_set(c: Canon) -> Counter[tuple[str, tuple[str, ...]]]:
+    """Each phrase's opening word and words in order, "not" apart: where it stands in its phrase does not
+    change what it negates (why doesn't my phone charge / why does my phone not charge)."""
+    out: Counter[tuple[str, tuple[str, ...]]] = Counter()
+    for lead, tokens in c.phrases:
+        keys = [t.key for t in tokens]
+        negations = [k for k in keys if k == "not"]
+        out[lead, tuple(k for k in keys if k != "not") + tuple(negations)] += 1
+    return out
+
+
+def _show(c: Canon) -> str:
+    return " | ".join(
+        " ".join(([lead] if lead else []) + [t.key for t in tokens]) for lead, tokens in c.phrases
+    )

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from cache.verify import verify
 from edge.billing import Price, PriceTable
 from netem.bench.client import PromptTokensDetails, Stream, Usage
 from netem.bench.load_arrivals import OpenLoop, coefficient_of_variation, parse_rates
-from netem.bench.load_prompts import LengthDist, PromptMix
+from netem.bench.load_prompts import TEMPLATES, LengthDist, PromptMix
 from netem.bench.load_soak import (
     ProcessSeries,
     growth_of,
@@ -60,6 +61,12 @@ def test_rates_parse():
 
 def _messages(body: bytes) -> list[dict]:
     return json.loads(body)["messages"]
+
+
+def test_a_paraphrase_is_worded_as_the_caches_verifier_explains():
+    words = {"aspect": "mobile money", "subject": "street traders", "place": "Kano"}
+    for template in TEMPLATES[1:]:
+        assert verify(template.format(**words), TEMPLATES[0].format(**words)).ok, template
 
 
 def test_prompt_mix_shares_repeats_and_paraphrases():

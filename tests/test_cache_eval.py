@@ -13,7 +13,6 @@ from cache import evaluate
 from cache.response_cache import CALIBRATION, threshold_for
 from cache.settings import CacheSettings
 from nearshore.cli import main
-from nearshore.cli.cache import SHIPPED_PAIRS
 
 pytestmark = pytest.mark.slow  # loads the embedding model
 
@@ -36,7 +35,7 @@ def test_wilson_interval_and_a_bad_line_named(tmp_path: Path):
 
 def test_a_small_file_through_the_real_cache_counts_hits_and_false_hits(tmp_path: Path, capsys):
     pairs = [
-        {"a": "What is the capital of Kenya?", "b": "Which city is the capital of Kenya?", "same": True},
+        {"a": "How do I reset my password?", "b": "How can I reset my password?", "same": True},
         {"a": "What is the capital of Kenya?", "b": "What is the capital of Kenya?", "same": True},
         {"a": "Is it safe to drink tap water in London?", "b": "Is it unsafe to drink tap water in London?",
          "same": False, "kind": "negation"},
@@ -57,15 +56,25 @@ def test_a_small_file_through_the_real_cache_counts_hits_and_false_hits(tmp_path
     assert cosine_only["threshold"] == 0.90 and cosine_only["false_hits"] >= 1  # tap water: cosine 0.99
 
 
-def test_the_shipped_set_meets_the_target_and_calibration_is_its_measured_curve(capsys):
-    report, outcomes = evaluate.evaluate(SHIPPED_PAIRS)
-    assert report["pairs"] >= 300 and report["hard_negatives"] >= 200
-    assert {"negation", "number", "entity", "unit", "direction", "date", "language"} <= set(report["kinds"])
-    assert report["hard_false_hit_rate"] < 0.01
-    assert report["hit_rate"] >= 0.85
-    measured = evaluate.calibration(outcomes)
-    assert evaluate.compress(measured) == list(CALIBRATION), evaluate.format_calibration(measured)
-    # The text report and the table to paste.
-    assert main(["cache-eval", "--calibrate"]) == 0
+def test_the_suite_measures_every_set_apart_with_the_generated_split_and_the_worst(capsys):
+    assert main(["cache-eval", "--json", "--calibrate"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    sets = report["sets"]
+    assert {"project", "holdout", "seeds-pcm-fr", "generated-dev", "generated-test"} <= set(sets)
+    assert {s["role"] for s in sets.values()} >= {"dev", "test"}
+    generated = report["generated"]
+    assert generated["split"]["dev"] > 500 and generated["split"]["test"] > 500
+    assert set(generated["caught_by"]["test"]) == {"listed", "general"}
+    assert {"gen-swap", "gen-sibling", "gen-qualifier", "gen-negation"} <= set(generated["by_transformation"])
+    # The shipped default keeps every set's hard negatives at or under 1% (the bound the config promises).
+    for name, s in sets.items():
+        assert s["hard_false_hit_rate"] <= 0.01, name
+        assert s["offline_disagreements"] == 0, name
+    assert report["worst"]["unseen"]["hard_false_hit_rate"] <= 0.01
+    assert sets["project"]["hit_rate"] >= 0.45  # the cost of the strict rule, reported beside it
+    assert [row["threshold"] for row in report["curve"]][:2] == [0.40, 0.42]
+    # CALIBRATION is what the dev sets measure, and only they.
+    assert evaluate.compress([tuple(row) for row in report["calibration"]]) == list(CALIBRATION)
+    assert main(["cache-eval"]) == 0
     out = capsys.readouterr().out
-    assert "paraphrase hit rate" in out and "95% CI" in out and "CALIBRATION: Sequence" in out
+    assert "worst never tuned on" in out and "generated hard negatives" in out

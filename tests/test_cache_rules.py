@@ -1,4 +1,4 @@
-"""The cache's keys (who may share an answer) and its verifier (which near-duplicates say the same thing)."""
+"""The cache's keys: who may share an answer (the verifier's own tests are in test_cache_verify.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import pytest
 
 from cache.keys import cache_key
-from cache.verify import verify
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, chat_request_decoder
 
 
@@ -69,44 +68,3 @@ def test_no_key_without_a_last_user_turn_and_chat_is_not_completion():
     completion = CompletionRequest(model="gemma-3-270m", prompt="What is the capital of France?")
     assert cache_key(completion, "acme").partition != cache_key(chat(), "acme").partition
     assert cache_key(CompletionRequest(model="m", prompt="x", echo=True), "acme") is None
-
-
-@pytest.mark.parametrize(
-    ("a", "b", "why"),
-    [
-        (
-            "Is it safe to drink tap water in London?",
-            "Is it unsafe to drink tap water in London?",
-            "negation",
-        ),
-        ("Why is the sky blue?", "Why isn't the sky blue?", "negation"),
-        ("Convert 30 Celsius to Fahrenheit", "Convert 30 Fahrenheit to Celsius", "units"),
-        ("What can I buy with 100 dollars?", "What can I buy with 1000 dollars?", "numbers"),
-        ("How far is it from London to Paris?", "How far is it from Paris to London?", "direction"),
-        ("Is Lagos bigger than Abuja?", "Is Abuja bigger than Lagos?", "direction"),
-        ("Should I buy Bitcoin now?", "Should I sell Bitcoin now?", "direction"),
-        ("What is the population of Nigeria?", "What is the population of Ghana?", "entities"),
-        ("What is the weather in Lagos today?", "What is the weather in Lagos tomorrow?", "dates"),
-        ("Who won the 2018 World Cup?", "Who won the World Cup in 2022?", "numbers"),
-        ("What is the capital of France?", "Quelle est la capitale de la France ?", "language"),
-    ],
-)
-def test_hard_negatives_fail_the_check_that_names_why(a, b, why):
-    verdict = verify(a, b)
-    assert not verdict.ok and verdict.reason.startswith(why), verdict
-
-
-@pytest.mark.parametrize(
-    ("a", "b"),
-    [
-        ("Is it safe to drink tap water in London?", "Can I safely drink the tap water in London?"),
-        ("What is the capital of France?", "Which city is the capital of France?"),
-        ("what is the capital of france", "What is the capital of France?"),
-        ("How do I reset my password?", "How can I reset my password?"),
-        ("Explain photosynthesis simply.", "Explain photosynthesis in simple terms."),
-        ("What is 10k in naira?", "What is 10,000 in naira?"),
-        ("What is 3 plus 4?", "What is three plus four?"),  # the same numbers, spelled differently
-    ],
-)
-def test_paraphrases_pass(a, b):
-    assert verify(a, b).ok

@@ -1,110 +1,126 @@
-"""The verifier's checks on what issue 10's evaluation found: opposites one on each side, swapped roles
-(from / to, than, the order of names), numbers stuck to units, things of one kind, and the paraphrases that
-the first version turned down (every form of "not", greetings, possessives, hyphens, determiners)."""
+"""The verifier explains every difference or refuses: what it explains (case, spelling, contractions,
+framings, moved phrases, synonyms from its table, number forms, the place of "not"), and the kinds of
+difference it was never given a list for, which it refuses by the general rule and names."""
 
 from __future__ import annotations
 
 import pytest
 
-from cache.verify import facts, verify
+from cache.verify import MAX_COMPARED_CHARS, canon, semantic_allowed, verify
 
 
 @pytest.mark.parametrize(
     ("a", "b", "why"),
     [
-        ("Which fruits are good for diabetics?", "Which fruits are bad for diabetics?", "negation"),
-        ("Is it true that vaccines cause autism?", "Is it false that vaccines cause autism?", "negation"),
-        ("Which snakes in Kenya are venomous?", "Which snakes in Kenya are non-venomous?", "negation"),
-        (
-            "Is it normal to feel tired after a vaccine?",
-            "Is it abnormal to feel tired after a vaccine?",
-            "negation",
-        ),
-        ("How do I enable dark mode on my iPhone?", "How do I disable dark mode on my iPhone?", "negation"),
-        ("How do I turn on Bluetooth on my laptop?", "How do I turn off Bluetooth on my laptop?", "negation"),
-        ("How can I make my hair grow?", "How can I make my hair stop growing?", "negation"),
-        ("How do I activate my SIM card?", "How do I deactivate my SIM card?", "negation"),
-        ("What are the strengths of a democracy?", "What are the weaknesses of a democracy?", "negation"),
+        # two arguments swapped with no from / to between them
+        ("Does coffee raise blood pressure?", "Does blood pressure raise coffee?", "order"),
+        ("Is a tomato a fruit?", "Is a fruit a tomato?", "order"),
         (
             "How do I move files from my phone to my laptop?",
             "How do I move files from my laptop to my phone?",
-            "direction",
+            "order",
         ),
-        (
-            "Why are men taller than women on average?",
-            "Why are women taller than men on average?",
-            "direction",
-        ),
-        ("Is Abuja east or west of Lagos?", "Is Lagos east or west of Abuja?", "direction"),
-        ("How do I convert a PDF to Word?", "How do I convert a Word document to PDF?", "direction"),
-        (
-            "Which is healthier, brown rice or white rice?",
-            "Which is less healthy, brown rice or white rice?",
-            "direction",
-        ),
-        ("What is the hottest month in Lagos?", "What is the coldest month in Lagos?", "direction"),
-        ("How do I upload photos to iCloud?", "How do I download photos from iCloud?", "direction"),
-        ("How much does a 50kg bag of rice cost?", "How much does a 25kg bag of rice cost?", "numbers"),
-        ("Explain the 2nd law of thermodynamics.", "Explain the 1st law of thermodynamics.", "numbers"),
-        ("What is the second largest city in Kenya?", "What is the 3rd largest city in Kenya?", "numbers"),
-        ("How do I treat a dog with fleas?", "How do I treat a cat with fleas?", "entities"),
-        ("What are the side effects of paracetamol?", "What are the side effects of ibuprofen?", "entities"),
-        ("How do I install a ceiling fan?", "How do I repair a ceiling fan?", "entities"),
-        ("How many teaspoons are in a tablespoon?", "How many tablespoons are in a teaspoon?", "units"),
-        ("Convert 100 km/h to mph", "Convert 100 mph to km/h", "units"),
-        ("What are the school holidays in spring?", "What are the school holidays in autumn?", "dates"),
-        ("Tell me about Nelson Mandela.", "Niambie kuhusu Nelson Mandela.", "language"),
-        ("what is the capital of kenya", "what is the capital of uganda", "entities"),
-        ("translate hello to french", "translate hello to spanish", "entities"),
-        ("How do I cook yam porridge?", "How do I reheat yam porridge?", "entities"),
-        ("How do I write a CV?", "How do I read a CV?", "entities"),
-        ("What is 8 + 7?", "What is 8 - 7?", "numbers"),
-        ("Is it -3 degrees in Johannesburg?", "Is it 3 degrees in Johannesburg?", "numbers"),
-        ("Is 9am a good time for a meeting?", "Is 9pm a good time for a meeting?", "direction"),
-        ("How do I cook rice?", "Jinsi ya kupika wali?", "language"),
+        ("Is Lagos bigger than Abuja?", "Is Abuja bigger than Lagos?", "order"),
+        # opposites no table lists
+        ("How do I tighten a bicycle chain?", "How do I loosen a bicycle chain?", "words"),
+        ("Why is my dough too sticky?", "Why is my dough too crumbly?", "words"),
+        ("What is the warmest month in Nairobi?", "What is the coolest month in Nairobi?", "words"),
+        ("What is the largest city in Kenya?", "What is the second largest city in Kenya?", "numbers"),
+        ("What is the largest city in Kenya?", "What is the smallest city in Kenya?", "words"),
+        # a qualifier on one side only: audience, condition, constraint
+        ("How much paracetamol can I take?", "How much paracetamol can I take during pregnancy?", "words"),
+        ("What is the dose of ibuprofen?", "What is the dose of ibuprofen for a child?", "words"),
+        ("How do I bake bread?", "How do I bake bread without an oven?", "negation"),
+        ("What should I wear to the interview?", "What should I wear to the interview if it rains?", "words"),
+        # another member of a kind
+        ("Convert 30 Celsius to Kelvin", "Convert 30 Celsius to Fahrenheit", "units"),
+        ("How do I write a cover letter?", "How do I write a poem?", "words"),
+        ("How do I read a CSV file in Python?", "How do I read a CSV file in Rust?", "words"),
+        ("How do I open a Wema bank account?", "How do I open a GTBank account?", "words"),
+        # quantifiers, modals, tense
+        ("Do all snakes lay eggs?", "Do some snakes lay eggs?", "words"),
+        ("Can I take ibuprofen with food?", "Should I take ibuprofen with food?", "words"),
+        ("Who is the president of Ghana?", "Who was the president of Ghana?", "words"),
+        # numbers, negation, language
+        ("What can I buy with 100 dollars?", "What can I buy with 1000 dollars?", "numbers"),
+        ("What is 8 + 7?", "What is 8 - 7?", "words"),
+        ("Why is the sky blue?", "Why isn't the sky blue?", "negation"),
+        ("Is it safe to drink tap water in London?", "Is it unsafe to drink tap water in London?", "words"),
+        ("What is the capital of France?", "Quelle est la capitale de la France ?", "language"),
+        # Nigerian Pidgin particles and French
+        ("How I fit register for JAMB?", "How I no fit register for JAMB?", "negation"),
+        ("Wetin dey cause malaria?", "Wetin don cause malaria?", "words"),
+        ("Comment acheter une voiture ?", "Comment vendre une voiture ?", "words"),
+        ("Quel est le plus grand pays d'Afrique ?", "Quel est le plus petit pays d'Afrique ?", "words"),
+        ("Quels aliments éviter pendant la grossesse ?", "Quels aliments éviter ?", "words"),
     ],
 )
-def test_hard_negatives_found_by_the_evaluation_fail_and_say_why(a, b, why):
+def test_a_difference_nothing_explains_is_a_miss_that_names_it(a, b, why):
     verdict = verify(a, b)
     assert not verdict.ok and verdict.reason.startswith(why), verdict
+    assert not verify(b, a).ok
 
 
 @pytest.mark.parametrize(
     ("a", "b"),
     [
-        ("Why can't my laptop connect to Wi-Fi?", "Why cannot my laptop connect to Wi-Fi?"),
+        ("what is the capital of kenya", "What is the capital of Kenya?"),
+        ("WHO WROTE PURPLE HIBISCUS", "Who wrote Purple Hibiscus?"),
+        ("Why can't my laptop connect to Wi-Fi?", "Why can my laptop not connect to wifi?"),
         ("Why doesn't my phone charge?", "Why does my phone not charge?"),
-        (
-            "Which African countries have no access to the sea?",
-            "Which African countries do not have access to the sea?",
-        ),
-        ("Good morning! How do I make a budget?", "How do I make a budget?"),
-        ("Which is the longest river in Africa?", "What is Africa's longest river?"),
-        ("how does mpesa work", "How does M-Pesa work?"),
-        ("how far is the moon from earth", "How far is the Moon from the Earth?"),
-        ("Lagos to Abuja distance", "What is the distance from Lagos to Abuja?"),
-        ("How do I recieve money on PayPal?", "How do I receive money on PayPal?"),
-        ("What is the best way to learn Python?", "What's the most effective way to learn Python?"),
-        ("Tell me a fun fact about elephants.", "Give me an interesting fact about elephants."),
-        ("Where did jazz music originate?", "What is the origin of jazz music?"),
-        ("How do I install Python on Windows?", "How can I set up Python on a Windows computer?"),
-        ("How do I reboot my router?", "How do I restart my router?"),
-        ("Is 1.5m naira a good salary?", "Is 1.5 million naira a good salary?"),
+        ("What's the boiling point of water?", "What is the boiling point of water?"),
+        ("How do I reset my password?", "How can I reset my password?"),
+        ("How to cook egusi soup", "How do you cook egusi soup?"),
+        ("Please tell me how to make ofada stew.", "How do I make ofada stew?"),
+        ("Hi, could you explain what a credit score is?", "What is a credit score?"),
+        ("In Lagos, where can I buy a cheap phone?", "Where can I buy a cheap phone in Lagos?"),
+        ("During pregnancy, which foods should I avoid?", "Which foods should I avoid during pregnancy?"),
+        ("symptoms of malaria", "What are the symptoms of malaria?"),
+        ("What is Nigeria's capital?", "What is the capital of Nigeria?"),
+        ("What is the best colour for a kitchen?", "What is the best color for a kitchen?"),
+        ("How do I improve my credit scor?", "How do I improve my credit score?"),
+        ("How do I buy a car?", "How do I purchase a car?"),
         ("What is 10k in naira?", "What is 10,000 in naira?"),
-        ("Is the 10-day forecast reliable?", "Is the 10 day forecast reliable?"),
-        ("What is 5+3?", "What is 5 + 3?"),
-        ("How do I cook jollof rice?", "How do I prepare jollof rice?"),
-        ("How far is Lagos from Abuja?", "how far is lagos from abuja"),
+        ("What is three plus four?", "What is 3 plus 4?"),
+        ("Is 1.5m naira a good salary?", "Is 1.5 million naira a good salary?"),
+        ("Which is better, Python or Java?", "Which is better, Java or Python?"),
+        ("what does inflation mean", "What is the meaning of inflation?"),
+        ("hw do i check my mtn data balance pls", "How do I check my MTN data balance?"),
+        ("Abeg, how I fit cook jollof rice?", "How I fit cook jollof rice?"),
+        ("Quelle est la capitale du Sénégal ?", "quelle est la capitale du senegal"),
+        (
+            "Pendant la grossesse, quels aliments faut-il éviter ?",
+            "Quels aliments faut-il éviter pendant la grossesse ?",
+        ),
     ],
 )
-def test_paraphrases_the_first_verifier_turned_down_pass(a, b):
+def test_differences_it_explains_pass(a, b):
     assert verify(a, b).ok, verify(a, b)
+    assert verify(b, a).ok, verify(b, a)
 
 
-def test_facts_read_units_ordinals_roles_and_languages():
-    f = facts("Send 50kg from my farm to the Lagos market on the 2nd of June")
-    assert f.numbers == ("50", "2nd") and f.units == ("kg",)
-    assert f.sources == {"farm"} and f.targets == {"lagos"} and "june" in f.dates
-    assert facts("Quelle est la capitale de la France ?").language == "fr"
-    assert facts("jollof rice recipe").language == "en"
-    assert facts("日本の首都はどこですか").language.startswith("script:")
+def test_a_difference_anywhere_in_a_long_text_counts_and_a_text_too_long_is_exact_only():
+    tail = " ".join(f"step {i}: keep the old settings" for i in range(40))
+    planted = f"How do I reset my password? {tail}"
+    assert not verify("How do I reset my password?", planted).ok
+    huge = "How do I reset my password? " + "x " * MAX_COMPARED_CHARS
+    assert not semantic_allowed(huge) and verify(huge, huge + "y").reason.startswith("length")
+    assert semantic_allowed("How do I reset my password?")
+
+
+def test_code_and_indented_text_are_never_semantic_hits():
+    one = "Why does this fail?\n```\nfor i in range(3):\n    print(i)\n```"
+    two = "Why does this fail?\n```\nfor i in range(3):\nprint(i)\n```"
+    assert not semantic_allowed(one) and not semantic_allowed(two)
+    assert verify(one, two).reason.startswith("verbatim")
+
+
+def test_the_canonical_form_reads_framings_numbers_stems_and_phrases():
+    form = canon("How can I send 50kg of maize from Kano to Lagos?")
+    assert form.language == "en"
+    assert form.phrases[0] == ("", tuple(form.phrases[0][1]))
+    keys = [t.key for t in form.tokens]
+    assert keys[:1] == ["<how-to>"] and "50" in keys and "kg" in keys
+    assert {lead for lead, _ in form.phrases} >= {"from", "to"}
+    assert canon("Quelle est la capitale de la France ?").language == "fr"
+    assert canon("日本の首都はどこですか").language.startswith("script:")

@@ -261,7 +261,7 @@ def test_edge_serves_with_only_the_edge_images_packages(tmp_path: Path) -> None:
                 if ask("Is it safe to drink tap water in London?", key, no_store)[0] == "HIT":
                     break
                 time.sleep(0.05)
-            cache, lines = ask("Can I safely drink the tap water in London?", key)
+            cache, lines = ask("Is it safe to drink the tap water in London, please?", key)
             assert cache == "SEMANTIC" and lines[-1] == b"data: [DONE]", (cache, edge.log_tail())
     finally:
         pacer.process.stop()

@@ -78,7 +78,7 @@ async def test_an_exact_repeat_is_answered_at_the_edge_and_billed_as_a_hit(edge:
 async def test_a_paraphrase_is_a_semantic_hit_and_a_negation_or_other_number_is_not(edge: Edge):
     key = edge.new_key()
     await stored(edge, key, question("Is it safe to drink tap water in London?"))
-    status, headers, _ = await ask(edge, key, question("Can I safely drink the tap water in London?"))
+    status, headers, _ = await ask(edge, key, question("Hi, is it safe to drink the tap water in London?"))
     assert headers["x-nearshore-cache"] == "SEMANTIC" and float(headers["x-nearshore-cache-similarity"]) > 0.8
     for other in ("Is it unsafe to drink tap water in London?", "Is it safe to drink tap water in Paris?"):
         status, headers, _ = await ask(edge, key, question(other))
@@ -153,7 +153,7 @@ async def test_a_semantic_hit_cancels_its_region_request(tmp_path: Path):
         key = edge.new_key()
         await stored(edge, key, question("How many states does Nigeria have?"))
         started = time.perf_counter()
-        _, headers, _ = await ask(edge, key, question("How many states are there in Nigeria?"))
+        _, headers, _ = await ask(edge, key, question("Please, how many states does Nigeria have?"))
         assert headers["x-nearshore-cache"] == "SEMANTIC" and time.perf_counter() - started < 1.0
         await asyncio.sleep(0.3)
         async with aiohttp.ClientSession() as s, s.get(slow.url + "/health") as r:

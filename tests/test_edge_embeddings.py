@@ -97,7 +97,7 @@ async def test_the_cache_can_embed_its_questions_at_a_region(tmp_path, region: N
 
             assert await ask("What is the capital city of Nigeria?") == "MISS"
             for _ in range(40):  # stored off the request's path
-                if await ask("Which city is the capital of Nigeria?") == "SEMANTIC":
+                if await ask("What's the capital city of Nigeria, please?") == "SEMANTIC":
                     break
             else:
                 raise AssertionError("the paraphrase never hit")

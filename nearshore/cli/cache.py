@@ -11,11 +11,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cache import admin, evaluate
+from cache import admin, eval_suite, evaluate
 from edge.config import EdgeConfig
 from nearshore.config import load_config
 
-SHIPPED_PAIRS = Path(evaluate.__file__).resolve().parent / "data" / "pairs.jsonl"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -28,8 +27,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "file",
         nargs="?",
         type=Path,
-        default=SHIPPED_PAIRS,
-        help="JSON Lines of labelled pairs {a, b, same, kind} (default: the shipped set)",
+        default=None,
+        help="JSON Lines of labelled pairs {a, b, same, kind, lang} (default: every shipped set, the "
+        "generated hard negatives, and the worst of them)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     parser.add_argument(
@@ -41,6 +41,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    if args.file is None:
+        return _run_suite(args)
     try:
         report, outcomes = evaluate.evaluate(args.file)
     except (OSError, ValueError) as exc:
@@ -59,6 +61,35 @@ def run_eval(args: argparse.Namespace) -> int:
         print(
             "\nmeasured calibration (threshold, false-hit rate on the hard negatives with the verifier on: "
             "the upper end of its 95% interval):"
+        )
+        print(evaluate.format_calibration(table))
+    return 0
+
+
+def _run_suite(args: argparse.Namespace) -> int:
+    try:
+        sets, negatives = eval_suite.with_generated(eval_suite.load_sets())
+        report = eval_suite.run_suite(sets, negatives)
+    except (OSError, ValueError) as exc:
+        print(f"nearshore cache-eval: {exc}", file=sys.stderr)
+        return 2
+    table = evaluate.calibration(eval_suite.dev_outcomes(report)) if args.calibrate else None
+    report.pop("_outcomes")
+    if args.json:
+        if table is not None:
+            report["calibration"] = [list(row) for row in table]
+        print(json.dumps(report, ensure_ascii=False))
+        return 0
+    print(eval_suite.format_suite(report))
+    if args.misses:
+        for name, s in report["sets"].items():
+            if s["role"] == "dev":
+                print(f"\n  {name}:")
+                print(evaluate.format_misses(s))
+    if table is not None:
+        print(
+            "\nmeasured calibration on the dev sets only (threshold, false-hit rate on their hard negatives "
+            "with the verifier on: the upper end of its 95% interval):"
         )
         print(evaluate.format_calibration(table))
     return 0

@@ -38,11 +38,12 @@ PLACES = [
     "Addis Ababa", "Dar es Salaam", "Kano", "Ibadan", "Kumasi", "Cotonou", "Lome", "Douala", "Luanda",
     "Maputo",
 ]  # fmt: skip
-# One question, worded three ways: index 0 for fresh questions, the others for paraphrases.
+# One question, worded three ways: index 0 for fresh questions, the others for paraphrases (worded in ways
+# the cache's verifier explains: a moved phrase, a polite framing).
 TEMPLATES = [
     "How does {aspect} affect {subject} in {place}?",
-    "In {place}, what effect does {aspect} have on {subject}?",
-    "What is the impact of {aspect} on {subject} in {place}?",
+    "In {place}, how does {aspect} affect {subject}?",
+    "Can you tell me how {aspect} affects {subject} in {place}?",
 ]
 FILLER_TEXT = (
     "the report notes that demand grew steadily over the last quarter while supply stayed flat and "
