@@ -156,3 +156,11 @@ def test_put_many_stores_a_batch_and_an_exact_key_keeps_its_first_answer(tmp_pat
     with pytest.raises(ValueError, match="one partition"):
         store.put_many([answer(5, "x"), answer(6, "y", partition="other")], vectors[:2])
     store.close()
+
+
+def test_a_build_whose_vector_file_was_replaced_meanwhile_is_not_saved(big):
+    store, _ = big
+    loaded = store.vectors("big")
+    store.indexes._build("big", loaded, (0, 0))  # built on a file that is no longer there
+    assert store.indexes.builds == 0 and store.indexes.get("big") is None
+    assert not store.indexes.path("big").exists()
