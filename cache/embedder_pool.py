@@ -30,6 +30,11 @@ LoadWhen = Literal["eager", "lazy"]
 PoolState = Literal["unloaded", "loading", "ready", "failed"]
 
 
+class OutOfScope(RuntimeError):
+    """No embedder the request may use (a region embeds, and none within its data-residency scope serves
+    the model): this request's lookup is a miss; the cache is not broken."""
+
+
 class EmbedderBusy(RuntimeError):
     """More requests are waiting than the queue holds; try again shortly."""
 
@@ -106,7 +111,8 @@ class EmbedderPool:
             raise EmbedderLoadError(self.failure)
         return await asyncio.shield(self._begin_load())
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str], regions: frozenset[str] | None = None) -> np.ndarray:
+        """The texts' vectors (``regions``, where a region embeds, is no concern of a local pool)."""
         return (await self._run(texts, count=False, max_tokens=None)).vectors
 
     async def embed_counted(self, texts: Sequence[str], max_tokens: int | None = None) -> Embedded:

@@ -3,13 +3,15 @@
 A cached answer may only ever be returned for a request that would have produced it: the same tenant (or a
 shared scope the keys opt into), the same model, every parameter that changes the output, and the same
 conversation up to the last user turn. All of that makes the **partition**; semantic search never leaves it.
-Inside a partition, the **exact key** adds the last user turn (whitespace and Unicode normalised), and the
-**query** (that turn's text) is what the semantic level embeds.
+Inside a partition, the **exact key** adds the last user turn, and the **query** (that turn's text) is what
+the semantic level embeds. The turn is normalised for the exact key only where that cannot change what is
+asked: in prose (case, runs of spaces, the closing ? . !), never in code, indented or long text, where
+spacing and case carry meaning (Python differing only in indentation is two questions).
 
 Parameters are taken from the request's own fields, all of them except those that cannot change the text
-(``stream``, ``stream_options``, ``user``) and the conversation itself, so a field added to the schema later
-partitions by default instead of being shared by mistake. ``temperature`` is as sent, with OpenAI's default
-1.0 when omitted; the token limit is the effective one.
+(``stream``, ``stream_options``, ``user``, and ``seed`` at temperature 0) and the conversation itself, so a
+field added to the schema later partitions by default instead of being shared by mistake. ``temperature`` is
+as sent, with OpenAI's default 1.0 when omitted; the token limit is the effective one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from cache.verify import semantic_allowed
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
 
 # Fields that do not change the answer's text, and the conversation, which is keyed on its own.
@@ -28,6 +31,7 @@ _NOT_PARAMETERS = frozenset(
     {"stream", "stream_options", "user", "messages", "prompt", "max_tokens", "max_completion_tokens"}
 )
 _SPACE = re.compile(r"\s+")
+_CLOSING = re.compile(r"[\s?.!]+$")
 OPENAI_DEFAULT_TEMPERATURE = 1.0
 
 
@@ -40,8 +44,13 @@ class CacheKey:
 
 
 def normalise(text: str) -> str:
-    """Unicode NFC, whitespace collapsed and trimmed: the same question typed twice is one exact key."""
-    return _SPACE.sub(" ", unicodedata.normalize("NFC", text)).strip()
+    """The same question typed twice is one exact key: Unicode NFC always; in prose that the verifier reads
+    (not code, not indented, not longer than it compares) also casefolded, runs of spaces collapsed and the
+    closing punctuation dropped. Anything else is kept as sent."""
+    text = unicodedata.normalize("NFC", text)
+    if not semantic_allowed(text):
+        return text
+    return _CLOSING.sub("", _SPACE.sub(" ", text).strip().casefold())
 
 
 def parameters(body: ChatCompletionRequest | CompletionRequest) -> dict[str, object]:
@@ -50,6 +59,10 @@ def parameters(body: ChatCompletionRequest | CompletionRequest) -> dict[str, obj
     params = {name: value for name, value in fields.items() if name not in _NOT_PARAMETERS}
     if params.get("temperature") is None:
         params["temperature"] = OPENAI_DEFAULT_TEMPERATURE
+    if params["temperature"] == 0:
+        # Greedy decoding draws nothing: a seed cannot change the answer, and one partition per seed let a
+        # client varying it fill the cache with partitions.
+        params.pop("seed", None)
     params["token_limit"] = body.token_limit()
     if isinstance(params.get("stop"), str):
         params["stop"] = [params["stop"]]

@@ -21,10 +21,10 @@ from typing import Literal
 import msgspec
 import numpy as np
 
-from cache.embedder_pool import EmbedderPool
+from cache.embedder_pool import EmbedderPool, OutOfScope
 from cache.keys import CacheKey
 from cache.store import CacheStore, Entry
-from cache.verify import verify
+from cache.verify import semantic_allowed, verify
 
 log = logging.getLogger("nearshore.cache")
 HitKind = Literal["exact", "semantic"]
@@ -104,11 +104,16 @@ class ResponseCache:
         self._touch_later(key.exact)
         return Hit(entry, "exact", 1.0)
 
-    async def semantic(self, key: CacheKey) -> Lookup:
-        if self.semantic_off:
+    async def semantic(self, key: CacheKey, regions: frozenset[str] | None = None) -> Lookup:
+        """The nearest entry the verifier accepts; ``regions``: where the question may be embedded (the
+        request's residency scope, when a region embeds). A question the verifier does not compare (code,
+        or longer than it reads) is never embedded nor looked up: it is served by exact hits only."""
+        if self.semantic_off or not semantic_allowed(key.query):
             return Lookup(None, None)
         try:
-            vector = (await self.embedder.embed([key.query]))[0]
+            vector = (await self.embedder.embed([key.query], regions))[0]
+        except OutOfScope:
+            return Lookup(None, None)
         except Exception as exc:
             self._broke("embedding", exc)
             return Lookup(None, None)
@@ -127,7 +132,11 @@ class ResponseCache:
         """The nearest entries of the partition, best first, until the verifier accepts one (in a worker
         thread: index search, entry reads and the verifier stay off the event loop)."""
         rejected = 0
+        seen: set[str] = set()
         for similarity, exact in self.store.nearest(key.partition, vector, CANDIDATES, self.threshold):
+            if exact in seen:  # a refreshed entry has a row for each of its answers
+                continue
+            seen.add(exact)
             entry = self.store.peek(exact)
             if entry is None or entry.partition != key.partition:
                 continue
@@ -154,14 +163,28 @@ class ResponseCache:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def save(self, key: CacheKey, entry: Entry, vector: np.ndarray | None) -> bool:
-        """Store a complete answer (embedding its question if the lookup did not); False if not stored."""
+    async def save(
+        self,
+        key: CacheKey,
+        entry: Entry,
+        vector: np.ndarray | None,
+        regions: frozenset[str] | None = None,
+        replace: bool = False,
+    ) -> bool:
+        """Store a complete answer (embedding its question if the lookup did not, within ``regions``);
+        ``replace``: over an entry already stored for the key (a fresh answer asked for with
+        ``Cache-Control: no-cache``), else the first answer stays. False if not stored."""
         try:
             if key.scope and not entry.scope:  # which tenant an entry is for, for `nearshore cache`
                 entry = msgspec.structs.replace(entry, scope=key.scope)
-            if vector is None and not self.semantic_off:
-                vector = (await self.embedder.embed([key.query]))[0]
-            saved = await asyncio.to_thread(self.store.put, key.exact, entry, vector)
+            if not semantic_allowed(key.query):
+                vector = None  # exact hits only: never embedded, never compared
+            elif vector is None and not self.semantic_off:
+                try:
+                    vector = (await self.embedder.embed([key.query], regions))[0]
+                except OutOfScope:
+                    vector = None
+            saved = await asyncio.to_thread(self.store.put, key.exact, entry, vector, replace)
         except Exception as exc:
             self._broke("store", exc)
             return False

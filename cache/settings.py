@@ -20,7 +20,12 @@ class CacheSettings(Struct, forbid_unknown_fields=True, kw_only=True):
     target_false_hit_rate: Annotated[float, Meta(ge=0, le=1)] = 0.01
     # Only temperature-0 requests are cached, except for these tenants' keys.
     any_temperature_tenants: list[str] = field(default_factory=list)
-    # Tenants whose keys share one scope (otherwise each tenant's entries are its own).
+    # Who may be answered from whose entries: "tenant" (every key of a tenant shares them: one key's users
+    # can plant an answer that another key's users get for the same question), "key" (each API key its
+    # own), "user" (each key's end users, by the request's `user` field, apart; requests without one share
+    # their key's scope).
+    scope: Literal["tenant", "key", "user"] = "tenant"
+    # Tenants whose keys share one scope across tenants (otherwise each tenant's entries are its own).
     shared_tenants: list[str] = field(default_factory=list)
     # Store answers cut at max_tokens (finish_reason "length") too.
     store_truncated: bool = False

@@ -403,10 +403,17 @@ class CacheStore:
             return None
         return entry
 
-    def put(self, exact: str, entry: Entry, vector: np.ndarray | None) -> bool:
+    def put(self, exact: str, entry: Entry, vector: np.ndarray | None, replace: bool = False) -> bool:
         """Store ``entry`` (and its row in the partition's index); False when another writer stored the
-        same key first (one answer per key: the first)."""
+        same key first (one answer per key: the first), unless ``replace`` (a fresh answer asked for: it
+        takes the key's place, and the row the key already has serves it)."""
         ttl = max(0.0, entry.expires_s - time.time())
+        if replace:
+            had = self._reader.get(exact) is not None
+            self.entries.set(exact, _encoder.encode(entry), expire=ttl)
+            if vector is not None and not had:
+                self._append(entry.partition, exact, vector)
+            return True
         if not self.entries.add(exact, _encoder.encode(entry), expire=ttl):
             return False
         if vector is not None:

@@ -20,8 +20,11 @@ money") stays out. The hard-negative generator (cache/negatives_words.py) keeps 
 from __future__ import annotations
 
 
-def _set(words: str) -> frozenset[str]:
+def set_of(words: str) -> frozenset[str]:
     return frozenset(words.split())
+
+
+_set = set_of
 
 
 def _groups(table: str) -> dict[str, str]:

@@ -5,10 +5,14 @@ semantic lookup (embedding off the event loop, then the verifier) races the regi
 comes first answers and the region's request is cancelled (never billed as served, its slot freed); a miss
 costs the request nothing. A complete, successful answer is stored afterwards, off the request's path.
 
-Policy: only temperature-0 requests are cached (``cache.any_temperature_tenants`` widen it);
-``Cache-Control: no-cache`` skips the lookup, ``no-store`` the write, ``max-age=N`` accepts only entries
-younger than N seconds and keeps a new one at most N seconds. Errors, filtered and cut-short answers are
-never stored; answers cut at max_tokens only with ``cache.store_truncated``.
+Policy: only temperature-0 requests are cached (``cache.any_temperature_tenants`` widen it), each scope's
+answers for its own requests (``cache.scope``: the tenant, the key, or the key's end user);
+``Cache-Control: no-cache`` skips the lookup and its fresh answer replaces the stored one, ``no-store``
+skips the write, ``max-age=N`` accepts only entries younger than N seconds and keeps a new one at most N
+seconds. Errors, filtered and cut-short answers are never stored; answers cut at max_tokens only with
+``cache.store_truncated``. A question the verifier does not compare (code, or longer than it reads) gets
+exact hits only: no embedding, no semantic search. Where a region embeds (``cache.embed = "region"``), the
+question goes only to a region the request's data-residency policy allows.
 """
 
 from __future__ import annotations
@@ -22,8 +26,11 @@ import msgspec
 from cache.keys import CacheKey, cache_key
 from cache.response_cache import Hit, Lookup, ResponseCache
 from cache.store import Entry
+from cache.verify import semantic_allowed
 from edge.cache_reply import CachedReply
 from edge.journey import Journey, Reply
+from edge.keys import ApiKey
+from edge.routing import client_where
 from nearshore.protocol.headers import CACHE
 from nearshore.protocol.schemas import EmbeddingRequest
 
@@ -63,8 +70,18 @@ def _key(journey: Journey) -> CacheKey | None:
         return None  # a vector is cheap to make again and is not an answer to reuse
     if body.temperature != 0 and key.tenant not in settings.any_temperature_tenants:
         return None
-    scope = SHARED_SCOPE if key.tenant in settings.shared_tenants else f"tenant:{key.tenant}"
-    return cache_key(body, scope)
+    return cache_key(body, scope_of(settings.scope, key.tenant in settings.shared_tenants, key, body.user))
+
+
+def scope_of(scope: str, shared: bool, key: ApiKey, user: str | None) -> str:
+    """Whose entries a request may be answered from (``cache.scope``; a shared tenant shares them all)."""
+    if shared:
+        return SHARED_SCOPE
+    if scope == "key" or (scope == "user" and not user):
+        return f"key:{key.key_id}"
+    if scope == "user":
+        return f"user:{key.key_id}:{user}"
+    return f"tenant:{key.tenant}"
 
 
 async def cache_stage(journey: Journey) -> Reply | None:
@@ -80,6 +97,8 @@ async def cache_stage(journey: Journey) -> Reply | None:
     journey.call.client_headers[CACHE] = "MISS"
     metrics = journey.state.metrics
     lookup: asyncio.Task[Lookup] | None = None
+    settings = journey.state.config.cache
+    regions = _embedding_scope(journey) if settings.embed == "region" else None
     if directives.read:
         started = time.perf_counter()
         hit = cache.exact(key)
@@ -88,12 +107,22 @@ async def cache_stage(journey: Journey) -> Reply | None:
             reply.taken(time.perf_counter() - started)
             metrics.cache_lookups.labels("exact").inc()
             return reply
-        if journey.state.config.cache.semantic:
-            lookup = asyncio.create_task(cache.semantic(key))
+        if settings.semantic and semantic_allowed(key.query):
+            lookup = asyncio.create_task(cache.semantic(key, regions))
             journey.preempt = asyncio.create_task(_semantic(journey, lookup, directives, started))
+        else:
+            metrics.cache_lookups.labels("miss").inc()
     if directives.write:
-        journey.cleanups.append(_store_later(journey, cache, key, lookup, directives))
+        journey.cleanups.append(_store_later(journey, cache, key, lookup, directives, regions))
     return None
+
+
+def _embedding_scope(journey: Journey) -> frozenset[str] | None:
+    """The regions the request's data-residency policy lets its question go to (None: any)."""
+    state, key = journey.state, journey.key
+    assert key is not None
+    where = client_where(journey, state.locator)
+    return state.pool.router.residency.allowed(where.country, where.continent, key.tenant).regions
 
 
 def _fresh(entry: Entry, directives: Directives) -> bool:
@@ -127,7 +156,12 @@ class _Preempting(CachedReply):
 
 
 def _store_later(
-    journey: Journey, cache: ResponseCache, key: CacheKey, lookup: asyncio.Task[Lookup] | None, d: Directives
+    journey: Journey,
+    cache: ResponseCache,
+    key: CacheKey,
+    lookup: asyncio.Task[Lookup] | None,
+    d: Directives,
+    regions: frozenset[str] | None,
 ):
     async def store() -> None:
         settings = journey.state.config.cache
@@ -156,7 +190,8 @@ def _store_later(
             if lookup is not None:
                 result = await lookup
                 vector = result.vector
-            await cache.save(key, entry, vector)
+            # no-cache asked for a fresh answer: it replaces the stored one (for everyone in the scope)
+            await cache.save(key, entry, vector, regions, replace=not d.read)
 
         journey.state.in_background(save())
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
+from cache.embedder_pool import OutOfScope
 from edge.answer import MAX_VECTOR_BYTES, UpstreamFault, check_embeddings, read_bounded
 from edge.upstream import UPSTREAM_ERRORS, UpstreamPool
 
@@ -46,15 +47,21 @@ class RegionEmbedder:
     async def close(self) -> None:
         return None
 
-    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str], regions: frozenset[str] | None = None) -> np.ndarray:
+        """The texts' vectors from the nearest replica serving the model among ``regions`` (the request's
+        data-residency scope; None: any): a question goes only where the request itself may go."""
         body = msgspec.json.encode({"model": self.model, "input": list(texts)})
         headers = {"Content-Type": "application/json", **self.pool.headers}
         now = time.monotonic()
         replicas = [
             u
             for u in self.pool.upstreams
-            if self.model in u.replica.models and u.replica.health.routable(now)
+            if self.model in u.replica.models
+            and u.replica.health.routable(now)
+            and (regions is None or u.replica.region in regions)
         ]
+        if not replicas and regions is not None:
+            raise OutOfScope(f"no region the request may reach ({', '.join(sorted(regions))}) embeds")
         replicas.sort(key=lambda u: u.replica.latency.rtt_ms)
         failures = []
         for upstream in replicas:

@@ -17,6 +17,7 @@ import msgspec
 from aiohttp import web
 
 from nearshore.protocol import sse
+from nearshore.protocol.errors import MODEL_NOT_FOUND, ApiError
 from nearshore.protocol.headers import LOAD
 from nearshore.protocol.load import LoadReport, LoadState, format_load
 from nearshore.protocol.schemas import (
@@ -55,6 +56,8 @@ class PacerSettings:
         # Requests answered to the end, and those whose client left first (an edge that cancelled them).
         self.answered = 0
         self.abandoned = 0
+        # /v1/embeddings requests refused (a pacer serves no embedding model): who sent it questions
+        self.embeddings_refused = 0
 
 
 PACER = web.AppKey("pacer", PacerSettings)
@@ -67,6 +70,7 @@ def create_app(settings: PacerSettings) -> web.Application:
     app.router.add_post("/v1/completions", _answer)
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/embeddings", _no_embeddings)
     if settings.load is not None:
         app.on_response_prepare.append(_add_load)
     return app
@@ -84,10 +88,17 @@ async def _health(request: web.Request) -> web.Response:
         "pacer": settings.name,
         "answered": settings.answered,
         "abandoned": settings.abandoned,
+        "embeddings_refused": settings.embeddings_refused,
     }
     if settings.load is not None:
         payload.update(model=settings.load.state, load=msgspec.to_builtins(settings.load))
     return web.json_response(payload)
+
+
+async def _no_embeddings(request: web.Request) -> web.Response:
+    request.app[PACER].embeddings_refused += 1
+    error = ApiError(MODEL_NOT_FOUND, "This pacer serves no embedding model.", param="model")
+    return web.Response(body=error.to_json(), status=error.status, content_type="application/json")
 
 
 async def _models(_request: web.Request) -> web.Response:

@@ -28,7 +28,6 @@ def test_the_same_question_typed_twice_is_one_exact_key():
         {"top_p": 0.5},
         {"max_tokens": 7},
         {"stop": ["\n"]},
-        {"seed": 3},
         {"presence_penalty": 0.5},
         {"frequency_penalty": 0.5},
         {"top_k": 4},
@@ -39,6 +38,12 @@ def test_every_output_affecting_parameter_splits_the_partition(other):
     base = cache_key(chat(temperature=0), "acme")
     changed = cache_key(chat(**{"temperature": 0, **other}), "acme")
     assert base is not None and changed is not None and base.partition != changed.partition
+
+
+def test_a_seed_splits_the_partition_only_where_it_can_change_the_answer():
+    assert cache_key(chat(temperature=0, seed=3), "acme") == cache_key(chat(temperature=0), "acme")
+    drawn = cache_key(chat(temperature=0.7, seed=3), "acme")
+    assert drawn.partition != cache_key(chat(temperature=0.7, seed=4), "acme").partition
 
 
 def test_what_cannot_change_the_text_does_not_split_it_and_omitted_temperature_is_openais_default():
@@ -68,3 +73,30 @@ def test_no_key_without_a_last_user_turn_and_chat_is_not_completion():
     completion = CompletionRequest(model="gemma-3-270m", prompt="What is the capital of France?")
     assert cache_key(completion, "acme").partition != cache_key(chat(), "acme").partition
     assert cache_key(CompletionRequest(model="m", prompt="x", echo=True), "acme") is None
+
+
+def test_prose_is_normalised_for_the_exact_key_and_code_or_long_text_is_kept_as_sent():
+    plain = cache_key(chat("What is the capital of France?"), "acme")
+    assert plain.exact == cache_key(chat("what is  the capital of France"), "acme").exact
+    four = "Why does this fail?\n```python\nif ready:\n    start()\n```"
+    two = "Why does this fail?\n```python\nif ready:\n  start()\n```"
+    assert cache_key(chat(four), "acme").exact != cache_key(chat(two), "acme").exact
+    long_text = "Summarise this: " + "The cat sat on the mat. " * 200
+    assert (
+        cache_key(chat(long_text), "acme").exact
+        != cache_key(chat(long_text.replace(". ", ".  ")), "acme").exact
+    )
+
+
+def test_the_scope_setting_keeps_keys_or_users_apart_within_a_tenant():
+    from edge.cache_stage import scope_of
+    from edge.keys import ApiKey
+
+    key = ApiKey(key_id="k1", tenant="acme")
+    assert scope_of("tenant", False, key, "u1") == "tenant:acme"
+    assert scope_of("key", False, key, "u1") == "key:k1"
+    assert scope_of("user", False, key, "u1") == "user:k1:u1"
+    assert scope_of("user", False, key, None) == "key:k1"  # no end user named: the key's own scope
+    assert scope_of("user", True, key, "u1") == "shared"
+    one, other = (cache_key(chat(), scope_of("user", False, key, u)) for u in ("u1", "u2"))
+    assert one.partition != other.partition
