@@ -21,9 +21,10 @@ from typing import Literal
 import msgspec
 import numpy as np
 
+from cache.audit import AuditBook
 from cache.embedder_pool import EmbedderPool, OutOfScope
 from cache.keys import CacheKey
-from cache.store import CacheStore, Entry
+from cache.store import CacheStore, Entry, StoreLimits
 from cache.verify import semantic_allowed, verify
 
 log = logging.getLogger("nearshore.cache")
@@ -57,6 +58,7 @@ class Hit:
     entry: Entry
     kind: HitKind
     similarity: float  # 1.0 for an exact hit
+    exact: str = ""  # the entry's exact key (what the audit evicts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,20 +68,30 @@ class Lookup:
     hit: Hit | None
     vector: np.ndarray | None
     rejected: int = 0  # candidates above the threshold that the verifier turned down
+    # A hit its partition may not serve (the audit measured too many false hits there): not served, but
+    # judged against the answer the client gets, for free, so that the partition can earn it back.
+    held: Hit | None = None
 
 
 class ResponseCache:
     def __init__(
-        self, folder: Path, embedder: EmbedderPool, dim: int, size_limit_bytes: int, threshold: float
+        self,
+        folder: Path,
+        embedder: EmbedderPool,
+        dim: int,
+        size_limit_bytes: int,
+        threshold: float,
+        limits: StoreLimits | None = None,
     ) -> None:
         self.embedder = embedder
         self.threshold = threshold
-        self.store = CacheStore(folder, dim, size_limit_bytes)
+        self.store = CacheStore(folder, dim, size_limit_bytes, limits=limits)
         # What fails now, by operation: a full disk breaks only "store" (reads still hit), a deleted folder
         # breaks them all; each operation's next success clears its own entry.
         self.failures: dict[str, str] = {}
         self.failure_counts: dict[str, int] = {}  # every failure since start, by operation, for /metrics
         self.semantic_off = ""  # why only exact hits are served (no embedding model), for /health
+        self.audit: AuditBook | None = None  # the live audit's book, when the edge audits
         self._background: set[asyncio.Future] = set()  # reads being recorded for the LRU
 
     @property
@@ -102,7 +114,7 @@ class ResponseCache:
         if entry is None:
             return None
         self._touch_later(key.exact)
-        return Hit(entry, "exact", 1.0)
+        return Hit(entry, "exact", 1.0, key.exact)
 
     async def semantic(self, key: CacheKey, regions: frozenset[str] | None = None) -> Lookup:
         """The nearest entry the verifier accepts; ``regions``: where the question may be embedded (the
@@ -124,6 +136,8 @@ class ResponseCache:
             self._broke("semantic lookup", exc)
             return Lookup(None, vector)
         self.failures.pop("semantic lookup", None)
+        if hit is not None and self.audit is not None and not self.audit.serves_semantic(key.partition):
+            return Lookup(None, vector, rejected, held=hit)
         if exact:
             self._touch_later(exact)
         return Lookup(hit, vector, rejected)
@@ -140,8 +154,12 @@ class ResponseCache:
             entry = self.store.peek(exact)
             if entry is None or entry.partition != key.partition:
                 continue
+            # An entry whose question was once served wrongly at this similarity needs more (the audit).
+            if self.audit is not None and similarity < self.audit.threshold_for(exact):
+                rejected += 1
+                continue
             if verify(key.query, entry.query).ok:
-                return Hit(entry, "semantic", similarity), exact, rejected
+                return Hit(entry, "semantic", similarity, exact), exact, rejected
             rejected += 1
         return None, "", rejected
 
@@ -190,6 +208,13 @@ class ResponseCache:
             return False
         self.failures.pop("store", None)
         return saved
+
+    async def evict(self, exact: str) -> None:
+        """Drop an entry the audit found wrong (its row stays in the index and leads nowhere)."""
+        try:
+            await asyncio.to_thread(self.store.delete, exact)
+        except Exception as exc:
+            self._broke("evict", exc)
 
     def _broke(self, what: str, exc: BaseException) -> None:
         reason = f"{what} failed: {type(exc).__name__}: {exc}"[:300]

@@ -110,8 +110,25 @@ async def health(request: web.Request) -> web.Response:
             "limits": "up" if limiter_up else f"down ({state.config.limits.fail_mode})",
             "regions": regions,
             "cache": _cache_health(state),
+            "cache_audit": _audit_health(state),
         }
     )
+
+
+def _audit_health(state: EdgeState) -> dict | None:
+    """The live audit's measured false-hit rate (every verdict since start) and its 95% interval."""
+    book = state.cache.audit if state.cache is not None else None
+    if book is None:
+        return None
+    rate = book.rate()
+    return {
+        "audited": rate.audited,
+        "wrong": rate.wrong,
+        "false_hit_rate": round(rate.measured, 4),
+        "ci95": [round(rate.lower, 4), round(rate.upper, 4)],
+        "target": book.target,
+        "partitions_off": book.partitions_off,
+    }
 
 
 def _cache_health(state: EdgeState) -> str:
@@ -142,9 +159,17 @@ async def metrics(request: web.Request) -> web.Response:
         m_.cache_up.set(0 if state.cache.failure else 1)
         for operation, count in state.cache.failure_counts.items():
             m_.cache_failures.labels(operation).set(count)
+        if state.cache.audit is not None:
+            rate = state.cache.audit.rate()
+            for bound, value in (("measured", rate.measured), ("lower", rate.lower), ("upper", rate.upper)):
+                m_.cache_false_hit_rate.labels(bound).set(value)
+            m_.cache_partitions_off.set(state.cache.audit.partitions_off)
         with contextlib.suppress(Exception):  # a broken cache folder must not break /metrics
             m_.cache_entries.set(len(state.cache.store.entries))
-            m_.cache_bytes.set(state.cache.store.entries.volume())
+            store = state.cache.store
+            m_.cache_bytes.set(store.entries.volume() + store.index_bytes)
+            m_.cache_partitions.set(store.partitions)
+            m_.cache_open_maps.set(store.open_maps)
     now = time.monotonic()
     for upstream in state.pool.upstreams:
         replica, name, m = upstream.replica, upstream.name, state.metrics

@@ -16,6 +16,7 @@ from cache.embedder import EmbedderLoadError, embedded_model_dir, load_embedder,
 from cache.embedder_pool import EmbedderPool
 from cache.response_cache import ResponseCache, threshold_for
 from cache.settings import CacheSettings
+from cache.store import StoreLimits
 from edge.config import EdgeConfig
 from edge.region_embedder import RegionEmbedder
 from edge.state import EdgeState
@@ -43,6 +44,7 @@ def make_cache(config: EdgeConfig, upstreams: UpstreamPool) -> tuple[ResponseCac
             dim or 1,
             settings.size_limit_mb << 20,
             threshold_for(settings.target_false_hit_rate),
+            store_limits(settings, semantic=not why_not),
         )
     except Exception as exc:  # an unwritable or corrupt folder: serve without a cache
         log.warning("response cache at %s cannot be opened (%s): serving without it", folder, exc)
@@ -50,6 +52,18 @@ def make_cache(config: EdgeConfig, upstreams: UpstreamPool) -> tuple[ResponseCac
     if why_not:
         cache.semantic_off = why_not
     return cache, ""
+
+
+def store_limits(settings: CacheSettings, semantic: bool) -> StoreLimits:
+    return StoreLimits(
+        read_cache_bytes=settings.read_cache_mb << 20,
+        max_maps=settings.max_maps,
+        map_idle_s=settings.map_idle_s,
+        index_memory_bytes=settings.index_memory_mb << 20,
+        max_partitions=settings.max_partitions,
+        # no semantic level: no index files, so the entries keep the whole limit
+        index_share=settings.index_share if semantic and settings.semantic else 0.0,
+    )
 
 
 def _embedder(

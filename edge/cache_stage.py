@@ -23,13 +23,16 @@ from dataclasses import dataclass
 
 import msgspec
 
+from cache.audit import Mode
 from cache.keys import CacheKey, cache_key
 from cache.response_cache import Hit, Lookup, ResponseCache
 from cache.store import Entry
 from cache.verify import semantic_allowed
+from edge.cache_audit import Audited
 from edge.cache_reply import CachedReply
 from edge.journey import Journey, Reply
 from edge.keys import ApiKey
+from edge.relay import Opened
 from edge.routing import client_where
 from nearshore.protocol.headers import CACHE
 from nearshore.protocol.schemas import EmbeddingRequest
@@ -99,6 +102,7 @@ async def cache_stage(journey: Journey) -> Reply | None:
     lookup: asyncio.Task[Lookup] | None = None
     settings = journey.state.config.cache
     regions = _embedding_scope(journey) if settings.embed == "region" else None
+    audited = _audited(journey, key, regions)
     if directives.read:
         started = time.perf_counter()
         hit = cache.exact(key)
@@ -109,12 +113,19 @@ async def cache_stage(journey: Journey) -> Reply | None:
             return reply
         if settings.semantic and semantic_allowed(key.query):
             lookup = asyncio.create_task(cache.semantic(key, regions))
-            journey.preempt = asyncio.create_task(_semantic(journey, lookup, directives, started))
+            journey.preempt = asyncio.create_task(_semantic(journey, lookup, directives, started, audited))
         else:
             metrics.cache_lookups.labels("miss").inc()
     if directives.write:
-        journey.cleanups.append(_store_later(journey, cache, key, lookup, directives, regions))
+        journey.cleanups.append(_store_later(journey, cache, key, lookup, directives, audited))
     return None
+
+
+def _audited(journey: Journey, key: CacheKey, regions: frozenset[str] | None) -> Audited:
+    body, admission = journey.body, journey.admission
+    assert body is not None and admission is not None and not isinstance(body, EmbeddingRequest)
+    kind = "chat" if journey.kind == "chat" else "completions"
+    return Audited(key.partition, key.query, kind, body.stream, body.model, admission.max_tokens, regions)
 
 
 def _embedding_scope(journey: Journey) -> frozenset[str] | None:
@@ -130,7 +141,7 @@ def _fresh(entry: Entry, directives: Directives) -> bool:
 
 
 async def _semantic(
-    journey: Journey, lookup: asyncio.Task[Lookup], directives: Directives, started: float
+    journey: Journey, lookup: asyncio.Task[Lookup], directives: Directives, started: float, audited: Audited
 ) -> Reply | None:
     result = await lookup
     metrics = journey.state.metrics
@@ -141,18 +152,25 @@ async def _semantic(
         metrics.cache_lookups.labels("miss").inc()
         return None
     metrics.cache_lookups.labels("semantic").inc()
-    return _Preempting(journey, result.hit, time.perf_counter() - started)
+    return _Preempting(journey, result.hit, time.perf_counter() - started, audited)
 
 
 class _Preempting(CachedReply):
-    """A semantic hit: recorded on the journey only if it wins the race (forward calls ``won``)."""
+    """A semantic hit: recorded on the journey only if it wins the race (forward calls ``won``); an
+    audited one keeps the region's request, to judge its answer in the background."""
 
-    def __init__(self, journey: Journey, hit: Hit, lookup_s: float) -> None:
+    def __init__(self, journey: Journey, hit: Hit, lookup_s: float, audited: Audited) -> None:
         super().__init__(journey, hit)
         self.lookup_s = lookup_s
+        self.audited = audited
 
-    def won(self) -> None:
+    def won(self, upstream: asyncio.Future[Opened]) -> bool:
         self.taken(self.lookup_s)
+        state = self.journey.state
+        book = state.cache.audit if state.cache is not None else None
+        if book is None or state.auditor is None or not book.should_audit(self.audited.partition):
+            return False
+        return state.auditor.take(self.audited, self.hit, upstream)
 
 
 def _store_later(
@@ -161,7 +179,7 @@ def _store_later(
     key: CacheKey,
     lookup: asyncio.Task[Lookup] | None,
     d: Directives,
-    regions: frozenset[str] | None,
+    audited: Audited,
 ):
     async def store() -> None:
         settings = journey.state.config.cache
@@ -186,12 +204,17 @@ def _store_later(
         )
 
         async def save() -> None:
-            vector = None
-            if lookup is not None:
-                result = await lookup
-                vector = result.vector
+            result = await lookup if lookup is not None else None
+            vector = result.vector if result is not None else None
             # no-cache asked for a fresh answer: it replaces the stored one (for everyone in the scope)
-            await cache.save(key, entry, vector, regions, replace=not d.read)
+            await cache.save(key, entry, vector, audited.regions, replace=not d.read)
+            # A hit the client was not served (it lost the race, or its partition serves exact hits only)
+            # is judged against the answer the client got: a verdict that costs nothing.
+            other = result and (result.held or result.hit)
+            auditor = journey.state.auditor
+            if other and auditor is not None:
+                mode: Mode = "shadow" if result.held else "raced"
+                await auditor.judge(audited, other, entry.text, mode)
 
         journey.state.in_background(save())
 

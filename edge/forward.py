@@ -102,8 +102,8 @@ async def _race(
     if preempt in done and not preempt.cancelled() and preempt.exception() is None:
         reply = preempt.result()
         if reply is not None:
-            reply.won()
-            _abandon(upstream)
+            if not reply.won(upstream):
+                _abandon(upstream)
             return reply
     return await upstream
 

@@ -62,9 +62,11 @@ class Reply(Protocol):
 
 
 class Preempting(Reply, Protocol):
-    """A reply that raced the region's answer; ``won`` records it on the journey once it wins."""
+    """A reply that raced the region's answer; ``won`` records it on the journey once it wins, and says
+    whether it takes the region's request in hand (an audit lets it finish in the background), else the
+    request is cancelled."""
 
-    def won(self) -> None: ...
+    def won(self, upstream: asyncio.Future[Opened]) -> bool: ...
 
 
 @dataclass(slots=True, eq=False)

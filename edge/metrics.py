@@ -53,12 +53,56 @@ class EdgeMetrics:
             buckets=_LATENCY,
         )
         self.cache_entries = Gauge(P + "cache_entries", "Entries in the response cache.", registry=r)
-        self.cache_bytes = Gauge(P + "cache_bytes", "Bytes the response cache's entries take.", registry=r)
+        self.cache_bytes = Gauge(
+            P + "cache_bytes", "Bytes the cache takes on disk (entries, index files).", registry=r
+        )
+        self.cache_partitions = Gauge(
+            P + "cache_partitions", "Partitions with index files in the cache folder.", registry=r
+        )
+        self.cache_open_maps = Gauge(
+            P + "cache_open_maps",
+            "Index files this process holds mapped (an open file each).",
+            registry=r,
+        )
         self.cache_up = Gauge(P + "cache_up", "1 while the response cache works (0: bypassed).", registry=r)
         self.cache_failures = Gauge(
             P + "cache_failures",
             "Response cache operations that failed since start (the request went on without the cache).",
             ["operation"],
+            registry=r,
+        )
+        self.cache_audits = Counter(
+            P + "cache_audits",
+            "Semantic hits the live audit judged, by how (sampled: the region's answer let finish; "
+            "raced: the region answered first; shadow: in a partition serving exact hits only) and "
+            "verdict (agree, disagree, unsure; failed or skipped: not judged).",
+            ["mode", "verdict"],
+            registry=r,
+        )
+        self.cache_false_hit_rate = Gauge(
+            P + "cache_false_hit_rate",
+            "The share of audited semantic hits that answered another question, with its 95% interval.",
+            ["bound"],
+            registry=r,
+        )
+        self.cache_partitions_off = Gauge(
+            P + "cache_semantic_partitions_off",
+            "Partitions serving exact hits only: their measured false-hit rate is above the target.",
+            registry=r,
+        )
+        self.cache_audit_evictions = Counter(
+            P + "cache_audit_evictions", "Entries the live audit found wrong and evicted.", registry=r
+        )
+        self.cache_audit_tokens = Counter(
+            P + "cache_audit_tokens",
+            "Tokens of the region answers the audit let finish (never billed to a tenant).",
+            ["type"],
+            registry=r,
+        )
+        self.cache_audit_cost = Counter(
+            P + "cache_audit_cost_usd",
+            "What the region answers the audit let finish cost at the price table "
+            "(never billed to a tenant).",
             registry=r,
         )
         self.continued = Counter(

@@ -71,12 +71,53 @@ EDGE_METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec(P + "cache_lookup_seconds", "histogram", (), "Semantic lookup time (embedding included)."),
     MetricSpec(P + "cache_entries", "gauge", (), "Entries in the response cache."),
-    MetricSpec(P + "cache_bytes", "gauge", (), "Bytes the response cache's entries take."),
+    MetricSpec(P + "cache_bytes", "gauge", (), "Bytes the cache takes on disk (entries, index files)."),
+    MetricSpec(P + "cache_partitions", "gauge", (), "Partitions with index files in the cache folder."),
+    MetricSpec(
+        P + "cache_open_maps",
+        "gauge",
+        (),
+        "Index files this process holds mapped (an open file each).",
+    ),
     MetricSpec(P + "cache_up", "gauge", (), "1 while the response cache works (0: bypassed)."),
     MetricSpec(
         P + "cache_failures",
         "gauge",
         ("operation",),
         "Response cache operations that failed since start (the request went on without the cache).",
+    ),
+    # The cache's live audit
+    MetricSpec(
+        P + "cache_audits",
+        "counter",
+        ("mode", "verdict"),
+        "Semantic hits the live audit judged, by how (sampled: the region's answer let finish; raced: the "
+        "region answered first; shadow: in a partition serving exact hits only) and verdict (agree, "
+        "disagree, unsure; failed or skipped: not judged).",
+    ),
+    MetricSpec(
+        P + "cache_false_hit_rate",
+        "gauge",
+        ("bound",),
+        "The share of audited semantic hits that answered another question, with its 95% interval.",
+    ),
+    MetricSpec(
+        P + "cache_semantic_partitions_off",
+        "gauge",
+        (),
+        "Partitions serving exact hits only: their measured false-hit rate is above the target.",
+    ),
+    MetricSpec(P + "cache_audit_evictions", "counter", (), "Entries the live audit found wrong and evicted."),
+    MetricSpec(
+        P + "cache_audit_tokens",
+        "counter",
+        ("type",),
+        "Tokens of the region answers the audit let finish (never billed to a tenant).",
+    ),
+    MetricSpec(
+        P + "cache_audit_cost_usd",
+        "counter",
+        (),
+        "What the region answers the audit let finish cost at the price table (never billed to a tenant).",
     ),
 )

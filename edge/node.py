@@ -12,9 +12,11 @@ from pathlib import Path
 
 from aiohttp import web
 
+from cache.audit import AuditBook
 from edge.app import EdgeState, create_app, create_metrics_app
 from edge.billing import PriceTable
 from edge.budget import BudgetBook, SharedBudgets
+from edge.cache_audit import Auditor
 from edge.cache_setup import cache_lifetime, make_cache
 from edge.config import EdgeConfig
 from edge.gate_stage import make_gates
@@ -129,6 +131,15 @@ def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.
     )
     state.gates = make_gates(config.pools, state.pool.router.replicas)
     state.cache, state.cache_off = make_cache(config, state.pool)
+    if state.cache is not None:
+        settings = config.cache
+        state.cache.audit = AuditBook(
+            settings.target_false_hit_rate,
+            settings.audit_share,
+            settings.audit_first_hits,
+            settings.audit_window,
+        )
+        state.auditor = Auditor(state.cache, config, state.metrics, state.prices, state.in_background)
     state.aliases = {a.name: a for a in config.aliases}
     if pipeline is None and not config.geo.route:
         pipeline = default_pipeline().without("route")

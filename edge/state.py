@@ -12,6 +12,7 @@ from aiohttp import web
 from cache.response_cache import ResponseCache
 from edge.billing import PriceTable
 from edge.budget import BudgetBook, Budgets
+from edge.cache_audit import Auditor
 from edge.config import EdgeConfig
 from edge.keys import KeyStore
 from edge.ledger import Ledger
@@ -37,6 +38,7 @@ class EdgeState:
     budget: Budgets = None  # type: ignore[assignment]  # a BudgetBook unless given (shared through Redis)
     cache: ResponseCache | None = None  # the response cache (the cache stage), None when off
     cache_off: str = ""  # why there is no cache
+    auditor: Auditor | None = None  # the cache's live audit (with the cache)
     locator: Locator | None = None  # where clients are (the route stage needs it)
     aliases: dict[str, SizeAlias] = field(default_factory=dict)  # size aliases by name (the rightsize stage)
     gates: dict[str, PoolGate] = field(default_factory=dict)  # per-pool in-flight limits (the gate stage)

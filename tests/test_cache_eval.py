@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cache import evaluate
+from cache import answer_compare, evaluate
 from cache.response_cache import CALIBRATION, threshold_for
 from cache.settings import CacheSettings
 from nearshore.cli import main
@@ -78,3 +78,15 @@ def test_the_suite_measures_every_set_apart_with_the_generated_split_and_the_wor
     assert main(["cache-eval"]) == 0
     out = capsys.readouterr().out
     assert "worst never tuned on" in out and "generated hard negatives" in out
+
+
+def test_the_audits_judge_is_measured_on_labelled_answers_and_its_weights_are_the_dev_fit(capsys):
+    assert main(["cache-eval", "--answers", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["fitted_on_dev"] == {"weights": answer_compare.WEIGHTS, "bias": answer_compare.BIAS}
+    test = report["splits"]["test"]
+    assert test["right_answers"] > 50 and test["wrong_answers"] > 50
+    # Its own error, held out: few right answers called wrong (a good entry evicted), and the share of
+    # wrong ones it calls right is what the measured rate can miss.
+    assert test["false_alarms"] / test["right_answers"] <= 0.05
+    assert test["misses"] / test["wrong_answers"] <= 0.15

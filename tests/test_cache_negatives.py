@@ -82,3 +82,23 @@ def test_the_generators_tables_never_call_two_words_the_verifier_calls_one():
         for group in groups:
             heads = [head(w) for w in group]
             assert len(set(heads)) == len(heads), group
+
+
+def test_the_learned_options_candidates_are_word_substitutions_and_its_threshold_admits_no_dev_negative():
+    from cache import eval_learned
+    from cache.evaluate import Pair
+
+    assert eval_learned.substitution("How do I buy a car?", "How do I sell a car?") == ("buy", "sell")
+    assert eval_learned.substitution("How do I buy a car?", "How do I not buy a car?") is None  # negation
+    assert eval_learned.substitution("How do I buy a car?", "How can I buy a car?") is None  # explained
+    found = [
+        eval_learned.Candidate(Pair("a", "b", False, "sibling"), "dev", 0.8),
+        eval_learned.Candidate(Pair("a", "c", True), "dev", 0.9),
+        eval_learned.Candidate(Pair("a", "d", False, "sibling"), "sealed", 0.85),
+    ]
+    report = eval_learned.report(found)
+    assert report["fitted_threshold"] == pytest.approx(0.8, abs=1e-3)
+    assert report["roles"]["dev"] == {
+        "refused_paraphrases_seen": 1, "paraphrases_added": 1, "negatives_seen": 1, "false_hits_added": 0
+    }  # fmt: skip
+    assert report["roles"]["sealed"]["false_hits_added"] == 1

@@ -45,3 +45,18 @@ def test_validation_error_becomes_openai_error_with_param():
     assert error.status == 400 and error.param == "messages[0].content"
     body = msgspec.json.decode(error.to_json())
     assert body["error"]["type"] == "invalid_request_error"
+
+
+def test_the_edge_configs_cache_section_documents_every_setting_at_its_default():
+    import tomllib
+    from pathlib import Path
+
+    import msgspec
+
+    from cache.settings import CacheSettings
+
+    root = Path(__file__).resolve().parent.parent
+    section = tomllib.loads((root / "configs" / "edge.toml").read_text())["cache"]
+    defaults = msgspec.structs.asdict(CacheSettings())
+    assert set(section) == set(defaults), set(section) ^ set(defaults)
+    assert section == defaults

@@ -147,7 +147,8 @@ async def test_errors_and_cut_short_answers_are_never_cached(tmp_path: Path):
 
 async def test_a_semantic_hit_cancels_its_region_request(tmp_path: Path):
     slow = start_pacer(tmp_path, name="slow", tokens=4, interval_ms=1500)  # its first byte takes 1.5 s
-    edge = start_edge(tmp_path / "edge", [("slow", slow.url)], cache={"store_truncated": True})
+    no_audit = {"audit_first_hits": 0, "audit_share": 0.0}  # an audited hit lets its region's answer finish
+    edge = start_edge(tmp_path / "edge", [("slow", slow.url)], cache={"store_truncated": True, **no_audit})
     edge.extra.append(slow.process)
     try:
         key = edge.new_key()

@@ -115,7 +115,7 @@ FLAGS = {
     ],
     "hostile": ["--host", "--port", "--mode", "--name", "--tokens", "--limit-s", "--max-connections"],
     "demo": ["question", "--max-tokens", "--topology"],
-    "cache-eval": ["file", "--json", "--calibrate", "--misses"],
+    "cache-eval": ["file", "--json", "--calibrate", "--misses", "--learned", "--answers"],
     "gpu-check": [
         "--device",
         "--model",

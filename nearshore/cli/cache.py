@@ -11,7 +11,9 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cache import admin, eval_suite, evaluate
+from cache import admin, eval_answers, eval_learned, eval_suite, evaluate
+from cache.embedder import embedded_model_dir, load_embedder
+from cache.settings import CacheSettings
 from edge.config import EdgeConfig
 from nearshore.config import load_config
 
@@ -38,9 +40,31 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="also print the threshold -> false-hit-rate table for CALIBRATION in cache/response_cache.py",
     )
     parser.add_argument("--misses", action="store_true", help="also list the paraphrases it missed, and why")
+    parser.add_argument(
+        "--learned",
+        action="store_true",
+        help="measure whether the embedder, judging the words the verifier cannot explain, adds paraphrase "
+        "hits at the same precision (fitted on the dev sets, counted on the others)",
+    )
+    parser.add_argument(
+        "--answers",
+        action="store_true",
+        help="measure the live audit's judge of two answers instead, on cache/data/answer_pairs.jsonl",
+    )
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    if args.answers:
+        report = eval_answers.evaluate_judge()
+        print(json.dumps(report) if args.json else eval_answers.format_judge(report))
+        return 0
+    if args.learned:
+        sets, _ = eval_suite.with_generated(eval_suite.load_sets())
+        settings = CacheSettings()
+        embedder = load_embedder(str(embedded_model_dir()), backend=settings.embedder_backend)
+        report = eval_learned.report(eval_learned.candidates(sets, embedder))
+        print(json.dumps(report) if args.json else eval_learned.format_learned(report))
+        return 0
     if args.file is None:
         return _run_suite(args)
     try:
