@@ -99,6 +99,9 @@ def run_suite(
         "generated": generated_report(negatives, outcomes),
         "curve": curve(outcomes, sets),
         "calibration_in_use": [list(row) for row in CALIBRATION],
+        "verifier_cost_us": verifier_cost_us(
+            [p for pairs, role in sets.values() if role == "dev" for p in pairs]
+        ),
         "seconds": round(time.perf_counter() - started, 2),
         "_outcomes": outcomes,
     }
@@ -244,6 +247,11 @@ def format_suite(r: dict) -> str:
             f"{splits[s]['false_hits']}/{splits[s]['pairs']}" if s in splits else "-" for s in ("dev", "test")
         ]
         lines.append(f"      {kind:<18} {cells[0]:>9} | {cells[1]}")
+    cost = r["verifier_cost_us"]
+    lines.append(
+        f"  the verifier: {cost['cold_us']:.0f} us a pair read for the first time (both texts), "
+        f"{cost['warm_us']:.0f} us compared again ({cost['pairs']} dev pairs)"
+    )
     lines += [
         "",
         "  the trade-off over the threshold (paraphrase hits, false hits on hard negatives, by role):",

@@ -19,7 +19,6 @@ kind is not an easy one (another topic altogether). Rates come with a 95% Wilson
 from __future__ import annotations
 
 import asyncio
-import math
 import tempfile
 import time
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from cache.audit import wilson
 from cache.embedder import Embedder, embedded_model_dir, load_embedder
 from cache.embedder_pool import EmbedderPool
 from cache.keys import cache_key
@@ -43,7 +43,6 @@ TARGETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)  # the curve's points ove
 COSINE_ONLY = (0.90, 0.95)  # the issue's cosine-only figures, compared with cosine + verifier
 CALIBRATION_GRID = tuple(round(0.50 + 0.01 * i, 2) for i in range(50))  # 0.50 .. 0.99
 EVAL_MODEL = "cache-eval"
-Z95 = 1.959964
 
 
 class Pair(msgspec.Struct):
@@ -70,16 +69,6 @@ def load_pairs(path: Path) -> list[Pair]:
     if not pairs:
         raise ValueError(f"{path}: no pairs")
     return pairs
-
-
-def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a proportion (95% by default); (0, 1) for no trials."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 @dataclass(frozen=True, slots=True)

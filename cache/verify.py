@@ -52,6 +52,7 @@ def semantic_allowed(text: str) -> bool:
     return len(text) <= MAX_COMPARED_CHARS and is_prose(text)
 
 
+@lru_cache(maxsize=65536)
 def is_prose(text: str) -> bool:
     """Text whose spacing does not matter: no code markers, no indented lines."""
     return _CODE.search(text) is None
@@ -69,9 +70,10 @@ def verify(query: str, cached: str) -> Verdict:
     a, b = canon(query), canon(cached)
     if _family(a.language) != _family(b.language):
         return Verdict(False, f"language: {a.language} vs {b.language}")
-    b = _explained(a, b)
-    a = _explained(b, a)
-    only_a, only_b = a.keys() - b.keys(), b.keys() - a.keys()
+    if a.counts != b.counts:  # explanations are needed only where the words differ
+        b = _explained(a, b)
+        a = _explained(b, a)
+    only_a, only_b = a.counts - b.counts, b.counts - a.counts
     if only_a or only_b:
         return Verdict(False, _difference(sorted(only_a.elements()), sorted(only_b.elements())))
     if _phrase_set(a) != _phrase_set(b):
@@ -152,9 +154,14 @@ def _spelling(x: str, y: str) -> bool:
     """British and American spellings of one word."""
     if x == y or len(x) < 4 or len(y) < 4:
         return x == y
+    return _american(x) == _american(y)
+
+
+@lru_cache(maxsize=65536)
+def _american(word: str) -> str:
     for pattern, american in _SPELLING_RULES:
-        x, y = pattern.sub(american, x), pattern.sub(american, y)
-    return x == y
+        word = pattern.sub(american, word)
+    return word
 
 
 def _typo(a: Token, b: Token) -> bool:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from cache import verify_words as vw
@@ -50,17 +50,22 @@ class Token:
 
 @dataclass(frozen=True, slots=True)
 class Canon:
-    """One text as the verifier compares it."""
+    """One text as the verifier compares it (its key counts made once: a candidate is compared often)."""
 
     language: str
     phrases: tuple[tuple[str, tuple[Token, ...]], ...]  # (opening word or "", its words)
+    counts: Counter[str] = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        keys = [lead for lead, _ in self.phrases if lead] + [t.key for t in self.tokens]
+        object.__setattr__(self, "counts", Counter(keys))
 
     @property
     def tokens(self) -> list[Token]:
         return [t for _, words in self.phrases for t in words]
 
     def keys(self) -> Counter[str]:
-        return Counter([lead for lead, _ in self.phrases if lead] + [t.key for t in self.tokens])
+        return self.counts
 
 
 @lru_cache(maxsize=65536)
@@ -73,6 +78,8 @@ def canon(text: str) -> Canon:
 
 
 def _fold(word: str) -> str:
+    if word.isascii():
+        return word
     return "".join(ch for ch in unicodedata.normalize("NFD", word) if not unicodedata.combining(ch))
 
 
@@ -169,7 +176,12 @@ def _framed(words: list[str]) -> list[str]:
 
 def _framing(words: list[str], i: int, at_start: bool) -> tuple[int, str]:
     """How many words from ``i`` make a framing (0 if none), and its reading."""
-    for n in range(min(vw.FRAME_WORDS, len(words) - i), 0, -1):
+    lengths = _FRAME_LENGTHS.get(words[i])
+    if lengths is None:
+        return 0, ""
+    for n in lengths:
+        if i + n > len(words):
+            continue
         phrase = " ".join(words[i : i + n])
         if at_start and phrase in vw.OPENINGS:
             return n, vw.OPENINGS[phrase]
@@ -178,6 +190,18 @@ def _framing(words: list[str], i: int, at_start: bool) -> tuple[int, str]:
         if phrase in vw.REQUEST_OPENERS and i + n < len(words) and words[i + n] in vw.REQUEST_VERBS:
             return n, ""
     return 0, ""
+
+
+def _frame_lengths() -> dict[str, tuple[int, ...]]:
+    """Each framing's first word -> the framings' lengths in words, longest first."""
+    out: dict[str, set[int]] = {}
+    for phrase in (*vw.OPENINGS, *vw.FRAMES, *vw.REQUEST_OPENERS):
+        words = phrase.split()
+        out.setdefault(words[0], set()).add(len(words))
+    return {word: tuple(sorted(lengths, reverse=True)) for word, lengths in out.items()}
+
+
+_FRAME_LENGTHS = _frame_lengths()
 
 
 def _numbers(words: list[str]) -> list[str]:
@@ -319,7 +343,11 @@ def _language(text: str, words: list[str]) -> str:
     """A script other than Latin names itself; in Latin script, the language with the most of its common
     words (Pidgin: any word only Pidgin has), English unless another has more and two or more (or one,
     and accented letters or no English word); four words or more with none listed: "unknown"."""
-    scripts = {unicodedata.name(ch, "?").split()[0] for ch in text if ch.isalpha()}
+    scripts = (
+        set()
+        if text.isascii()
+        else {unicodedata.name(ch, "?").split()[0] for ch in text if ch.isalpha() and ord(ch) > 0x24F}
+    )  # below U+0250 every letter is Latin
     scripts.discard("LATIN")
     if scripts:
         return "script:" + "+".join(sorted(scripts))

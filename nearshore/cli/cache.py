@@ -65,55 +65,36 @@ def run_eval(args: argparse.Namespace) -> int:
         report = eval_learned.report(eval_learned.candidates(sets, embedder))
         print(json.dumps(report) if args.json else eval_learned.format_learned(report))
         return 0
-    if args.file is None:
-        return _run_suite(args)
     try:
-        report, outcomes = evaluate.evaluate(args.file)
+        if args.file is None:  # every shipped set, apart; a calibration only ever on the dev sets
+            sets, negatives = eval_suite.with_generated(eval_suite.load_sets())
+            report = eval_suite.run_suite(sets, negatives)
+            fitted_on = eval_suite.dev_outcomes(report)
+            report.pop("_outcomes")
+            text = eval_suite.format_suite(report)
+            misses = [(name, s) for name, s in report["sets"].items() if s["role"] == "dev"]
+            scope = "on the dev sets only "
+        else:
+            report, fitted_on = evaluate.evaluate(args.file)
+            text, misses, scope = evaluate.format_report(report), [("", report)], ""
     except (OSError, ValueError) as exc:
         print(f"nearshore cache-eval: {exc}", file=sys.stderr)
         return 2
-    table = evaluate.calibration(outcomes) if args.calibrate else None
+    table = evaluate.calibration(fitted_on) if args.calibrate else None
     if args.json:
         if table is not None:
             report["calibration"] = [list(row) for row in table]
         print(json.dumps(report, ensure_ascii=False))
         return 0
-    print(evaluate.format_report(report))
+    print(text)
     if args.misses:
-        print(evaluate.format_misses(report))
+        for name, s in misses:
+            print(f"\n  {name}:" if name else "")
+            print(evaluate.format_misses(s))
     if table is not None:
         print(
-            "\nmeasured calibration (threshold, false-hit rate on the hard negatives with the verifier on: "
-            "the upper end of its 95% interval):"
-        )
-        print(evaluate.format_calibration(table))
-    return 0
-
-
-def _run_suite(args: argparse.Namespace) -> int:
-    try:
-        sets, negatives = eval_suite.with_generated(eval_suite.load_sets())
-        report = eval_suite.run_suite(sets, negatives)
-    except (OSError, ValueError) as exc:
-        print(f"nearshore cache-eval: {exc}", file=sys.stderr)
-        return 2
-    table = evaluate.calibration(eval_suite.dev_outcomes(report)) if args.calibrate else None
-    report.pop("_outcomes")
-    if args.json:
-        if table is not None:
-            report["calibration"] = [list(row) for row in table]
-        print(json.dumps(report, ensure_ascii=False))
-        return 0
-    print(eval_suite.format_suite(report))
-    if args.misses:
-        for name, s in report["sets"].items():
-            if s["role"] == "dev":
-                print(f"\n  {name}:")
-                print(evaluate.format_misses(s))
-    if table is not None:
-        print(
-            "\nmeasured calibration on the dev sets only (threshold, false-hit rate on their hard negatives "
-            "with the verifier on: the upper end of its 95% interval):"
+            f"\nmeasured calibration {scope}(threshold, false-hit rate on the hard negatives with the "
+            "verifier on: the upper end of its 95% interval):"
         )
         print(evaluate.format_calibration(table))
     return 0
