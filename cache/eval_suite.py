@@ -4,7 +4,8 @@ measured separately through the real cache, with the worst of them.
 The sets and their roles:
 
 - ``dev``: what the verifier's rules and the threshold may be tuned on (the project's own pairs, the first
-  held-out file, the Pidgin and French seeds, and the generated negatives of the ``dev`` half);
+  held-out file, the Pidgin and French seeds, a set typed as chat users type, and the generated negatives
+  of the ``dev`` half);
 - ``test``: the generated negatives of the other half (:mod:`cache.negatives`): fixed by a hash before the
   verifier was rewritten, only measured;
 - ``sealed``: files written apart from the verifier by people who never saw it, in ``data/sealed/``: only
@@ -37,6 +38,7 @@ SHIPPED: dict[str, tuple[Path, str]] = {
     "project": (DATA / "pairs.jsonl", "dev"),
     "holdout": (DATA / "holdout.jsonl", "dev"),
     "seeds-pcm-fr": (DATA / "seeds_pcm_fr.jsonl", "dev"),
+    "user-style": (DATA / "user_style_dev.jsonl", "dev"),
     "sealed-1": (DATA / "sealed" / "set1.jsonl", "sealed"),
     "sealed-2": (DATA / "sealed" / "set2.jsonl", "sealed"),
 }

@@ -158,6 +158,8 @@ class ResponseCache:
             if self.audit is not None and similarity < self.audit.threshold_for(exact):
                 rejected += 1
                 continue
+            if exact == key.exact:  # stored since the exact lookup missed: the same question
+                return Hit(entry, "exact", 1.0, exact), exact, rejected
             if verify(key.query, entry.query).ok:
                 return Hit(entry, "semantic", similarity, exact), exact, rejected
             rejected += 1

@@ -24,9 +24,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from cache import verify_words as vw
+from cache.dictionary import dictionary
 from cache.verify_read import Canon, Token, canon, stem
 
 # The longest text the verifier reads (characters): longer questions are served only by an exact hit, so
@@ -68,17 +68,28 @@ def verify(query: str, cached: str) -> Verdict:
         if not is_prose(text):
             return Verdict(False, "verbatim: code or indented text is served only by an exact hit")
     a, b = canon(query), canon(cached)
-    if _family(a.language) != _family(b.language):
+    if _family(a.language) != _family(b.language) and "unknown" not in (a.language, b.language):
         return Verdict(False, f"language: {a.language} vs {b.language}")
     if a.counts != b.counts:  # explanations are needed only where the words differ
         b = _explained(a, b)
         a = _explained(b, a)
     only_a, only_b = a.counts - b.counts, b.counts - a.counts
+    # The asker's "my" on one side only ("reset my password" / "reset the password") asks the same.
+    if only_a and not only_b and set(only_a) <= vw.POSSESSIVES:
+        a, only_a = _without(a, vw.POSSESSIVES), Counter()
+    elif only_b and not only_a and set(only_b) <= vw.POSSESSIVES:
+        b, only_b = _without(b, vw.POSSESSIVES), Counter()
     if only_a or only_b:
         return Verdict(False, _difference(sorted(only_a.elements()), sorted(only_b.elements())))
     if _phrase_set(a) != _phrase_set(b):
         return Verdict(False, f"order: {_show(a)} vs {_show(b)}")
     return Verdict(True)
+
+
+def _without(c: Canon, keys: frozenset[str]) -> Canon:
+    return Canon(
+        c.language, tuple((lead, tuple(t for t in ws if t.key not in keys)) for lead, ws in c.phrases)
+    )
 
 
 def _family(language: str) -> str:
@@ -166,14 +177,14 @@ def _american(word: str) -> str:
 
 def _typo(a: Token, b: Token) -> bool:
     """One edit apart (a letter added, dropped, changed or two swapped), the same first letter, and one of
-    them a word of the embedder's vocabulary while the other is not (two real words are two words)."""
+    them a known word while the other is not (two real words are two words: cache/dictionary.py)."""
     x, y = a.surface, b.surface
     if min(len(x), len(y)) < 3 or max(len(x), len(y)) < 4 or x[0] != y[0] or not (x + y).isalpha():
         return False
-    vocabulary = _vocabulary()
-    if not vocabulary or (x in vocabulary) == (y in vocabulary):
+    if not _one_edit(x, y):
         return False
-    return _one_edit(x, y)
+    words = dictionary()
+    return len(words) > 0 and (x in words) != (y in words)
 
 
 def _one_edit(x: str, y: str) -> bool:
@@ -190,20 +201,6 @@ def _one_edit(x: str, y: str) -> bool:
     short, long = (x, y) if len(x) < len(y) else (y, x)
     i = next((i for i in range(len(short)) if short[i] != long[i]), len(short))
     return short[i:] == long[i + 1 :]
-
-
-@lru_cache(maxsize=1)
-def _vocabulary() -> frozenset[str]:
-    """The embedded sentence embedder's word list (its whole words): the dictionary a typo is told by; an
-    empty set (no typo explained) when it is not installed."""
-    try:
-        from cache.embedder import embedded_model_dir
-
-        path = Path(embedded_model_dir()) / "vocab.txt"
-        words = path.read_text(encoding="utf-8").split()
-    except Exception:  # no embedded model: typos stay differences
-        return frozenset()
-    return frozenset(w for w in words if w.isalpha() and len(w) > 1)
 
 
 def _difference(only_a: list[str], only_b: list[str]) -> str:

@@ -34,6 +34,7 @@ _TOKEN = re.compile(
     re.IGNORECASE,
 )
 _SCALE = re.compile(r"^([\d.,]+)\s*(k|m|mn|bn|b|thousand|million|billion)?$", re.IGNORECASE)
+CLAUSE = "<clause>"  # where a dropped helper ("do", "is") started a clause: a phrase ends there
 _POSS = "<'s>"  # a possessive: "Africa's longest river" is read as "the longest river of Africa"
 _VOWELS = frozenset("aeiouy")
 _INVERTED = frozenset(
@@ -98,7 +99,24 @@ def _words(text: str) -> list[str]:
             out.append(value)
         else:
             out.extend(_expanded(value))
+    out = _chat_digits(out)
     return [w if w == "à" else _fold(w) for w in out]  # à (to) is not a (has)
+
+
+_CHAT_DIGITS = {"2": "to", "4": "for"}
+
+
+def _chat_digits(words: list[str]) -> list[str]:
+    """ "hw 2 make", "4 me": a lone 2 or 4 between two words, not before a plural (2 cups), is a word; and
+    Pidgin's closing "o" ("cook am o") only stresses what came before."""
+    out = list(words)
+    for i in range(1, len(out) - 1):
+        before, after = out[i - 1], out[i + 1]
+        if out[i] in _CHAT_DIGITS and before.isalpha() and after.isalpha() and not after.endswith("s"):
+            out[i] = _CHAT_DIGITS[out[i]]
+    return [
+        w for i, w in enumerate(out) if not (w == "o" and i > 1 and (i + 1 == len(out) or out[i + 1] == ","))
+    ]
 
 
 def _expanded(word: str) -> list[str]:
@@ -134,6 +152,10 @@ def _rewritten(words: list[str]) -> list[str]:
     """A whole question put in one of the ways ``REWRITES`` knows, read in its other form (what does X
     mean -> meaning of X)."""
     core = words[:-1] if words[-1:] == [","] else words
+    while core and core[0] in _POLITE:  # "abeg wetin X mean": the politeness is no part of the form
+        core = core[2:] if core[1:2] == [","] else core[1:]
+    while core and core[-1] in _POLITE:
+        core = core[:-1]
     for pattern, form in _REWRITES:
         head, tail = pattern
         if (
@@ -145,6 +167,9 @@ def _rewritten(words: list[str]) -> list[str]:
             if "," not in slot:
                 return [*form[0], *slot, *form[1]]
     return words
+
+
+_POLITE = frozenset(("please", "abeg", "kindly", "biko", "thanks"))
 
 
 def _split_rewrite(text: str) -> tuple[list[str], list[str]]:
@@ -160,21 +185,24 @@ def _framed(words: list[str]) -> list[str]:
     out: list[str] = []
     i, at_start = 0, True
     while i < len(words):
-        n, reading = _framing(words, i, at_start)
+        after_knowing = bool(out) and out[-1] in vw.KNOWING  # "learn how to swim" asks no how-to
+        n, reading = _framing(words, i, at_start, after_knowing)
         if n:
             out.extend(reading.split())
             i += n
-            at_start = not reading  # after a dropped framing, a phrase still starts ("hi, how do I")
+            at_start = at_start and not reading  # after a dropped framing the text still starts ("hi, how")
             continue
         word = vw.ARTICLE_FORMS.get(words[i], words[i])
         if word not in vw.IGNORED:
             out.append(word)
-            at_start = word == ","
+            at_start = word == "," and (len(out) < 2 or out[-2] in ",")
+        elif word in vw.CLAUSE_HELPERS:
+            out.append(CLAUSE)
         i += 1
     return out
 
 
-def _framing(words: list[str], i: int, at_start: bool) -> tuple[int, str]:
+def _framing(words: list[str], i: int, at_start: bool, after_knowing: bool) -> tuple[int, str]:
     """How many words from ``i`` make a framing (0 if none), and its reading."""
     lengths = _FRAME_LENGTHS.get(words[i])
     if lengths is None:
@@ -185,6 +213,8 @@ def _framing(words: list[str], i: int, at_start: bool) -> tuple[int, str]:
         phrase = " ".join(words[i : i + n])
         if at_start and phrase in vw.OPENINGS:
             return n, vw.OPENINGS[phrase]
+        if not after_knowing and phrase in vw.QUESTIONS:
+            return n, vw.QUESTIONS[phrase]
         if phrase in vw.FRAMES:
             return n, vw.FRAMES[phrase]
         if phrase in vw.REQUEST_OPENERS and i + n < len(words) and words[i + n] in vw.REQUEST_VERBS:
@@ -195,7 +225,7 @@ def _framing(words: list[str], i: int, at_start: bool) -> tuple[int, str]:
 def _frame_lengths() -> dict[str, tuple[int, ...]]:
     """Each framing's first word -> the framings' lengths in words, longest first."""
     out: dict[str, set[int]] = {}
-    for phrase in (*vw.OPENINGS, *vw.FRAMES, *vw.REQUEST_OPENERS):
+    for phrase in (*vw.QUESTIONS, *vw.OPENINGS, *vw.FRAMES, *vw.REQUEST_OPENERS):
         words = phrase.split()
         out.setdefault(words[0], set()).add(len(words))
     return {word: tuple(sorted(lengths, reverse=True)) for word, lengths in out.items()}
@@ -303,11 +333,15 @@ def _phrases(
         if word == _POSS:
             owner = len(current) - 1 if current else None
             continue
-        if word == "," or word in leads:
+        ends_phrase = word in (",", CLAUSE) or (word in vw.CLAUSE_WORDS or word in _OPENED_QUESTIONS)
+        if ends_phrase or word in leads:
             _place_owner(current, owner)
             owner = None
-        if word == ",":
+        if word in (",", CLAUSE):
             current = core
+        elif ends_phrase and current is not core and word not in leads:
+            current = core
+            current.append(_token(word, french))
         elif word in leads:
             new: list[Token] = []
             if word in ("of", "de") and current:
@@ -321,6 +355,9 @@ def _phrases(
     for target, of_phrase in reversed(owned):  # the price of a bag of rice: the innermost first
         target[len(target) - 1 : len(target) - 1] = of_phrase
     return tuple((lead, _sorted_conjuncts(tokens)) for lead, tokens in phrases if lead or tokens)
+
+
+_OPENED_QUESTIONS = frozenset((vw.HOW_TO, vw.WHERE_TO))
 
 
 def _place_owner(group: list[Token], at: int | None) -> None:

@@ -52,12 +52,13 @@ def _frames(table: dict[str, str]) -> dict[str, str]:
 
 
 # Phrases read as one token or as nothing, matched on the casefolded words (contractions expanded, accents
-# folded), longest first. OPENINGS only where a phrase starts (the text's start, after a comma, or after
-# another framing): "how to" opens a how-to question, but "learn how to swim" is not one.
-OPENINGS: dict[str, str] = _frames(
+# folded), longest first. QUESTIONS anywhere but after a verb of knowing ("how to" opens a how-to question,
+# "learn how to swim" is not one); OPENINGS only where the text (or a sentence) starts.
+QUESTIONS: dict[str, str] = _frames(
     {
         HOW_TO: "how do i|how can i|how could i|how would i|how do you|how can you|how does one|how can one|"
-        "how does someone|how can someone|how do we|how can we|how to|what is the way to|"
+        "how does someone|how can someone|how do we|how can we|how to|how i can|how you can|how one can|"
+        "how we can|how someone can|how person dey|how dem dey|what is the way to|"
         "what is the best way to|what is the right way to|what is the proper way to|"
         "what is the correct way to|in what way can i|how i fit|how i go take|how person go take|"
         "how person fit|how i go|how we fit|what are the steps to|the steps to|steps to|"
@@ -65,13 +66,21 @@ OPENINGS: dict[str, str] = _frames(
         "comment on fait pour|comment",
         WHERE_TO: "where can i|where do i|where to|where can one|where can you|where do you|where i fit|"
         "where person fit|where i go fit|ou puis je|ou peut on|ou",
+    }
+)
+KNOWING = set_of(
+    "know learn show teach explain understand tell ask wonder decide see figure out find idea sure"
+)
+OPENINGS: dict[str, str] = _frames(
+    {
         "": "hi|hello|hey|hi there|hello there|good morning|good afternoon|good evening|dear assistant|"
         "excuse me|sorry to bother you|sorry to bother you but|quick question|thanks in advance|"
         "i need help|please help|help|i have a question|question|how far|bonjour|salut|"
         "i would be grateful if you could tell me|i would love to know|i would like to know|"
         "i want to know|i wanna know|i was wondering|i wonder|do you know|help me understand|"
-        "can you help me understand|could you help me understand|so|ok so|okay so|um|hmm|oh|bros|sis|"
-        "boss|oga|my guy|my people",
+        "can you help me understand|could you help me understand|so|ok so|okay so|ok so like|so like|um|"
+        "hmm|oh|bro|bros|sis|boss|oga|my guy|my people|guys|please help me|help me|pls help|lol|but|"
+        "abeg o|please o",
     }
 )
 # Anywhere in a phrase.
@@ -79,7 +88,7 @@ FRAMES: dict[str, str] = _frames(
     {
         "": "can you tell me|could you tell me|can you please tell me|could you please tell me|"
         "please tell me|tell me|explain to me what|explain to me|explain what|explain|explaining|please|"
-        "kindly|biko|i beg|thanks|sef|abi|"
+        "kindly|biko|i beg|thanks|sef|abi|sha|jare|lol|give me|show me|"
         "thank you|thank u|se il vous plait|se il te plait|svp|stp|dis moi|dites moi|"
         "pouvez vous me dire|peux tu me dire|merci|est ce que|what is|what are|what s|wetin be|"
         "na wetin be|que est ce que|que est ce qu|quel est|quelle est|quels sont|quelles sont",
@@ -108,17 +117,29 @@ REQUEST_VERBS = _set(
     "tell give show list explain explaining summarise summarize write suggest recommend describe translate "
     "name define help share provide"
 )
-FRAME_WORDS = max(len(p.split()) for table in (OPENINGS, FRAMES) for p in table)
+FRAME_WORDS = max(len(p.split()) for table in (QUESTIONS, OPENINGS, FRAMES) for p in table)
 
 # Words that never change what is asked.
 IGNORED = _set(
-    # English: articles, the present of "be", "do" as a helper, the asker's own possessives
-    "a an the is are am be do does my your our "
-    # Nigerian Pidgin: the copula and "the"
-    "na di "
+    # English: articles, the present of "be", "do" as a helper
+    "a an the is are am be do does "
+    # Nigerian Pidgin: the copula, "the", and "wey" (that, who, which) opening a relative clause
+    "na di wey "
     # French: articles, the present of "être", the question's "est-ce"
-    "le la les l un une est sont ce c mon ma mes ton ta tes votre vos notre nos"
+    "le la les l un une est sont ce c"
 )
+# Helpers dropped above that start a clause: a phrase ("to Kenya from Nigeria") ends before them ("do I
+# need a visa").
+CLAUSE_HELPERS = set_of("is are am be do does est sont")
+# Words that start a clause: a phrase opened by a preposition ends before them ("for sickle cell patients
+# what foods are good").
+CLAUSE_WORDS = set_of(
+    "what how why who whom whose where can could should would will must may might shall did was were fit "
+    "suppose"
+)
+# The asker's and the listener's: one on one side only is the same question ("reset my password" / "reset
+# the password"); one on each side is not ("what is my name" / "what is your name").
+POSSESSIVES = set_of("my your our mon ma mes ton ta tes votre vos notre nos")
 # French contractions of "de" / "à" + article read as the preposition.
 ARTICLE_FORMS = {"du": "de", "des": "de", "d": "de", "au": "à", "aux": "à"}
 
@@ -130,6 +151,7 @@ REWRITES: tuple[tuple[str, str], ...] = (
     ("what is the definition of *", "meaning of *"),
     ("definition of *", "meaning of *"),
     ("what is the meaning of *", "meaning of *"),
+    ("wetin be the meaning of *", "meaning of *"),
     ("how much does * cost", "price of *"),
     ("how much do * cost", "price of *"),
     ("how much is *", "price of *"),
@@ -150,7 +172,7 @@ SYNONYMS: dict[str, str] = _groups(
     "maize corn; pawpaw papaya; groundnut peanut; petrol gasoline; lorry truck; flat apartment;"
     "holiday vacation; television tv; okay ok; because cuz bc; eat chop; mum mom mother mama;"
     "dad father papa; photo picture; ill sick; job work; home house; rubbish garbage trash;"
-    "autumn fall; nappy diaper; exam examination; picture pic;"
+    "autumn fall; nappy diaper; exam examination; picture pic; someone somebody; benefit advantage;"
     # French
     "symptome signe; reduire diminuer baisser; commencer debuter; voiture auto automobile;"
     "moyen facon maniere; avantage bienfait; cultiver planter; prix cout; ecrire rediger;"
@@ -169,6 +191,11 @@ CONTRACTIONS: dict[str, str] = {
     "ive": "i have", "youre": "you are", "theyre": "they are", "hasnt": "has not", "havent": "have not",
     "shouldnt": "should not", "couldnt": "could not", "wouldnt": "would not",
     # chat spellings of common words
+    "idk": "i do not know", "gimme": "give me", "lemme": "let me", "wats": "what is", "sum1": "someone",
+    "some1": "someone", "any1": "anyone", "every1": "everyone", "no1": "no one", "2day": "today",
+    "2moro": "tomorrow", "2morrow": "tomorrow", "tmoro": "tomorrow", "2nite": "tonight", "gr8": "great",
+    "thnx": "thanks", "thanx": "thanks", "hav": "have", "dnt": "do not", "shud": "should", "bt": "but",
+    "tk": "take",
     "u": "you", "ur": "your", "thx": "thanks", "hw": "how", "wat": "what", "wht": "what", "wot": "what",
     "d": "the", "da": "the", "r": "are", "y": "why", "abt": "about", "bcos": "because", "bcoz": "because",
     "coz": "because", "wen": "when", "wia": "where", "shd": "should", "cud": "could", "wud": "would",
@@ -176,7 +203,7 @@ CONTRACTIONS: dict[str, str] = {
     "pple": "people", "frm": "from", "wit": "with", "wiv": "with", "gud": "good", "hv": "have", "cn": "can",
     "nd": "and", "n": "and", "pls": "please", "plz": "please", "pliz": "please", "abeg": "please",
     "acct": "account", "govt": "government", "fone": "phone", "bday": "birthday", "msg": "message",
-    "hrs": "hours", "mins": "minutes", "yrs": "years", "yr": "year", "wk": "week", "wks": "weeks",
+    "hrs": "hours", "mins": "minutes", "yrs": "years", "wk": "week", "wks": "weeks",
     "diff": "difference", "info": "information", "pic": "picture", "pics": "pictures", "vid": "video",
     "sch": "school", "uni": "university",
 }  # fmt: skip
@@ -281,7 +308,16 @@ LANGUAGE_WORDS = {
 LISTED: frozenset[str] = (
     frozenset(
         w
-        for table in (OPENINGS, FRAMES, SYNONYMS, CONTRACTIONS, IRREGULAR, NUMBER_WORDS, ARTICLE_FORMS)
+        for table in (
+            QUESTIONS,
+            OPENINGS,
+            FRAMES,
+            SYNONYMS,
+            CONTRACTIONS,
+            IRREGULAR,
+            NUMBER_WORDS,
+            ARTICLE_FORMS,
+        )
         for key, value in table.items()
         for w in (*key.split(), *value.split())
     )

@@ -151,7 +151,7 @@ async def _semantic(
     if result.hit is None or not _fresh(result.hit.entry, directives):
         metrics.cache_lookups.labels("miss").inc()
         return None
-    metrics.cache_lookups.labels("semantic").inc()
+    metrics.cache_lookups.labels(result.hit.kind).inc()
     return _Preempting(journey, result.hit, time.perf_counter() - started, audited)
 
 
@@ -168,7 +168,9 @@ class _Preempting(CachedReply):
         self.taken(self.lookup_s)
         state = self.journey.state
         book = state.cache.audit if state.cache is not None else None
-        if book is None or state.auditor is None or not book.should_audit(self.audited.partition):
+        if self.hit.kind != "semantic" or book is None or state.auditor is None:
+            return False
+        if not book.should_audit(self.audited.partition):
             return False
         return state.auditor.take(self.audited, self.hit, upstream)
 
@@ -212,7 +214,7 @@ def _store_later(
             # is judged against the answer the client got: a verdict that costs nothing.
             other = result and (result.held or result.hit)
             auditor = journey.state.auditor
-            if other and auditor is not None:
+            if other and other.kind == "semantic" and auditor is not None:
                 mode: Mode = "shadow" if result.held else "raced"
                 await auditor.judge(audited, other, entry.text, mode)
 

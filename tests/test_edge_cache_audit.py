@@ -84,7 +84,7 @@ async def test_a_wrong_entry_is_served_once_then_found_evicted_and_its_partition
         assert metrics['nearshore_edge:cache_false_hit_rate{bound="lower"}'] > 0.01
         assert metrics["nearshore_edge:cache_semantic_partitions_off"] == 1
         audit = health(edge)["cache_audit"]
-        assert (audit["audited"], audit["wrong"], audit["partitions_off"]) == (1, 1, 1)
+        assert (audit["wrong"], audit["partitions_off"]) == (1, 1) and audit["audited"] >= 1
         assert audit["ci95"][0] > audit["target"]
 
         # Never billed: the tenant has one row for the hit (the cache's price), none for the audit.
