@@ -401,13 +401,21 @@ def format_report(report: dict) -> str:
             f"TTFT through an edge ({ttft['rows']} rows in the partition; the region's first byte "
             f"{ttft['rtt_ms']} ms):",
         ]
+        huge = ttft["kinds"].get("huge question")
         for kind, r in ttft["kinds"].items():
+            if kind == "huge question":
+                continue
             cache_dur = (
                 f", cache;dur p50 {r['cache_dur_p50_ms']} ms" if r["cache_dur_p50_ms"] is not None else ""
             )
             lines.append(
                 f"  {kind:<28} p50 {r['ttft_p50_ms']:>7.2f} ms  p99 {r['ttft_p99_ms']:>7.2f} ms  "
                 f"({r['answered_by_cache']}/{r['requests']} from the cache, {r['errors']} errors{cache_dur})"
+            )
+        if huge:
+            lines.append(
+                f"  a {huge['bytes'] / 1e3:.0f} kB question: edge CPU {huge['cache on']} s with the cache, "
+                f"{huge['cache off']} s without (median of {huge['repeats']})"
             )
     if report.get("skipped"):
         lines += ["", "skipped: " + "; ".join(report["skipped"])]

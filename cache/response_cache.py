@@ -32,16 +32,18 @@ HitKind = Literal["exact", "semantic"]
 
 # (threshold, false-hit rate on the hard negatives, verifier on: the upper end of its 95% Wilson interval),
 # as `nearshore cache-eval --calibrate` measures it on the dev sets only (the project's pairs, the first
-# held-out file, the Pidgin and French seeds and the generated negatives of the dev half: 1,597 hard
-# negatives), non-increasing: the lowest threshold whose rate is within the target is used. The verifier
-# (cache/verify.py) explains every difference or refuses, so none of the 1,597 passes at any threshold from
-# 0.50 up and the curve is flat at the bound 0 false hits in 1,597 allows (0.24%); the threshold then only
+# held-out file, the Pidgin and French seeds, the set typed as chat users type, and the generated negatives
+# of the dev half: 2,137 hard negatives), non-increasing: the lowest threshold whose rate is within the
+# target is used. The verifier (cache/verify.py) explains every difference or refuses, so 1 of the 2,137
+# passes at 0.50 (a generated "good morning" -> "good evening" in a greeting: the same question) and none
+# from 0.94; the curve is near the bound so few false hits allow (0.26%, 0.18%), and the threshold mostly
 # narrows which entries are compared. The promise of the docs rests on the sets never tuned on (the
 # generated test half and data/sealed/), which cache-eval reports beside these. Measured with
 # all-MiniLM-L6-v2 in int8 (the cache's default backend): re-measure after changing it or the verifier.
 CALIBRATION: Sequence[tuple[float, float]] = (
-    (0.50, 0.0024),
-    (0.99, 0.0024),
+    (0.50, 0.0026),
+    (0.94, 0.0018),
+    (0.99, 0.0018),
 )
 CANDIDATES = 5  # nearest entries checked by the verifier, best first
 

@@ -41,6 +41,7 @@ def test_bench_cache_at_toy_sizes_reports_every_part(tmp_path: Path, capsys):
     assert kinds["semantic hit, fp32 embedder"]["answered_by_cache"] == 3
     assert kinds["miss, cache on"]["answered_by_cache"] == 0 and kinds["miss, cache off"]["errors"] == 0
     assert kinds["exact hit"]["ttft_p50_ms"] < 100 <= kinds["miss, cache off"]["ttft_p50_ms"]
+    assert set(kinds["huge question"]) == {"bytes", "repeats", "cache on", "cache off"}
     assert "TTFT through an edge" in out and "the index at 400 rows" in out
     # A second run reuses the filled folder.
     assert (
