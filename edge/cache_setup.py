@@ -6,14 +6,13 @@ edge: it starts without the cache (or without its semantic level), says why in t
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import web
 
-from cache.dictionary import dictionary
+from cache.dictionary import build_apart
 from cache.embedder import EmbedderLoadError, embedded_model_dir, load_embedder, read_shape
 from cache.embedder_pool import EmbedderPool
 from cache.response_cache import ResponseCache, threshold_for
@@ -102,8 +101,8 @@ def cache_lifetime(state: EdgeState):
         cache = state.cache
         if cache is not None:
             await cache.embedder.start()
-            if not cache.semantic_off:  # the verifier's word list, read once off the loop (~1 s)
-                state.in_background(asyncio.to_thread(dictionary))
+            if not cache.semantic_off:  # the verifier's word list, built apart and read off the loop
+                state.in_background(build_apart())
         yield
         if cache is not None:
             await cache.embedder.close()

@@ -124,3 +124,13 @@ def test_the_canonical_form_reads_framings_numbers_stems_and_phrases():
     assert {lead for lead, _ in form.phrases} >= {"from", "to"}
     assert canon("Quelle est la capitale de la France ?").language == "fr"
     assert canon("日本の首都はどこですか").language.startswith("script:")
+
+
+def test_the_word_list_is_built_once_into_a_file_and_read_from_it(tmp_path):
+    from cache import dictionary
+
+    path = dictionary.build(tmp_path / "words.npy")
+    words = dictionary._read(path)
+    assert words is not None and len(words) > 200_000
+    assert "receive" in words and "recieve" not in words and "nigeria" in words
+    assert dictionary._read(tmp_path / "missing.npy") is None
