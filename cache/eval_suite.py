@@ -31,6 +31,7 @@ from cache.negatives import Negative, Seed, generate
 from cache.response_cache import CALIBRATION, threshold_for
 from cache.settings import CacheSettings
 from cache.verify import verify
+from cache.verify_read import canon
 from cache.verify_words import LISTED
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -187,8 +188,6 @@ def _share(k: int, n: int) -> float:
 def verifier_cost_us(pairs: Sequence[Pair], repeats: int = 3) -> dict:
     """The verifier's cost per candidate, in microseconds: the first comparison of two texts (each read
     into its canonical form) and a repeated one (forms cached, as for an entry compared again)."""
-    from cache.verify import canon
-
     canon.cache_clear()
     started = time.perf_counter()
     for p in pairs:

@@ -308,9 +308,7 @@ def stem(word: str, french: bool) -> str:
 
 
 # Each synonym's stem to its group head's stem.
-_SYNONYM_STEMS = {
-    **{stem(w, False): stem(head, False) for w, head in vw.SYNONYMS.items()},
-}
+_SYNONYM_STEMS = {stem(w, False): stem(head, False) for w, head in vw.SYNONYMS.items()}
 
 
 def _token(word: str, french: bool) -> Token:

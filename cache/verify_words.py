@@ -24,9 +24,6 @@ def set_of(words: str) -> frozenset[str]:
     return frozenset(words.split())
 
 
-_set = set_of
-
-
 def _groups(table: str) -> dict[str, str]:
     """``"buy purchase; car automobile"`` -> each word's group head (the first word)."""
     out: dict[str, str] = {}
@@ -113,14 +110,14 @@ REQUEST_OPENERS: frozenset[str] = frozenset(
     for modal in ("can", "could", "would", "will")
     for extra in ("", " please", " kindly", " mind")
 )
-REQUEST_VERBS = _set(
+REQUEST_VERBS = set_of(
     "tell give show list explain explaining summarise summarize write suggest recommend describe translate "
     "name define help share provide"
 )
 FRAME_WORDS = max(len(p.split()) for table in (QUESTIONS, OPENINGS, FRAMES) for p in table)
 
 # Words that never change what is asked.
-IGNORED = _set(
+IGNORED = set_of(
     # English: articles, the present of "be", "do" as a helper
     "a an the is are am be do does "
     # Nigerian Pidgin: the copula, "the", and "wey" (that, who, which) opening a relative clause
@@ -237,16 +234,16 @@ IRREGULAR: dict[str, str] = {
 }  # fmt: skip
 
 PREPOSITIONS: dict[str, frozenset[str]] = {
-    "en": _set(
+    "en": set_of(
         "of in on at for from to into onto with without by about during after before since until till "
         "than via per under over between among through across against near like towards toward within "
         "inside outside around behind beyond versus vs while when if unless"
     ),
-    "fr": _set("de à en dans pour sans avec sur sous chez par pendant apres avant entre vers contre si"),
+    "fr": set_of("de à en dans pour sans avec sur sous chez par pendant apres avant entre vers contre si"),
 }
 PREPOSITIONS["pcm"] = PREPOSITIONS["en"]
 # Joined words whose order is free ("salt and pepper", "Python or Java"): each side sorted.
-CONJUNCTIONS = _set("and or et ou")
+CONJUNCTIONS = set_of("and or et ou")
 
 NUMBER_WORDS: dict[str, str] = {
     "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6", "seven": "7",
@@ -265,10 +262,10 @@ NUMBER_WORDS: dict[str, str] = {
 SCALE = {"k": 1e3, "thousand": 1e3, "m": 1e6, "mn": 1e6, "million": 1e6, "b": 1e9, "bn": 1e9, "billion": 1e9}
 CURRENCY_SIGNS = {"$": "dollar", "€": "euro", "£": "pound", "¥": "yen", "₦": "naira", "%": "percent"}
 
-NEGATION_CUES = _set(
+NEGATION_CUES = set_of(
     "not no never none nobody nothing nowhere neither nor without cannot ne pas jamais rien aucun sans"
 )
-UNIT_WORDS = _set(
+UNIT_WORDS = set_of(
     "celsius fahrenheit kelvin km kilometer kilometre mile meter metre foot feet inch cm mm yard acre "
     "hectare kg kilogram kilo gram pound lb ounce oz ton tonne liter litre gallon ml cup teaspoon "
     "tablespoon second minute hour day week month year mph kph byte kb mb gb tb mbps watt kw kwh volt "
@@ -278,7 +275,7 @@ UNIT_WORDS = _set(
 
 # A few languages' commonest words, to tell them apart (other scripts are told apart by script).
 LANGUAGE_WORDS = {
-    "en": _set(
+    "en": set_of(
         "the is are what how why who which where when whom whose of and to in it for you do does did can "
         "i my me your a an with on at about from get give tell make should will would could might must "
         "this that there be been have has had was were not am any some all very so if or but as by up out "
@@ -286,21 +283,21 @@ LANGUAGE_WORDS = {
         "before between during through also only even still too again ever every each other such own same "
         "many much"
     ),
-    "pcm": _set("wetin dey don abeg pikin wan una dem sabi wey chop comot abi oga"),
-    "fr": _set(
+    "pcm": set_of("wetin dey don abeg pikin wan una dem sabi wey chop comot abi oga"),
+    "fr": set_of(
         "le la les est sont quel quelle quels quelles comment pourquoi qui des et pour vous une un du je au "
         "aux que quoi où combien dans avec sans sur mon ma mes ce cette faut peut"
     ),
-    "es": _set("el los las qué cómo por quién y para usted una del cuál cuánto está mejor"),
-    "de": _set("der das ist sind wie warum wer und für ein eine nicht mit ich"),
-    "pt": _set("os é são que como quem e em para você uma um da faço"),
-    "yo": _set("ni ti kò jẹ́ bí wo ṣe fún àti"),
-    "sw": _set(
+    "es": set_of("el los las qué cómo por quién y para usted una del cuál cuánto está mejor"),
+    "de": set_of("der das ist sind wie warum wer und für ein eine nicht mit ich"),
+    "pt": set_of("os é são que como quem e em para você uma um da faço"),
+    "yo": set_of("ni ti kò jẹ́ bí wo ṣe fún àti"),
+    "sw": set_of(
         "ni na ya wa kwa za katika je nini gani kuhusu jinsi vipi wapi lini nani sana tafadhali habari yako "
         "lako langu hii huu kama kwenye"
     ),
-    "ha": _set("da ne ce yaya wane ina shin kuma akwai"),
-    "ig": _set("kedu bụ ka gị ndị nke"),
+    "ha": set_of("da ne ce yaya wane ina shin kuma akwai"),
+    "ig": set_of("kedu bụ ka gị ndị nke"),
 }
 
 # Every word a table above names: a generated negative caught only through one of these is reported apart
