@@ -311,14 +311,15 @@ async def test_fail_open_falls_back_to_local_limits_and_recovers(own_redis: Redi
 
 
 async def test_a_hung_redis_costs_one_socket_timeout(own_redis: RedisServer):
-    limiter = RedisLimiter(own_redis.url, "open", socket_timeout_s=0.25)
+    limiter = RedisLimiter(own_redis.url, "open", socket_timeout_s=1.0)
     try:
         key, spec = new_key(), LimitSpec(rpm=5, tpm=0)
         assert not (await limiter.admit(key, spec, 1)).degraded
         own_redis.pause()
         started = time.monotonic()
         decisions = await asyncio.gather(*(limiter.admit(key, spec, 1) for _ in range(4)))
-        assert time.monotonic() - started < 0.6
+        # One timeout for all four, not four in a row (4 s); the margin is for a loaded CI machine.
+        assert time.monotonic() - started < 2.5
         assert all(d.degraded for d in decisions) and not limiter.backend_up()
         own_redis.resume()
         await wait_until_up(limiter)
