@@ -5,9 +5,16 @@ GET /v1/models) so an edge routes to it, then answers as a faulty or hostile reg
 the edge trusts nothing from an upstream. Many modes break HTTP itself, so it is written on raw asyncio
 streams rather than aiohttp's server.
 
-The mode is chosen per request: the body's ``user`` field when it reads ``mode:<name>`` (the edge
-forwards the body unchanged, so a test picks a mode per request and runs modes side by side), else
-``--mode`` (``ok`` by default). An unknown ``mode:`` answers 400.
+The mode is chosen per request: the body's ``user`` field when it reads ``mode:<spec>`` (the edge
+forwards the body unchanged, so a test picks a mode per request and runs modes side by side), else the
+default that ``POST /_control`` set for a while, else ``--mode`` (``ok`` by default). A spec is a mode
+with its arguments (``mode:stall-at:20:30``), or one per instance by ``--name``, since an edge sends the
+same body to every replica (``mode:london=429:1,*=ok``; netem/hostile_spec.py). An unknown mode or a bad
+spec answers 400. The table below is a broken or lying region's modes; netem/hostile_provider.py adds a
+misbehaving provider's (429s, 5xx, resets, slow, stalled, cut and malformed streams, ``down``), with
+their arguments. ``GET /_log`` lists the last requests with their arrival time, mode and status, and
+``POST /_control`` (``{"mode": "<spec>", "for_s": 60}``) sets the default for a while
+(netem/hostile_server.py); both are for tests, on the hostile itself.
 
 | mode               | what the caller gets                                                             |
 |--------------------|----------------------------------------------------------------------------------|
@@ -56,7 +63,9 @@ from nearshore.protocol import sse
 from nearshore.protocol.errors import INVALID_API_KEY, ApiError
 from netem.hostile_answers import PROMPT_TOKENS, WORD, usage
 from netem.hostile_http import MAX_HEAD_BYTES, chunk
-from netem.hostile_server import JSON, SSE, Exchange, HostileRegion, HostileSettings, Mode
+from netem.hostile_provider import PROVIDER_MODES
+from netem.hostile_server import JSON, SSE, Exchange, HostileRegion, HostileSettings, Mode, checked
+from netem.hostile_spec import SpecError, parse
 
 log = logging.getLogger("nearshore.hostile")
 
@@ -241,15 +250,28 @@ MODES: dict[str, Mode] = {
 }
 
 
+# Every mode a request can pick: the region's above, the provider's (netem/hostile_provider.py).
+ALL_MODES: dict[str, Mode] = {**MODES, **PROVIDER_MODES}
+
+
+def mode_spec(text: str) -> str:
+    """``--mode``: a spec whose every choice names a mode and whose arguments bind."""
+    try:
+        return str(checked(ALL_MODES, parse(text)))
+    except SpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8300)
     parser.add_argument(
         "--mode",
         default="ok",
-        choices=list(MODES),
-        metavar="MODE",
-        help="the mode when a body's user is not mode:<name> (default ok); one of: " + ", ".join(MODES),
+        type=mode_spec,
+        metavar="SPEC",
+        help="the mode when a body's user is not mode:<spec> (default ok): a mode with its arguments "
+        "(stall-at:20:30) or one per --name (london=503,*=ok); modes: " + ", ".join(ALL_MODES),
     )
     parser.add_argument("--name", default="hostile")
     parser.add_argument("--tokens", type=int, default=16, help="tokens in a correct answer (default 16)")
@@ -260,7 +282,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _serve(settings: HostileSettings, host: str, port: int) -> None:
-    region = HostileRegion(settings, MODES)
+    region = HostileRegion(settings, ALL_MODES)
     server = await asyncio.start_server(region.handle, host, port, limit=MAX_HEAD_BYTES, reuse_address=True)
     log.info("hostile region %s on %s:%d, default mode %s", settings.name, host, port, settings.mode)
     stop = asyncio.Event()

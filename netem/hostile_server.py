@@ -1,15 +1,21 @@
 """The hostile region's server: connections, requests, and the bounds every mode runs within.
 
 Written on raw asyncio streams (netem/hostile_http.py reads the requests) because many modes break HTTP
-itself. The modes are passed in (netem/hostile.py holds them); each request picks one by the body's
-``user`` (``mode:<name>``), else the default. A mode whose answer is complete and well framed keeps the
+itself. The modes are passed in (netem/hostile.py and netem/hostile_provider.py hold them); each request
+picks one by the body's ``user`` (``mode:<spec>``, netem/hostile_spec.py), else the ``POST /_control``
+override while it lasts, else ``--mode``. A mode whose answer is complete and well framed keeps the
 connection; any other ends it, when it is done, when the peer closes or at the limit, whichever is first.
+A complete answer that waits on purpose (:meth:`Exchange.pause`) still ends as soon as the peer leaves.
+
+Besides the regional API it serves two test routes, on itself only: ``GET /_log`` (``DELETE`` clears it),
+the last requests it received (netem/hostile_state.py), and ``GET|POST /_control``, the override.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +26,16 @@ from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError, kind_for_status
 from netem.hostile_answers import Answer, encode
 from netem.hostile_http import LAST_CHUNK, HttpError, Request, chunk, read_request, response_head
+from netem.hostile_spec import Choice, Param, Spec, SpecError, bind, parse
+from netem.hostile_state import Memory, Override, Record, RequestLog
 
 JSON = "application/json"
 SSE = sse.HEADERS["Content-Type"]
 IDLE_TIMEOUT_S = 60.0  # a keep-alive connection with no next request
+PEER_POLL_S = 0.05  # how often a pause looks whether the peer has left
+MAX_CONTROL_BYTES = 4096
+MAX_CONTROL_S = 86_400.0
+DEFAULT_CONTROL_S = 60.0
 
 
 @dataclass
@@ -45,6 +57,9 @@ class Exchange:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     answer: Answer
+    args: dict[str, Any]  # the mode's arguments, bound to its Params
+    memory: Memory  # the instance's, shared by every request
+    record: Record  # this request's line in /_log
 
     @property
     def stream(self) -> bool:
@@ -58,10 +73,14 @@ class Exchange:
     @property
     def honest_tokens(self) -> int:
         """The tokens a correct region would send: ``--tokens``, capped by max_tokens as the pacer does."""
+        return self.capped(self.settings.tokens)
+
+    def capped(self, num_tokens: int) -> int:
+        """``num_tokens``, capped by the request's max_tokens as a region caps its answer."""
         asked = self.body.get("max_completion_tokens") or self.body.get("max_tokens")
         if isinstance(asked, int) and asked > 0:
-            return min(self.settings.tokens, asked)
-        return self.settings.tokens
+            return min(num_tokens, asked)
+        return num_tokens
 
     async def send(self, data: bytes) -> None:
         self.writer.write(data)
@@ -70,8 +89,26 @@ class Exchange:
         # never starves the other connections.
         await asyncio.sleep(0)
 
-    def head(self, status: int, content_type: str, *, length: int | None, keep_alive: bool) -> bytes:
-        headers = {"Content-Type": content_type}
+    async def pause(self, seconds: float) -> None:
+        """Send nothing for ``seconds``; end at once (ConnectionResetError) when the peer leaves first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while (left := deadline - loop.time()) > 0:
+            if self.reader.at_eof() or self.reader.exception() is not None:
+                raise ConnectionResetError("the peer left during a pause")
+            await asyncio.sleep(min(left, PEER_POLL_S))
+
+    def head(
+        self,
+        status: int,
+        content_type: str,
+        *,
+        length: int | None,
+        keep_alive: bool,
+        extra: dict[str, str] | None = None,
+    ) -> bytes:
+        self.record.status = status
+        headers = {"Content-Type": content_type, **(extra or {})}
         if content_type == SSE:
             headers.update(sse.HEADERS)
         headers["x-request-id"] = self.answer.request_id
@@ -83,8 +120,11 @@ class Exchange:
         headers["Connection"] = "keep-alive" if keep_alive and self.request.keep_alive else "close"
         return response_head(status, headers)
 
-    async def send_whole(self, status: int, content_type: str, body: bytes) -> None:
-        await self.send(self.head(status, content_type, length=len(body), keep_alive=True) + body)
+    async def send_whole(
+        self, status: int, content_type: str, body: bytes, extra: dict[str, str] | None = None
+    ) -> None:
+        head = self.head(status, content_type, length=len(body), keep_alive=True, extra=extra)
+        await self.send(head + body)
 
     async def send_stream(self, events: list[bytes]) -> None:
         """A complete chunked SSE response, one chunk per event as the region writes them."""
@@ -101,6 +141,24 @@ class Exchange:
 class Mode:
     run: Callable[[Exchange], Awaitable[None]]
     keep_alive: bool  # the response is complete and well framed: the connection can serve the next one
+    params: tuple[Param, ...] = ()  # its arguments in a spec (mode:name:arg:arg), in order
+    # Called when POST /_control installs this mode, so a fault keyed on first sight starts over then.
+    arm: Callable[[Memory, dict[str, Any]], None] | None = None
+
+
+def bound(modes: dict[str, Mode], choice: Choice) -> tuple[Mode, dict[str, Any]]:
+    """The choice's mode and its arguments' values; SpecError when either is wrong."""
+    mode = modes.get(choice.mode)
+    if mode is None:
+        raise SpecError(f"unknown hostile mode {choice.mode!r}")
+    return mode, bind(mode.params, choice)
+
+
+def checked(modes: dict[str, Mode], spec: Spec) -> Spec:
+    """The spec, once every choice in it (other instances' too) names a mode whose arguments bind."""
+    for choice in spec.by_target.values():
+        bound(modes, choice)
+    return spec
 
 
 class HostileRegion:
@@ -109,11 +167,39 @@ class HostileRegion:
     def __init__(self, settings: HostileSettings, modes: dict[str, Mode]) -> None:
         self.settings = settings
         self.modes = modes
+        self.default = self.checked(parse(settings.mode))  # SpecError on a bad --mode
+        self.log = RequestLog()
+        self.memory = Memory()
+        self.override: Override | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
     @property
     def open_connections(self) -> int:
         return len(self._writers)
+
+    # ---- which mode ------------------------------------------------------------------------------------
+
+    def bound(self, choice: Choice) -> tuple[Mode, dict[str, Any]]:
+        return bound(self.modes, choice)
+
+    def checked(self, spec: Spec) -> Spec:
+        return checked(self.modes, spec)
+
+    def choose(self, user: object) -> tuple[Choice, str]:
+        """This request's choice and its source: the body's user, the override, --mode, else ok."""
+        name = self.settings.name
+        asked = user.removeprefix("mode:") if isinstance(user, str) and user.startswith("mode:") else None
+        if asked is not None and (picked := self.checked(parse(asked)).pick(name)):
+            return picked, "request"
+        if self.override is not None and not self.override.active:
+            self.override = None
+        if self.override is not None and (picked := self.override.spec.pick(name)):
+            return picked, "control"
+        if picked := self.default.pick(name):
+            return picked, "flag"
+        return Choice("ok"), "fallback"
+
+    # ---- connections -------------------------------------------------------------------------------------
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.open_connections >= self.settings.max_connections:
@@ -147,48 +233,120 @@ class HostileRegion:
             async with asyncio.timeout(IDLE_TIMEOUT_S):
                 request = await read_request(reader)
         except HttpError as exc:
-            await _send_error(writer, exc.status, exc.message)
+            await _Reply(writer, False).error(exc.status, exc.message)
             return False
         if request is None:
             return False
+        if request.path == "/_log":  # reading the log does not add to it
+            await self._log_route(request, _Reply(writer, request.keep_alive))
+            return request.keep_alive
+        record = Record(time.time(), request.method, request.path, request.headers.get("x-request-id"))
+        self.log.add(record)
+        try:
+            return await self._route(request, _Reply(writer, request.keep_alive, record), reader, writer)
+        finally:
+            record.end_t = time.time()
+
+    async def _route(
+        self, request: Request, reply: _Reply, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         if request.method == "GET" and request.path == "/health":
             health = {"status": "ok", "model": "ready", "hostile": self.settings.name}
-            await _send_json(writer, 200, {**health, "open_connections": self.open_connections}, request)
-            return request.keep_alive
-        if request.method == "GET" and request.path == "/v1/models":
-            models = {"object": "list", "data": [{"id": "gemma-3-270m", "object": "model"}]}
-            await _send_json(writer, 200, models, request)
-            return request.keep_alive
-        if request.path not in ("/v1/chat/completions", "/v1/completions"):
-            await _send_error(writer, 404, f"no route {request.path}", request)
-            return request.keep_alive
-        if request.method != "POST":
-            await _send_error(writer, 405, f"{request.method} not allowed on {request.path}", request)
-            return request.keep_alive
-        return await self._answer(request, reader, writer)
+            await reply.json(200, {**health, "open_connections": self.open_connections})
+        elif request.method == "GET" and request.path == "/v1/models":
+            await reply.json(200, {"object": "list", "data": [{"id": "gemma-3-270m", "object": "model"}]})
+        elif request.path == "/_control":
+            await self._control_route(request, reply)
+        elif request.path not in ("/v1/chat/completions", "/v1/completions"):
+            await reply.error(404, f"no route {request.path}")
+        elif request.method != "POST":
+            await reply.error(405, f"{request.method} not allowed on {request.path}")
+        else:
+            return await self._answer(request, reply, reader, writer)
+        return request.keep_alive
+
+    # ---- the test routes ---------------------------------------------------------------------------------
+
+    async def _log_route(self, request: Request, reply: _Reply) -> None:
+        if request.method == "GET":
+            log = {"name": self.settings.name, "now": time.time(), "requests": self.log.to_json()}
+            await reply.json(200, log)
+        elif request.method == "DELETE":
+            await reply.json(200, {"cleared": self.log.clear()})
+        else:
+            await reply.error(405, f"{request.method} not allowed on /_log")
+
+    async def _control_route(self, request: Request, reply: _Reply) -> None:
+        if request.method == "POST":
+            try:
+                self.set_override(request.body)
+            except HttpError as exc:
+                await reply.error(exc.status, exc.message, param="mode" if exc.status == 400 else None)
+                return
+        elif request.method != "GET":
+            await reply.error(405, f"{request.method} not allowed on /_control")
+            return
+        override = self.override if self.override is not None and self.override.active else None
+        state = {
+            "name": self.settings.name,
+            "mode": str(override.spec) if override else None,
+            "for_s": round(override.until - time.monotonic(), 3) if override else None,
+            "default": str(self.default),
+        }
+        await reply.json(200, state)
+
+    def set_override(self, body: bytes) -> None:
+        """``{"mode": "<spec>", "for_s": 60}`` sets the default for a while; ``{"mode": null}`` ends it."""
+        if len(body) > MAX_CONTROL_BYTES:
+            raise HttpError(413, f"a control body is at most {MAX_CONTROL_BYTES} bytes")
+        try:
+            payload = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            payload = None
+        if not isinstance(payload, dict):
+            raise HttpError(400, 'the body must be a JSON object: {"mode": "<spec>" or null, "for_s": 60}')
+        text, for_s = payload.get("mode"), payload.get("for_s", DEFAULT_CONTROL_S)
+        if text is None:
+            self.override = None
+            return
+        if not isinstance(text, str):
+            raise HttpError(400, "mode must be a spec string, or null to end the override")
+        if isinstance(for_s, bool) or not isinstance(for_s, int | float) or not 0 < for_s <= MAX_CONTROL_S:
+            raise HttpError(400, f"for_s must be seconds above 0, at most {MAX_CONTROL_S:g}")
+        try:
+            spec = self.checked(parse(text))
+        except SpecError as exc:
+            raise HttpError(400, str(exc)) from None
+        self.override = Override(spec, time.monotonic() + for_s)
+        if (picked := spec.pick(self.settings.name)) is not None:
+            mode, args = self.bound(picked)
+            if mode.arm is not None:
+                mode.arm(self.memory, args)
+
+    # ---- the answers -------------------------------------------------------------------------------------
 
     async def _answer(
-        self, request: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, request: Request, reply: _Reply, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
         try:
             body = msgspec.json.decode(request.body)
         except msgspec.DecodeError:
             body = None
         if not isinstance(body, dict):
-            await _send_error(writer, 400, "the body must be a JSON object", request)
+            await reply.error(400, "the body must be a JSON object")
             return request.keep_alive
-        name = self.settings.mode
-        user = body.get("user")
-        if isinstance(user, str) and user.startswith("mode:"):
-            name = user.removeprefix("mode:")
-        mode = self.modes.get(name)
-        if mode is None:
-            await _send_error(writer, 400, f"unknown hostile mode {name!r}", request, param="user")
+        try:
+            choice, source = self.choose(body.get("user"))
+            mode, args = self.bound(choice)
+        except SpecError as exc:
+            await reply.error(400, str(exc), param="user")
             return request.keep_alive
+        assert reply.record is not None
+        reply.record.mode, reply.record.source = str(choice), source
         model = body.get("model") if isinstance(body.get("model"), str) else "gemma-3-270m"
         request_id = request.headers.get("x-request-id", "hostile")[:128]
         answer = Answer(request.path.endswith("chat/completions"), request_id, model)
-        ex = Exchange(request, body, self.settings, reader, writer, answer)
+        ex = Exchange(request, body, self.settings, reader, writer, answer, args, self.memory, reply.record)
         if mode.keep_alive:
             # Complete answers are bounded too: a peer that stops reading cannot hold one past the limit.
             async with asyncio.timeout(self.settings.limit_s):
@@ -216,26 +374,27 @@ async def _until_eof(reader: asyncio.StreamReader) -> None:
         pass  # whatever else the peer sends is not read as a request: this connection is ending
 
 
-async def _send_json(writer: asyncio.StreamWriter, status: int, payload: Any, request: Request) -> None:
-    await _send_body(writer, status, encode(payload), request.keep_alive)
+@dataclass
+class _Reply:
+    """A whole JSON answer on a connection, its status noted in the request's record when there is one."""
 
+    writer: asyncio.StreamWriter
+    keep_alive: bool
+    record: Record | None = None
 
-async def _send_error(
-    writer: asyncio.StreamWriter,
-    status: int,
-    message: str,
-    request: Request | None = None,
-    param: str | None = None,
-) -> None:
-    error = ApiError(kind_for_status(status), message, param=param)
-    await _send_body(writer, status, error.to_json(), request is not None and request.keep_alive)
+    async def json(self, status: int, payload: Any) -> None:
+        await self.body(status, encode(payload))
 
+    async def error(self, status: int, message: str, param: str | None = None) -> None:
+        await self.body(status, ApiError(kind_for_status(status), message, param=param).to_json())
 
-async def _send_body(writer: asyncio.StreamWriter, status: int, body: bytes, keep_alive: bool) -> None:
-    headers = {
-        "Content-Type": JSON,
-        "Content-Length": str(len(body)),
-        "Connection": "keep-alive" if keep_alive else "close",
-    }
-    writer.write(response_head(status, headers) + body)
-    await writer.drain()
+    async def body(self, status: int, body: bytes) -> None:
+        if self.record is not None:
+            self.record.status = status
+        headers = {
+            "Content-Type": JSON,
+            "Content-Length": str(len(body)),
+            "Connection": "keep-alive" if self.keep_alive else "close",
+        }
+        self.writer.write(response_head(status, headers) + body)
+        await self.writer.drain()
