@@ -93,6 +93,17 @@ class ManagedProcess:
         log.close()
         return self
 
+    def restart(self) -> ManagedProcess:
+        """Start it again after it exited: the same argv, environment and log file (appended to, after a
+        line that marks the restart, so the log reads as one history)."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"{self.name} is still running (pid {self.proc.pid})")
+        reason = exit_reason(self.proc.returncode) if self.proc is not None else "never started"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("a") as log:
+            log.write(f"--- nearshore: restarting {self.name} (it {reason}) ---\n")
+        return self.start()
+
     def wait_http(self, url: str, timeout_s: float = 120.0, context: ssl.SSLContext | None = None) -> None:
         """Wait until ``url`` answers 200; fail early, with the log's tail, if the process dies."""
         deadline = time.monotonic() + timeout_s
@@ -130,6 +141,17 @@ class ManagedProcess:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+
+def exit_reason(returncode: int) -> str:
+    """How a child ended, in words: ``exited with code 3``, ``was killed by SIGKILL`` (Popen reports a
+    signal as a negative return code)."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"was killed by signal {-returncode}"
 
 
 def nearshore_argv(*args: str) -> list[str]:

@@ -38,6 +38,8 @@ HOST = "127.0.0.1"
 # How often the edge probes each region (`nearshore up`, the demo): traffic does not move there, so probes
 # only keep the pools warm and the round trips current. Scenarios that move traffic pass a shorter one.
 HEALTH_INTERVAL_S = 2.0
+# The children nothing can be served without (every user path crosses both); regions can fail over.
+ESSENTIAL = frozenset({"links", "edge"})
 
 
 @dataclass
@@ -114,6 +116,7 @@ class Launcher:
         self.processes: list[ManagedProcess] = []
         self.by_name: dict[str, ManagedProcess] = {}
         self.record: RunRecord | None = None
+        self.running: RunningTopology | None = None  # once started: what state.json says
         self._region_context: ssl.SSLContext | None = None  # the edge's client certificate, for readiness
         self._region_ports: dict[str, int] = {}
 
@@ -269,6 +272,7 @@ class Launcher:
         )
         running.prometheus_config = str(write_prometheus_folder(running))
         running.save()
+        self.running = running
         self.progress(f"[4/4] up in {time.monotonic() - started:.1f}s; logs in {self.run_dir / 'logs'}")
         return running
 
@@ -282,10 +286,20 @@ class Launcher:
     def restart_region(self, name: str) -> None:
         """Start a killed region's node again, on its port and config; ``wait_region`` waits until it is
         ready. (Call it from the main thread: only there can its child be armed to die with the launcher.)"""
-        old = self.by_name[f"region-{name}"]
-        if old.proc is not None and old.proc.poll() is None:
-            raise RuntimeError(f"region {name} is still running")
-        self._spawn(old.name, old.argv)
+        self.restart(f"region-{name}")
+
+    def restart(self, process_name: str) -> ManagedProcess:
+        """Start an exited child again in place: same argv, config (so the same ports: peers reach it where
+        they did) and log. Its new pid joins the run record and state.json, so a later run still stops it
+        and ``--pids-from`` still finds it. Main thread only, as ``restart_region``."""
+        process = self.by_name[process_name].restart()
+        assert process.proc is not None
+        if self.record is not None:
+            self.record.add(process.proc.pid)
+        if self.running is not None:
+            self.running.pids = [p.proc.pid for p in self.processes if p.proc is not None]
+            self.running.save()
+        return process
 
     def wait_region(self, name: str) -> None:
         """Block until the region's node answers /health/ready (through no emulated link)."""

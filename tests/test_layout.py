@@ -97,7 +97,7 @@ FLAGS = {
     "usage": ["--db", "--since", "--until"],
     "ca init": ["--dir", "--name", "--force"],
     "ca issue": ["name", "--dir", "--out", "--host", "--client", "--server"],
-    "up": ["topology", "--run-dir"],
+    "up": ["topology", "--run-dir", "--restart"],
     "chat": ["question", "--max-tokens", "--temperature", "--state"],
     "scenario": ["name", "--topology", "--out", "--repeats", "--phase-s", "--phases"],
     "link": ["--link", "--config", "--control", "--seed", "--no-handshake"],

@@ -1,4 +1,7 @@
-"""``nearshore up [TOPOLOGY]``: bring the topology up, say how to use it, stop it all on Ctrl-C."""
+"""``nearshore up [TOPOLOGY]``: bring the topology up, say how to use it, stop it all on Ctrl-C.
+
+While it runs, a child that dies is reported and the rest keeps running (``netem.supervise``): a killed
+region is the edge's failover, not the end of the run. ``--restart`` starts dead children again."""
 
 from __future__ import annotations
 
@@ -9,17 +12,27 @@ import time
 from pathlib import Path
 
 from nearshore.config import ConfigError
-from netem.launcher import Launcher, RunningTopology, default_run_dir
+from netem.launcher import ESSENTIAL, Launcher, RunningTopology, default_run_dir
+from netem.supervise import RestartPolicy, Supervisor
 from netem.topology import describe, load_topology
+
+POLL_S = 0.5  # how often the children are looked at: a death is reported within this
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("topology", nargs="?", default="lagos", help="a name in configs/topologies or a file")
     parser.add_argument("--run-dir", type=Path, help="where logs, keys, certificates and state go")
+    parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="start a child that dies again (same ports and log), backing off from 1s to 30s; "
+        "give up on one restarted 5 times within 5 minutes",
+    )
 
 
-def usage_text(running: RunningTopology) -> str:
+def usage_text(running: RunningTopology, restart: bool = False) -> str:
     key, url, ca = running.api_key, running.edge_url, running.edge_ca
+    then = "; it is started again" if restart else ""
     return f"""
 Nearshore is up: {running.name}
   edge (as the Lagos user reaches it): {url}
@@ -40,7 +53,7 @@ import openai
 c = openai.OpenAI(base_url='{url}/v1', api_key='{key}', http_client=openai.DefaultHttpxClient(verify='{ca}'))
 print(c.chat.completions.create(model='gemma-3-270m', messages=[{{'role': 'user', 'content': 'Hello!'}}]))"
 
-Ctrl-C stops everything.
+Ctrl-C stops everything. A region that dies is reported here and the rest keeps running{then}.
 """
 
 
@@ -59,15 +72,18 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGHUP, _interrupt)
     try:
         running = launcher.start()
-        print(usage_text(running), flush=True)
+        print(usage_text(running, args.restart), flush=True)
+        supervisor = Supervisor(
+            launcher.processes,
+            essential=ESSENTIAL,
+            policy=RestartPolicy() if args.restart else None,
+            restart=lambda process: launcher.restart(process.name),
+        )
         while True:
-            time.sleep(1)
-            dead = [p.name for p in launcher.processes if p.proc is not None and p.proc.poll() is not None]
-            if dead:
-                print(
-                    f"nearshore up: {', '.join(dead)} exited; stopping (logs in {run_dir / 'logs'})",
-                    file=sys.stderr,
-                )
+            time.sleep(POLL_S)
+            reason = supervisor.poll()
+            if reason is not None:
+                print(f"nearshore up: {reason}: stopping (logs in {run_dir / 'logs'})", file=sys.stderr)
                 return 1
     except KeyboardInterrupt:
         print("\nstopping ...", flush=True)
