@@ -20,7 +20,6 @@ from nearshore.protocol.errors import (
     UPSTREAM_TIMEOUT,
     ApiError,
     ErrorBody,
-    ErrorEnvelope,
     ErrorKind,
 )
 from nearshore.protocol.schemas import Usage, json_encoder
@@ -117,7 +116,34 @@ _ANSWERS = {
     "chat": msgspec.json.Decoder(_ChatAnswer),
     "completions": msgspec.json.Decoder(_TextAnswer),
 }
-_error_decoder = msgspec.json.Decoder(ErrorEnvelope)
+
+
+class _ProviderError(msgspec.Struct):
+    """An error object as providers write it: OpenAI's, or with a null type and a numeric code (Azure's
+    content filter, some gateways'); anything beyond these fields is dropped."""
+
+    message: str = ""
+    type: str | None = None
+    param: str | None = None
+    code: str | int | None = None
+
+
+class _ProviderEnvelope(msgspec.Struct):
+    error: _ProviderError
+
+
+_error_decoder = msgspec.json.Decoder(_ProviderEnvelope)
+# The type OpenAI gives an error of this status, for an error object that names none.
+_TYPE_OF_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,7 +227,14 @@ async def read_refusal(response: Response) -> tuple[ApiError, bool]:
     except (msgspec.ValidationError, msgspec.DecodeError):
         message = f"the region answered HTTP {status} without an error object"
         return ApiError(UPSTREAM_BAD_RESPONSE, message), False
-    return passed_on(envelope.error, status), True
+    error = envelope.error
+    body_of = ErrorBody(
+        message=error.message[:2000] or f"the region refused the request (HTTP {status})",
+        type=error.type or _TYPE_OF_STATUS.get(status, "invalid_request_error"),
+        param=error.param,
+        code=str(error.code)[:200] if error.code is not None else None,
+    )
+    return passed_on(body_of, status), True
 
 
 def passed_on(error: ErrorBody, status: int) -> ApiError:

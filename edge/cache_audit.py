@@ -28,6 +28,7 @@ from cache.audit import Mode
 from cache.embedder_pool import OutOfScope
 from cache.response_cache import Hit, ResponseCache
 from edge.answer import MAX_TOKEN_TEXT_BYTES, UpstreamFault, read_bounded
+from edge.attempts import Refused, release_refused
 from edge.billing import PriceTable
 from edge.config import EdgeConfig
 from edge.metrics import EdgeMetrics
@@ -88,6 +89,10 @@ class Auditor:
                 finally:
                     opened.response.close()  # pooled again if read to its end
                     opened.upstream.replica.inflight -= 1
+        except Refused as refused:  # the region refused the question: nothing to judge the entry by
+            release_refused(refused)
+            self.metrics.cache_audits.labels("sampled", "failed").inc()
+            return
         except (
             TimeoutError,
             UpstreamFault,

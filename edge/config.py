@@ -22,6 +22,7 @@ EMBEDDED_PRICE = Price(input=0.05, cached_input=0.01, output=0.20)
 # The embedded sentence embedder the regions serve at /v1/embeddings (and the response cache uses).
 EMBEDDING_MODEL = "all-minilm-l6-v2"
 EMBEDDING_PRICE = Price(input=0.01, output=0.0)
+EMBEDDING_DIMENSIONS = 384
 
 
 class TlsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -69,22 +70,63 @@ class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # With no upstream byte for this long, an SSE comment goes to the client so idle hops stay open.
     heartbeat_s: Seconds = 5.0
     # A region is trusted for nothing: what it may take and send.
-    # Response headers within this (a stream's first token: queue + prefill), else 504 (or the next region).
-    first_byte_timeout_s: Seconds = 60.0
-    # A non-streamed answer arrives whole, so it also gets this much per max_tokens.
+    # Three deadlines, one job each. A stream's first content token within ttft_timeout_s of asking (queue
+    # and prefill; else the next replica is asked); then at most stall_timeout_s between its events (else
+    # another replica continues the answer). request_deadline_s bounds the whole request from its arrival:
+    # every attempt, retry, wait, fallback and continuation together.
+    ttft_timeout_s: Seconds = 30.0
+    stall_timeout_s: Seconds = 20.0
+    request_deadline_s: Seconds = 300.0
+    # A non-streamed answer arrives whole, so its first byte also gets this much per max_tokens.
     unary_timeout_per_token_s: Annotated[float, Meta(ge=0)] = 0.25
-    # A stream with no byte for this long is cut off with 504.
-    idle_timeout_s: Seconds = 30.0
-    # A stream whose region dies mid-answer is continued by the next region from the text already sent
-    # (once per request, while fewer than continue_max_tokens were relayed).
+    # Retries: at most max_attempts requests to regions per client request (replicas, retries and fallback
+    # models together; continuations count apart). A replica that refused with Retry-After is not asked
+    # again before it (by any request); the edge waits for it only when no other replica or fallback can
+    # take the request and the wait is at most max_retry_wait_s. Attempts on one replica are spaced by
+    # exponential backoff with jitter (half of retry_backoff_s, doubling up to retry_backoff_max_s, plus up
+    # to as much again at random).
+    max_attempts: Annotated[int, Meta(ge=1, le=16)] = 4
+    max_retry_wait_s: Annotated[float, Meta(ge=0)] = 10.0
+    retry_backoff_s: Annotated[float, Meta(ge=0)] = 0.25
+    retry_backoff_max_s: Annotated[float, Meta(ge=0)] = 4.0
+    # Retries sent to one replica: retry_budget_share of its first attempts, plus retry_budget_floor_per_s
+    # a second (Envoy's retry budget), so retries cannot multiply a struggling region's load.
+    retry_budget_share: Annotated[float, Meta(ge=0, le=1)] = 0.2
+    retry_budget_floor_per_s: Annotated[float, Meta(ge=0)] = 1.0
+    # Events of a stream that do not parse are skipped (counted, logged, in the ledger row) up to this many;
+    # one more and the stream is treated as broken.
+    max_bad_events: Annotated[int, Meta(ge=0)] = 3
+    # A stream whose region dies or stalls mid-answer is continued by another replica from the text already
+    # sent (at most max_continuations times within the deadline, while fewer than continue_max_tokens were
+    # relayed).
     continue_streams: bool = True
     continue_max_tokens: Annotated[int, Meta(ge=0)] = 2048
-    # One SSE event, and a whole response: base + per_token * max_tokens (a unary body also at most
-    # max_unary_bytes).
+    max_continuations: Annotated[int, Meta(ge=0, le=8)] = 2
+    # One SSE event, and a whole response: base + per_token * max_tokens (a unary completion also at most
+    # max_unary_bytes). An embeddings answer's bound follows from the request: base + per input, one vector
+    # of the model's dimensions (embedding_dimensions, else the request's `dimensions`, else 4096) at
+    # 26 bytes a number; a request whose bound passes max_embeddings_bytes is refused before it is sent.
     max_event_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024
     response_base_bytes: Annotated[int, Meta(ge=1024)] = 64 * 1024
     response_bytes_per_token: Annotated[int, Meta(ge=16)] = 2048
     max_unary_bytes: Annotated[int, Meta(ge=1024)] = 8 << 20
+    embedding_dimensions: dict[str, Annotated[int, Meta(ge=1, le=65536)]] = field(
+        default_factory=lambda: {EMBEDDING_MODEL: EMBEDDING_DIMENSIONS}
+    )
+    max_embeddings_bytes: Annotated[int, Meta(ge=1024)] = 64 << 20
+
+
+class FallbackConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    # Per model, the models that answer (in order) when every replica of it refused, failed or stayed
+    # silent before the first token: another pool, a smaller model, a model on another provider.
+    models: dict[str, list[str]] = field(default_factory=dict)
+    # Per model, the (larger-context) models a context-length refusal goes to; any other 400 (a content
+    # filter's) is the client's answer.
+    context: dict[str, list[str]] = field(default_factory=dict)
+    # Key tiers that may name their own chain per request (x-nearshore-fallback: model-a,model-b), within
+    # the models their key allows; "*": every tier.
+    header_tiers: list[str] = field(default_factory=lambda: ["*"])
+    max_header_models: Annotated[int, Meta(ge=0, le=8)] = 3
 
 
 class PoolLimits(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -95,12 +137,40 @@ class PoolLimits(Struct, forbid_unknown_fields=True, kw_only=True):
     max_wait_s: Seconds = 30.0
 
 
+class KeyCaps(Struct, forbid_unknown_fields=True, kw_only=True):
+    # One tier's or key's own caps (0: none; unset: the section's).
+    max_concurrent: Annotated[int, Meta(ge=0)] | None = None
+    max_tokens_in_flight: Annotated[int, Meta(ge=0)] | None = None
+
+
+class KeyShareConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """One API key's share of a pool (edge/key_share.py): requests in flight, and tokens in flight (each
+    request's prompt estimate plus its max_tokens), so that one key cannot fill the regions' KV memory."""
+
+    # Per key, in each pool (0: no cap). A request bigger than the token cap alone still runs alone.
+    max_concurrent: Annotated[int, Meta(ge=0)] = 4
+    max_tokens_in_flight: Annotated[int, Meta(ge=0)] = 8192
+    # The caps bind only while another key uses the pool (a request in flight or waiting there, or one
+    # ended within shared_within_s): a key alone may use all of it. false: they always bind.
+    shared_only: bool = True
+    shared_within_s: Annotated[float, Meta(ge=0)] = 60.0
+    # Over its cap, a request waits for its key's earlier ones to end (at most max_queue per key, each at
+    # most max_wait_s); then 429 rate_limit_error / concurrency_limit_exceeded with Retry-After.
+    max_queue: Annotated[int, Meta(ge=0)] = 32
+    max_wait_s: Annotated[float, Meta(ge=0)] = 30.0
+    # Caps of their own, by key tier and by key id (a key's win over its tier's).
+    tiers: dict[str, KeyCaps] = field(default_factory=dict)
+    keys: dict[str, KeyCaps] = field(default_factory=dict)
+
+
 class PoolsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # Key tiers in the order their queued requests are served (unlisted tiers after these).
     tier_order: list[str] = field(default_factory=list)
     large: PoolLimits = field(default_factory=PoolLimits)
     small: PoolLimits = field(default_factory=PoolLimits)
     embedding: PoolLimits = field(default_factory=PoolLimits)
+    # Per-key caps in each pool, so that one key cannot stall the others.
+    key_share: KeyShareConfig = field(default_factory=KeyShareConfig)
 
 
 class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -141,6 +211,8 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # Where this edge is, the GeoIP database, trusted proxies, residency policies, health and routing.
     geo: GeoConfig = field(default_factory=GeoConfig)
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
+    # Fallback chains: which models answer when a model's own replicas cannot.
+    fallbacks: FallbackConfig = field(default_factory=FallbackConfig)
     # Models this edge accepts; anything else is a 404 before it leaves the edge.
     models: list[str] = field(default_factory=lambda: [*EMBEDDED_MODELS, EMBEDDING_MODEL])
     # Completion budget reserved for a chat request that names no max_tokens.

@@ -11,6 +11,7 @@ raised as :class:`ApiError`; after, they end the stream as an error event.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -20,7 +21,6 @@ from aiohttp import web
 
 from edge.answer import (
     MAX_TOKEN_TEXT_BYTES,
-    MAX_VECTOR_BYTES,
     Answer,
     UpstreamFault,
     check_answer,
@@ -29,24 +29,39 @@ from edge.answer import (
     read_refusal,
     with_usage,
 )
+from edge.attempts import Attempts, Refused, Target, release_refused
+from edge.fallbacks import context_models, fallback_models, targets
 from edge.journey import Journey, Preempting, Reply
-from edge.relay import Opened, SseRelay, StreamLimits, StreamWatchdog, open_upstream
+from edge.relay import Opened, SseRelay, StreamClock, StreamLimits, StreamOutcome, StreamWatchdog
 from edge.resume import combine_usage, may_continue, open_continuation
+from edge.retry import Deadline
+from edge.upstream import Upstream
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
-from nearshore.protocol.errors import ApiError
-from nearshore.protocol.headers import REGION, SERVER_TIMING
+from nearshore.protocol.errors import EXCEEDS_LIMIT, ApiError
+from nearshore.protocol.headers import MODEL, REGION, SERVER_TIMING
 from nearshore.protocol.schemas import CompletionRequest, EmbeddingRequest
+
+log = logging.getLogger("nearshore.edge.forward")
 
 # The most bytes one log-probability alternative takes in JSON (chat's shape: name, logprob, bytes list).
 LOGPROB_ALTERNATIVE_BYTES = 160
+# An embedding's numbers in JSON ("-0.012345678901234567," at most) or base64 (4 bytes as 5.33), its object's
+# own keys, and the dimensions assumed for a model the config does not list.
+JSON_NUMBER_BYTES = 26
+BASE64_NUMBER_BYTES = 6
+VECTOR_OVERHEAD_BYTES = 256
+DEFAULT_DIMENSIONS = 4096
 
 
 def _response_budget(journey: Journey) -> int:
     up, admission, body = journey.state.config.upstream, journey.admission, journey.body
     assert admission is not None
     if isinstance(body, EmbeddingRequest):
-        return up.response_base_bytes + MAX_VECTOR_BYTES * len(body.texts())
+        # One vector per input, of the model's dimensions: the bound follows from the request.
+        dims = up.embedding_dimensions.get(journey.model) or body.dimensions or DEFAULT_DIMENSIONS
+        per_number = BASE64_NUMBER_BYTES if body.encoding_format == "base64" else JSON_NUMBER_BYTES
+        return up.response_base_bytes + len(body.texts()) * (VECTOR_OVERHEAD_BYTES + dims * per_number)
     per_token, tokens = up.response_bytes_per_token, admission.max_tokens
     if (alternatives := body.top_logprobs_asked()) is not None:
         # Each scored token carries its alternatives; with echo, every prompt token is scored too.
@@ -57,20 +72,36 @@ def _response_budget(journey: Journey) -> int:
 
 
 async def forward(journey: Journey) -> Reply | None:
-    state, call, admission = journey.state, journey.call, journey.admission
-    assert call is not None and admission is not None and journey.body is not None
+    state, call, admission, body = journey.state, journey.call, journey.admission, journey.body
+    assert call is not None and admission is not None and body is not None
     up = state.config.upstream
-    if journey.body.stream:
+    since_arrival = time.perf_counter() - journey.started
+    journey.deadline = Deadline.after(up.request_deadline_s - since_arrival)
+    if isinstance(body, EmbeddingRequest) and (size := _response_budget(journey)) > up.max_embeddings_bytes:
+        raise ApiError(
+            EXCEEDS_LIMIT,
+            f"The answer to this request may take {size} bytes, more than this edge relays "
+            f"({up.max_embeddings_bytes}): send fewer inputs per request.",
+            param="input",
+        )
+    chain = fallback_models(journey)
+    if body.stream:
         stream = _start_stream(journey)
-        first_byte_s = up.first_byte_timeout_s
+        timeout_s = up.ttft_timeout_s
     else:
         stream = None
         # A unary answer's first byte is its whole answer: allow for the tokens it may have to generate.
-        first_byte_s = up.first_byte_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
+        timeout_s = up.ttft_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
     state.metrics.overhead.observe(time.perf_counter() - journey.started)
-    order = state.pool.ordered(journey.route)
-    opening = open_upstream(
-        state.pool, order, call.path, call.body, call.headers, state.metrics, first_byte_s
+    first = Target(body.model, _first_order(journey), call.body, journey.unrouted)
+    attempts = Attempts(state.pool, up, state.metrics, journey.deadline, admission.prompt_estimate)
+    opening = attempts.open(
+        first,
+        lambda: targets(journey, chain),
+        lambda: targets(journey, context_models(journey)),
+        call.path,
+        call.headers,
+        timeout_s,
     )
     try:
         if journey.preempt is None:
@@ -80,12 +111,39 @@ async def forward(journey: Journey) -> Reply | None:
             if not isinstance(raced, Opened):
                 return raced  # the other stage's answer came first: the region's request is cancelled
             opened = raced
+    except Refused as refused:
+        journey.region = refused.opened.upstream.replica.region
+        release_refused(refused)
+        return _failed_before_first_byte(journey, stream, refused.error, refused.passed_on)
     except ApiError as exc:
         return _failed_before_first_byte(journey, stream, exc)
+    finally:
+        journey.attempts += attempts.made
     journey.opened, journey.region = opened, opened.upstream.replica.region
+    if opened.model != body.model:
+        _fell_back(journey, opened.model)
     opened.timing.route_s, opened.timing.queue_s = journey.route_s, journey.queue_s
     journey.cleanups.append(_release(journey, opened))
     return None
+
+
+def _first_order(journey: Journey) -> list[Upstream]:
+    if journey.unrouted:
+        return []
+    return journey.state.pool.ordered(journey.route)
+
+
+def _fell_back(journey: Journey, model: str) -> None:
+    """A fallback model serves the request: the answer, its headers and its bill name it."""
+    assert journey.body is not None and journey.call is not None
+    journey.served_model = model
+    journey.call.client_headers[MODEL] = model
+    if isinstance(journey.stream, StreamReply) and not journey.stream.client.prepared:
+        journey.stream.client.headers[MODEL] = (
+            model  # (a stream whose heartbeat went first has it in its chunks)
+        )
+    journey.state.metrics.fallbacks.labels(journey.body.model, model).inc()
+    log.info("request %s: %s could not answer; %s does", journey.request_id, journey.body.model, model)
 
 
 async def _race(
@@ -112,7 +170,11 @@ def _abandon(upstream: asyncio.Future[Opened]) -> None:
     """Cancel the region's request; one that answered meanwhile is closed and its slot given back."""
 
     def drop(task: asyncio.Future[Opened]) -> None:
-        if task.cancelled() or task.exception() is not None:
+        if task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
+            if isinstance(exc, Refused):
+                release_refused(exc)
             return
         opened = task.result()
         opened.response.close()
@@ -181,8 +243,11 @@ async def _read_unary(journey: Journey) -> Reply:
         error, refused = await read_refusal(upstream)
         return _failed_before_first_byte(journey, None, error, refused)
     try:
-        max_bytes = min(up.max_unary_bytes, _response_budget(journey))
-        body = await read_bounded(upstream, max_bytes, up.idle_timeout_s)
+        budget = _response_budget(journey)
+        # An embeddings answer's bound is its own (checked against max_embeddings_bytes before sending).
+        max_bytes = budget if isinstance(journey.body, EmbeddingRequest) else min(up.max_unary_bytes, budget)
+        assert journey.deadline is not None
+        body = await read_bounded(upstream, max_bytes, journey.deadline.cap(up.stall_timeout_s) or 0.001)
         # No tokenizer spells a token in more bytes than this; completions with echo carry the prompt too.
         max_text = admission.max_tokens * MAX_TOKEN_TEXT_BYTES + (
             admission.prompt_ceiling if call.echo else 0
@@ -257,20 +322,47 @@ class StreamReply:
         return self.client
 
 
+async def _relayed(journey: Journey, relay: SseRelay, opened: Opened) -> StreamOutcome:
+    """Relay ``opened``'s stream on the request's clock: its first token within ttft_timeout_s of asking
+    it, then no stall longer than stall_timeout_s, all before the deadline."""
+    up = journey.state.config.upstream
+    assert journey.deadline is not None
+    asked_at = time.monotonic() - (time.perf_counter() - opened.timing.forwarded_at)
+    relay.clock = StreamClock(
+        asked_at + up.ttft_timeout_s, up.stall_timeout_s, journey.deadline.at, up.ttft_timeout_s
+    )
+    return await relay.relay(opened.response)
+
+
+def _count_bad_events(journey: Journey, outcome: StreamOutcome) -> None:
+    journey.bad_events = outcome.bad_events
+    journey.state.metrics.bad_events.labels(journey.region or "none").inc(outcome.bad_events)
+    log.warning(
+        "request %s: %s sent %d stream events that do not parse (skipped)",
+        journey.request_id,
+        journey.region,
+        outcome.bad_events,
+    )
+
+
 def _start_stream(journey: Journey) -> StreamReply:
     state, call, admission = journey.state, journey.call, journey.admission
     assert call is not None and admission is not None
     up = state.config.upstream
     client = web.StreamResponse(headers={**sse.HEADERS, **call.client_headers})
-    limits = StreamLimits(up.max_event_bytes, _response_budget(journey), admission.max_tokens)
+    limits = StreamLimits(
+        up.max_event_bytes, _response_budget(journey), admission.max_tokens, up.max_bad_events
+    )
     stream = StreamReply(journey, SseRelay(journey.request, client, limits, echo=call.echo))
+    # Checked often enough that a late first token or a stall is seen within a tenth of its limit.
+    tick_s = min(1.0, up.ttft_timeout_s / 10, up.stall_timeout_s / 10)
     watchdog = StreamWatchdog(
         stream.relay,
         up.heartbeat_s,
         state.config.server.write_timeout_s,
-        up.idle_timeout_s,
         stream.commit,
         stream.cut_off,
+        tick_s,
     )
     watchdog.start()
     journey.stream = stream
@@ -291,21 +383,26 @@ async def _relay_stream(journey: Journey, stream: StreamReply) -> Reply:
             fault = UpstreamFault.bad(f"the region answered a stream with {upstream.content_type!r}")
             return _failed_before_first_byte(journey, stream, fault.error)
         await stream.commit(opened)
-        outcome = await relay.relay(upstream)
+        outcome = await _relayed(journey, relay, opened)
         if relay.first_write_at:
             state.metrics.ttft.observe(relay.first_write_at - journey.started)
-        if may_continue(journey, outcome):
-            timeout_s = state.config.upstream.first_byte_timeout_s
-            resumed = await open_continuation(journey, opened, outcome, timeout_s)
-            if resumed is not None:
-                journey.continued_from, journey.region = journey.region, resumed.upstream.replica.region
-                journey.opened = opened = resumed
-                journey.cleanups.append(_release(journey, resumed))
-                first_events = outcome.content_events
-                relay.resume()
-                outcome = await relay.relay(resumed.response)
-                combine_usage(outcome, first_events, journey.bounds.prompt_ceiling)
-                state.metrics.continued.labels(journey.continued_from, journey.region).inc()
+        failed = [opened.upstream]
+        while may_continue(journey, outcome):
+            resumed = await open_continuation(journey, opened, outcome, failed)
+            if resumed is None:
+                break
+            journey.continuations += 1
+            journey.continued_from, journey.region = journey.region, resumed.upstream.replica.region
+            journey.opened = opened = resumed
+            failed.append(resumed.upstream)
+            journey.cleanups.append(_release(journey, resumed))
+            first_events = outcome.content_events
+            relay.resume()
+            outcome = await _relayed(journey, relay, resumed)
+            combine_usage(outcome, first_events, journey.bounds.prompt_ceiling)
+            state.metrics.continued.labels(journey.continued_from, journey.region).inc()
+        if outcome.bad_events:
+            _count_bad_events(journey, outcome)
         if outcome.failure is not None:
             journey.failed(outcome.failure)
             stream.failure = outcome.failure

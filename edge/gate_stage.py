@@ -1,5 +1,6 @@
-"""The pool gate stage: a request takes a slot in its pool (the pool class of the replicas the route
-chose) before it is forwarded, waiting in tier order when the pool is full (:mod:`edge.pool_gate`)."""
+"""The pool gate stage: a request takes its key's share of its pool (the pool class of the replicas the route
+chose; :mod:`edge.key_share`), then a slot in the pool, before it is forwarded, waiting in tier order when the
+pool is full (:mod:`edge.pool_gate`). Both are given back at the journey's exit, whatever ended it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from collections.abc import Sequence
 
 from edge.config import PoolsConfig
 from edge.journey import Journey, Reply
+from edge.key_share import KeyShares
 from edge.pool_gate import PoolGate
 from geo.route import Replica
+from nearshore.protocol.errors import CONCURRENCY_LIMITED, ApiError
 
 POOL_CLASSES = ("large", "small", "embedding")
 
@@ -18,8 +21,14 @@ def make_gates(config: PoolsConfig, replicas: Sequence[Replica]) -> dict[str, Po
     for pool in POOL_CLASSES:
         limits = getattr(config, pool)
         capacity = sum(r.spec.capacity for r in replicas if r.spec.pool == pool)
+        shares = KeyShares(pool, config.key_share)
         gates[pool] = PoolGate(
-            pool, limits.max_inflight or capacity, limits.max_queue, limits.max_wait_s, config.tier_order
+            pool,
+            limits.max_inflight or capacity,
+            limits.max_queue,
+            limits.max_wait_s,
+            config.tier_order,
+            shares,
         )
     return gates
 
@@ -37,13 +46,38 @@ async def gate_stage(journey: Journey) -> Reply | None:
     state, key = journey.state, journey.key
     assert key is not None
     gate = state.gates.get(pool_of(journey))
-    if gate is None or gate.max_inflight <= 0:
+    if gate is None:
         return None
-    journey.queue_s = await gate.acquire(key.tier)
-    state.metrics.pool_queue.labels(gate.name).observe(journey.queue_s)
+    if gate.shares is not None:
+        await _take_share(journey, gate.shares)
+    if gate.max_inflight <= 0:
+        return None
+    waited_s = await gate.acquire(key.tier)
+    journey.queue_s += waited_s
+    state.metrics.pool_queue.labels(gate.name).observe(waited_s)
 
     async def release() -> None:
         gate.release()
 
     journey.cleanups.append(release)
     return None
+
+
+async def _take_share(journey: Journey, shares: KeyShares) -> None:
+    """The key's share for this request's tokens (prompt estimate + max_tokens), given back at the exit."""
+    state, key, admission = journey.state, journey.key, journey.admission
+    assert key is not None and admission is not None
+    tokens = admission.prompt_estimate + admission.max_tokens
+    try:
+        waited_s = await shares.acquire(key, tokens)
+    except ApiError as exc:
+        if exc.kind is CONCURRENCY_LIMITED:
+            state.metrics.rate_limited.labels("key_share").inc()
+        raise
+    journey.queue_s += waited_s
+    state.metrics.key_share_wait.labels(shares.pool).observe(waited_s)
+
+    async def release() -> None:
+        shares.release(key.key_id, tokens)
+
+    journey.cleanups.append(release)

@@ -18,6 +18,7 @@ from edge.budget import Hold
 from edge.keys import ApiKey
 from edge.limits import Decision
 from edge.relay import Opened
+from edge.retry import Deadline
 from edge.state import EdgeState
 from edge.usage_audit import AuditedUsage, UsageBounds
 from geo.route import Route
@@ -84,12 +85,14 @@ class Journey:
     admission: Admission | None = None
     call: Call | None = None
     route: Route | None = None  # the router's order (no route stage: every routable replica, config order)
+    unrouted: str = ""  # why no replica may serve the model asked for (its fallbacks may)
     route_s: float = 0.0  # the route stage's time (Server-Timing route;dur)
     queue_s: float = 0.0  # waited for a slot in the pool (Server-Timing edge-queue;dur)
     opened: Opened | None = None  # the region's answer, once its head arrived
     stream: Reply | None = None  # a stream's client side, from the forward stage on
     region: str = ""
     chosen_model: str = ""  # a size alias's choice, for x-nearshore-model
+    other_size: str = ""  # the alias's other model: its fallback when no chain is configured
     # A stage may race the region: if this task ends first with a reply, the region's request is cancelled
     # and that reply answers (the response cache's semantic lookup).
     preempt: asyncio.Task[Preempting | None] | None = None
@@ -99,6 +102,11 @@ class Journey:
     answer_text: str = ""
     finish_reason: str = ""
     continued_from: str = ""  # the region that died mid-answer, when another finished the stream
+    continuations: int = 0  # streams: how many times another replica took the answer over
+    deadline: Deadline | None = None  # when the whole request must be done (upstream.request_deadline_s)
+    served_model: str = ""  # the model that answered, when a fallback did (else the body's)
+    attempts: int = 0  # requests sent to regions for it (failover, retries, fallbacks, continuations)
+    bad_events: int = 0  # stream events from a region that did not parse (skipped)
     # The outcome, as the stages record it; until then the request counts as left by its client.
     status: Status = "aborted"
     http_status: int = CLIENT_LEFT
@@ -126,6 +134,11 @@ class Journey:
     def left(self) -> None:
         self.status, self.http_status, self.error_code = "aborted", CLIENT_LEFT, ""
         self.recorded = True
+
+    @property
+    def model(self) -> str:
+        """The model that serves (or served) the request: a fallback's, else the one asked for."""
+        return self.served_model or (self.body.model if self.body is not None else "")
 
     @property
     def bounds(self) -> UsageBounds:

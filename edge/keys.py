@@ -86,6 +86,12 @@ def _hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+def share_key(key_id: str) -> str:
+    """The opaque id a region's scheduler shares its queue by (x-nearshore-share-key): a hash of the key
+    id, the same from every edge, that names neither the key nor its id."""
+    return hashlib.blake2b(key_id.encode(), digest_size=12, person=b"nearshore-share").hexdigest()
+
+
 # What an unknown key id is compared against: no secret hashes to it (it is not even hex).
 _UNKNOWN_DIGEST = "-" * 64
 

@@ -36,7 +36,7 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
-    cache_status: str  # "miss" | "hit" | "bypass"
+    cache_status: str  # "miss" | "exact" | "semantic" | "bypass"
     cost_usd: float
     status: str  # "ok" | "error" (the region failed or refused it) | "aborted" (the client left)
     http_status: int
@@ -45,6 +45,10 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     # A stream whose region died mid-answer and that another region finished: the first region (``region``
     # is the one that finished it).
     continued_from: str = ""
+    # A fallback served it: the model the client asked for (``model`` is the one that served and priced it).
+    fallback_from: str = ""
+    attempts: int = 0  # requests sent to regions for it (failover, retries, fallbacks, continuations)
+    bad_events: int = 0  # stream events from a region that did not parse and were skipped
 
 
 class ReportRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,7 +82,10 @@ CREATE TABLE IF NOT EXISTS usage (
     http_status       INTEGER NOT NULL,
     client_request_id TEXT NOT NULL DEFAULT '',
     error_code        TEXT NOT NULL DEFAULT '',
-    continued_from    TEXT NOT NULL DEFAULT ''
+    continued_from    TEXT NOT NULL DEFAULT '',
+    fallback_from     TEXT NOT NULL DEFAULT '',
+    attempts          INTEGER NOT NULL DEFAULT 0,
+    bad_events        INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_key_ts ON usage (key_id, ts);
 """
@@ -87,6 +94,9 @@ _ADDED_COLUMNS = {
     "client_request_id": "TEXT NOT NULL DEFAULT ''",
     "error_code": "TEXT NOT NULL DEFAULT ''",
     "continued_from": "TEXT NOT NULL DEFAULT ''",
+    "fallback_from": "TEXT NOT NULL DEFAULT ''",
+    "attempts": "INTEGER NOT NULL DEFAULT 0",
+    "bad_events": "INTEGER NOT NULL DEFAULT 0",
 }
 _INSERT = f"INSERT INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
 _REPORT = """

@@ -30,6 +30,30 @@ class EdgeMetrics:
         self.failovers = Counter(
             P + "upstream_failovers", "Regions skipped before the first byte.", ["region"], registry=r
         )
+        self.retries = Counter(
+            P + "upstream_retries",
+            "Replicas asked again after a wait (Retry-After, backoff).",
+            ["region"],
+            registry=r,
+        )
+        self.retries_denied = Counter(
+            P + "upstream_retries_denied",
+            "Retries not made: the replica's retry budget was spent.",
+            ["region"],
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            P + "model_fallbacks",
+            "Requests a fallback model answered, by the model asked for and the one that served.",
+            ["model", "served_by"],
+            registry=r,
+        )
+        self.bad_events = Counter(
+            P + "upstream_bad_events",
+            "Stream events from a region that did not parse (skipped).",
+            ["region"],
+            registry=r,
+        )
         self.pool_queue = Histogram(
             P + "pool_queue_seconds",
             "Time waited for a slot in the pool at the edge.",
@@ -152,6 +176,13 @@ class EdgeMetrics:
             "Requests a region failed, by the error the client got.",
             ["code", "region"],
             registry=r,
+        )
+        self.key_share_wait = Histogram(
+            P + "key_share_wait_seconds",
+            "Time a request waited at the edge for its API key's share of the pool (edge/key_share.py).",
+            ["pool"],
+            registry=r,
+            buckets=_LATENCY,
         )
 
     def count_request(

@@ -35,6 +35,30 @@ EDGE_METRICS: tuple[MetricSpec, ...] = (
     ),
     MetricSpec(P + "upstream_failovers", "counter", ("region",), "Regions skipped before the first byte."),
     MetricSpec(
+        P + "upstream_retries",
+        "counter",
+        ("region",),
+        "Replicas asked again after a wait (Retry-After, backoff).",
+    ),
+    MetricSpec(
+        P + "upstream_retries_denied",
+        "counter",
+        ("region",),
+        "Retries not made: the replica's retry budget was spent.",
+    ),
+    MetricSpec(
+        P + "model_fallbacks",
+        "counter",
+        ("model", "served_by"),
+        "Requests a fallback model answered, by the model asked for and the one that served.",
+    ),
+    MetricSpec(
+        P + "upstream_bad_events",
+        "counter",
+        ("region",),
+        "Stream events from a region that did not parse (skipped).",
+    ),
+    MetricSpec(
         P + "streams_continued",
         "counter",
         ("from_region", "region"),
@@ -119,5 +143,11 @@ EDGE_METRICS: tuple[MetricSpec, ...] = (
         "counter",
         (),
         "What the region answers the audit let finish cost at the price table (never billed to a tenant).",
+    ),
+    MetricSpec(
+        P + "key_share_wait_seconds",
+        "histogram",
+        ("pool",),
+        "Time a request waited at the edge for its API key's share of the pool (edge/key_share.py).",
     ),
 )

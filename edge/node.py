@@ -18,7 +18,7 @@ from edge.billing import PriceTable
 from edge.budget import BudgetBook, SharedBudgets
 from edge.cache_audit import Auditor
 from edge.cache_setup import cache_lifetime, make_cache
-from edge.config import EdgeConfig
+from edge.config import EdgeConfig, FallbackConfig
 from edge.gate_stage import make_gates
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
 from edge.keys import KeyStore, refresh_keys
@@ -54,12 +54,29 @@ def make_locator(geo: GeoConfig) -> Locator:
         raise ValueError(f"geo.database: {exc}") from None
 
 
+def check_fallbacks(fallbacks: FallbackConfig, models: list[str]) -> list[str]:
+    """Every chain names served models, none itself."""
+    problems = []
+    for table, chains in (("fallbacks.models", fallbacks.models), ("fallbacks.context", fallbacks.context)):
+        for model, chain in chains.items():
+            if model not in models:
+                problems.append(f"{table}: {model!r} is not in models")
+            for fallback in chain:
+                if fallback not in models:
+                    problems.append(f"{table}.{model}: fallback {fallback!r} is not in models")
+                elif fallback == model:
+                    problems.append(f"{table}.{model}: a model cannot fall back to itself")
+    return problems
+
+
 def check_config(config: EdgeConfig) -> None:
     """Rules a schema cannot say; each message names the key."""
     if not config.regions:
         raise ValueError("regions: at least one region is needed ([[regions]] name = ..., url = ...)")
-    problems = check_catalog(config.regions, config.geo, config.models) + check_aliases(
-        config.aliases, config.models
+    problems = (
+        check_catalog(config.regions, config.geo, config.models)
+        + check_aliases(config.aliases, config.models)
+        + check_fallbacks(config.fallbacks, config.models)
     )
     if problems:
         raise ValueError("; ".join(problems))

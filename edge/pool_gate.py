@@ -5,7 +5,8 @@ A pool (large, small, embedding: the pool class of the regions that serve a mode
 edge queues what the regions would only queue later, farther away, and serves its best tiers first. A
 request that finds the pool full waits in a queue ordered by its key's tier (``tier_order``, first is
 served first; unlisted tiers after the listed ones), then by arrival. A full queue, or a wait past
-``max_wait_s``, answers 503 ``overloaded`` with ``Retry-After`` at once.
+``max_wait_s``, answers 503 ``overloaded`` with ``Retry-After`` at once. Each key's share of the pool is
+capped before it queues here (``shares``, :mod:`edge.key_share`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
+from edge.key_share import KeyShares
 from nearshore.protocol.errors import OVERLOADED, ApiError
 
 
@@ -29,9 +31,16 @@ class PoolGate:
     """One pool's slots and its queue. All on the event loop: no locks."""
 
     def __init__(
-        self, name: str, max_inflight: int, max_queue: int, max_wait_s: float, tiers: list[str]
+        self,
+        name: str,
+        max_inflight: int,
+        max_queue: int,
+        max_wait_s: float,
+        tiers: list[str],
+        shares: KeyShares | None = None,
     ) -> None:
         self.name = name
+        self.shares = shares  # the per-key caps (None: none)
         self.max_inflight = max_inflight
         self.max_queue = max_queue
         self.max_wait_s = max_wait_s

@@ -1,12 +1,14 @@
-"""Forwarding one request to a region: failover before the first byte, then a checked SSE relay.
+"""The checked SSE relay of one region's stream to the client, and its watchdog.
 
 Nothing here buffers a stream: the region's bytes are checked and written to the client as they arrive, from
 the connection's own ``data_received`` (no coroutine wakes per event), and a client that reads slowly pauses
-the region's connection until it drains. Nothing here trusts the region either: its headers must come within
-``first_byte_timeout_s``; one event may be at most ``max_event_bytes``, the whole stream at most its byte
-budget, and it may carry at most ``max_tokens`` content events; every event must be a completion chunk; a
-stream silent for ``idle_timeout_s`` is cut off. A region that breaks a rule is stopped there and the client
-is told with a typed error event.
+the region's connection until it drains. Nothing here trusts the region either: one event may be at most
+``max_event_bytes``, the whole stream at most its byte budget, and it may carry at most ``max_tokens``
+content events; an event that does not parse is skipped, up to ``max_bad_events``; the first content token
+must come by its deadline (``ttft_timeout_s`` after asking), then an event at least every
+``stall_timeout_s``, and all of it before the request's deadline. A region that breaks a rule is stopped
+there and the client is told with a typed error event. A stream that says how it finished
+(``finish_reason``) and then ends, or sends its usage, is whole even without ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -22,14 +24,10 @@ from aiohttp import web
 
 from edge.answer import NO_USAGE, UpstreamFault, passed_on, usage_bytes
 from edge.h1 import MalformedResponse, Response
-from edge.metrics import EdgeMetrics
-from edge.upstream import UPSTREAM_ERRORS, Upstream, UpstreamPool
+from edge.upstream import Upstream
 from nearshore.protocol import sse
 from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, ApiError, ErrorBody
-from nearshore.protocol.headers import SERVER_TIMING
 
-RETRYABLE = frozenset({429, 500, 502, 503, 504})
-_PEEK_BYTES = 4096
 # After [DONE], the rest of the response (the chunked terminator) returns the connection to its pool; a
 # region that stalls there loses the connection after this long.
 _TAIL_S = 1.0
@@ -65,88 +63,8 @@ class Opened:
     response: Response
     timing: UpstreamTiming
     skipped: list[str] = field(default_factory=list)
-
-
-async def open_upstream(
-    pool: UpstreamPool,
-    order: list[Upstream],
-    path: str,
-    body: bytes,
-    headers: dict[str, str],
-    metrics: EdgeMetrics,
-    first_byte_timeout_s: float,
-) -> Opened:
-    """POST to the first replica in ``order`` that answers in time without a retryable error; the others
-    are skipped, and each failure is reported to the router (enough of them in a row eject a replica)."""
-    skipped: list[str] = []
-    timed_out = malformed = 0
-    for upstream in order:
-        timing = UpstreamTiming(forwarded_at=time.perf_counter())
-        try:
-            response = await _post(upstream, path, headers, body, first_byte_timeout_s)
-        except TimeoutError:
-            timed_out += 1
-            _skip(pool, upstream, metrics, skipped, f"no answer within {first_byte_timeout_s:g}s")
-            continue
-        except MalformedResponse as exc:  # it answered, but not in HTTP
-            malformed += 1
-            _skip(pool, upstream, metrics, skipped, f"a malformed response ({str(exc)[:80]})")
-            continue
-        except UPSTREAM_ERRORS as exc:
-            _skip(pool, upstream, metrics, skipped, type(exc).__name__)
-            continue
-        timing.first_byte_s = time.perf_counter() - timing.forwarded_at
-        timing.connect_s = response.connect_s
-        timing.region_timing = response.headers.get(SERVER_TIMING.lower(), "")[:512]
-        if response.status in RETRYABLE:
-            detail = await _peek(response)
-            upstream.replica.inflight -= 1
-            pool.refused(upstream, response)  # a refusal carries the region's load too (a full queue)
-            why = f"HTTP {response.status} {detail}"
-            if response.status >= 500 and response.status != 503:
-                pool.failed(upstream, why)
-            skipped.append(f"{upstream.name}: {why}")
-            metrics.failovers.labels(upstream.name).inc()
-            continue
-        pool.answered(upstream, response, timing.first_byte_s)
-        return Opened(upstream, response, timing, skipped)
-    where = f" ({'; '.join(skipped)})" if skipped else " (none available)"
-    if skipped and timed_out == len(skipped):
-        raise ApiError(UPSTREAM_TIMEOUT, "No region answered in time" + where, retry_after_s=1)
-    if skipped and malformed == len(skipped):
-        raise UpstreamFault.bad("No region answered in HTTP" + where).error
-    raise ApiError(UPSTREAM_UNAVAILABLE, "No region could take the request" + where, retry_after_s=1)
-
-
-async def _post(
-    upstream: Upstream, path: str, headers: dict[str, str], body: bytes, timeout_s: float
-) -> Response:
-    """The request, counted in the replica's in-flight while the region queues and serves it (the caller
-    releases an answered one when it is done with it)."""
-    replica = upstream.replica
-    replica.inflight += 1
-    try:
-        return await upstream.pool.request("POST", path, headers, body, timeout_s)
-    except BaseException:
-        replica.inflight -= 1
-        raise
-
-
-def _skip(pool: UpstreamPool, upstream: Upstream, metrics: EdgeMetrics, skipped: list[str], why: str) -> None:
-    pool.failed(upstream, why)
-    skipped.append(f"{upstream.name}: {why}")
-    metrics.failovers.labels(upstream.name).inc()
-
-
-async def _peek(response: Response) -> str:
-    """The start of a refusal's body, for the log and the 503 message; a long or slow rest is not read."""
-    data = b""
-    with contextlib.suppress(TimeoutError, *UPSTREAM_ERRORS):
-        async with asyncio.timeout(1.0):
-            while len(data) <= _PEEK_BYTES and (more := await response.read()):
-                data += more
-    response.close()  # pooled again if it was read to its end
-    return data[:200].decode(errors="replace")
+    model: str = ""  # the model it was asked for (a fallback's, when one serves)
+    body: bytes = b""  # what it was sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +72,29 @@ class StreamLimits:
     max_event_bytes: int
     max_stream_bytes: int
     max_content_events: int
+    max_bad_events: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StreamClock:
+    """When a stream must show progress, on the monotonic clock: its first content token by
+    ``first_token_by``, then an event at least every ``stall_s``, all of it by ``deadline_at``."""
+
+    first_token_by: float
+    stall_s: float
+    deadline_at: float
+    ttft_s: float  # what first_token_by was counted from, for the message
+
+    def overdue(self, now: float, content_events: int, last_event_at: float) -> tuple[str, bool]:
+        """Why the stream is late now ("" if it is not), and whether that ends the request."""
+        if now >= self.deadline_at:
+            return "the request's deadline passed", True
+        if content_events == 0:
+            if now >= self.first_token_by:
+                return f"no first token within {self.ttft_s:g}s", False
+        elif now - last_event_at >= self.stall_s:
+            return f"no event from the region for {self.stall_s:g}s", False
+        return "", False
 
 
 @dataclass(slots=True)
@@ -166,10 +107,14 @@ class StreamOutcome:
     failure: ApiError | None = None  # what the client is told at the end (the region's error, or the edge's)
     fault: bool = False  # the edge stopped the stream because the region broke a rule
     done: bool = False
+    bad_events: int = 0  # events that did not parse, skipped
+    expired: bool = False  # the request's deadline passed: nothing may continue it
 
 
 class UpstreamIdle(Exception):
-    pass
+    def __init__(self, message: str, expired: bool = False) -> None:
+        super().__init__(message)
+        self.expired = expired
 
 
 class _Delta(msgspec.Struct):
@@ -222,6 +167,9 @@ class SseRelay:
         self._draining: asyncio.Task | None = None
         self._broken: BaseException | None = None  # the client's side broke while we wrote
         self._resumed = False  # a second region continues the answer: its role event is not sent again
+        self._body_ended = False  # the region's body ended (cleanly or not): nothing more to read
+        self.clock: StreamClock | None = None  # armed by the caller before each relay
+        self.last_event_at = 0.0
 
     @property
     def client_broke(self) -> bool:
@@ -233,8 +181,15 @@ class SseRelay:
         outcome = self.outcome
         outcome.failure, outcome.fault, outcome.done = None, False, False
         outcome.usage = outcome.usage_event = None
+        outcome.finish_reason = ""
         self._pending = b""
-        self._resumed = True
+        self._resumed = outcome.content_events > 0 or self.first_write_at > 0
+        self._total = 0
+
+    def overdue(self, now: float) -> tuple[str, bool]:
+        if self.clock is None:
+            return "", False
+        return self.clock.overdue(now, self.outcome.content_events, self.last_event_at)
 
     async def write(self, data: bytes, *, content: bool = True) -> None:
         """Write through aiohttp (heartbeats, the end of the stream), waiting for the client to take it."""
@@ -245,13 +200,15 @@ class SseRelay:
         if content and not self.first_write_at:
             self.first_write_at = time.perf_counter()
 
-    def stall(self, idle_s: float) -> None:
-        """Called by the watchdog: the region sent nothing for ``idle_s``; end the relay with that error."""
+    def stall(self, why: str, expired: bool = False) -> None:
+        """Called by the watchdog: the region is late (``why``); end the relay with that error."""
         if self._upstream is not None and self.read_started:
-            self._upstream.abort(UpstreamIdle(f"no byte from the region for {idle_s:g}s"))
+            self._upstream.abort(UpstreamIdle(why, expired))
 
     async def relay(self, upstream: Response) -> StreamOutcome:
         self._upstream = upstream
+        self._body_ended = False
+        self.last_event_at = time.monotonic()
         self._ended = asyncio.get_running_loop().create_future()
         # The head has gone (HTTP/1.1 clients get chunked framing; 1.0 ones a body that ends with the socket).
         self._chunked = self.client.headers.get("Transfer-Encoding", "").lower() == "chunked"
@@ -266,7 +223,7 @@ class SseRelay:
                 self._draining.cancel()
         if self._broken is not None:
             raise self._broken
-        if self.outcome.done:
+        if self.outcome.done and not self._body_ended:
             # Read to the end (the chunked terminator may trail [DONE] across a network), so the connection
             # returns to its pool and the next user pays no handshake; a region that stalls there loses it.
             await upstream.finish(_TAIL_S)
@@ -287,7 +244,7 @@ class SseRelay:
         pending = self._pending + chunk if self._pending else chunk
         if b"\n\n" in pending:
             *events, pending = pending.split(b"\n\n")
-            forward = [e for e in events if self._keep(e)]
+            forward = [kept for e in events if (kept := self._keep(e)) is not None]
             if forward:
                 self._send(b"\n\n".join(forward) + b"\n\n")
         self._pending = pending
@@ -297,17 +254,29 @@ class SseRelay:
             self._finish()
 
     def end(self) -> None:
-        if not (self.outcome.done or self.outcome.failure):
-            self.outcome.failure = ApiError(
-                UPSTREAM_UNAVAILABLE, "The region failed mid-stream: it closed the stream early."
-            )
+        """The region's body ended cleanly: with how it finished said, the answer is whole ([DONE] or not)."""
+        self._body_ended = True
+        outcome = self.outcome
+        if not (outcome.done or outcome.failure or outcome.fault):
+            if outcome.finish_reason:
+                outcome.done = True
+            else:
+                outcome.failure = ApiError(
+                    UPSTREAM_UNAVAILABLE, "The region failed mid-stream: it closed the stream early."
+                )
         self._finish()
 
     def error(self, exc: BaseException) -> None:
+        self._body_ended = True
         outcome = self.outcome
-        if isinstance(exc, UpstreamIdle):
-            outcome.fault = True
-            outcome.failure = ApiError(UPSTREAM_TIMEOUT, f"The region stalled mid-stream: {exc}.")
+        if outcome.done or outcome.fault:
+            pass
+        elif outcome.finish_reason and outcome.usage is not None and not outcome.failure:
+            outcome.done = True  # it said how it finished and what it cost: the answer is whole
+        elif isinstance(exc, UpstreamIdle):
+            outcome.fault, outcome.expired = True, exc.expired
+            when = "before its first token" if outcome.content_events == 0 else "mid-stream"
+            outcome.failure = ApiError(UPSTREAM_TIMEOUT, f"The region stalled {when}: {exc}.")
         elif isinstance(exc, MalformedResponse):
             self._fault(f"its stream is not HTTP ({exc})")
         elif not outcome.done and not outcome.failure:
@@ -364,39 +333,44 @@ class SseRelay:
         if self._upstream is not None:
             self._upstream.resume()
 
-    def _keep(self, event: bytes) -> bool:
-        """Check the event and note what it says; whether it goes to the client now."""
+    def _keep(self, event: bytes) -> bytes | None:
+        """Check the event and note what it says; what goes to the client now (None: nothing)."""
         outcome = self.outcome
         if not event or outcome.done or outcome.fault:
-            return False
+            return None
         if event.startswith(b":"):
-            return False
-        if not event.startswith(b"data:") or b"\n" in event:
-            self._fault("an event that is not one data line")
-            return False
-        payload = event[5:].strip()
+            return None
+        if event.startswith(b"data:") and b"\n" not in event:
+            payload = event[5:].strip()
+        else:
+            payload = self._data_of(event)
+            if payload is None:
+                return None
+            event = b"data: " + payload
+        self.last_event_at = time.monotonic()
         if payload == b"[DONE]":
+            if outcome.bad_events and not outcome.finish_reason:  # what it skipped may have been the answer
+                self._fault(f"{outcome.bad_events} events that did not parse, and no finish_reason")
+                return None
             outcome.done = True
-            return False
+            return None
         try:
             chunk = _chunk_decoder.decode(payload)
         except (msgspec.ValidationError, msgspec.DecodeError):
-            self._fault("an event that is not a completion chunk")
-            return False
+            return self._bad("an event that is not a completion chunk")
         if chunk.error is not None:
             outcome.failure = passed_on(chunk.error, 502)
-            return False
+            return None
         if (usage := usage_bytes(chunk.usage)) is not None:
             outcome.usage = usage
             if not chunk.choices:
                 outcome.usage_event = payload
-                return False
+                return None
         if not chunk.choices:
-            self._fault("a chunk with neither choices nor usage")
-            return False
+            return self._bad("a chunk with neither choices nor usage")
         if len(chunk.choices) > 1:
             self._fault("more than the one choice asked for (n=1)")
-            return False
+            return None
         choice = chunk.choices[0]
         text = choice.delta.content if choice.delta is not None else choice.text
         if text:
@@ -404,15 +378,34 @@ class SseRelay:
                 self._echo_pending = False
             elif outcome.content_events >= self.limits.max_content_events:
                 self._fault(f"more than max_tokens ({self.limits.max_content_events}) tokens")
-                return False
+                return None
             else:
                 outcome.content_events += 1
                 outcome.text.append(text)
         elif self._resumed and choice.delta is not None and choice.delta.role is not None:
-            return False  # the client had the role from the first region
+            return None  # the client had the role from the first region
         if choice.finish_reason:
             outcome.finish_reason = choice.finish_reason
-        return True
+        return event
+
+    def _data_of(self, event: bytes) -> bytes | None:
+        """An event of several lines (SSE fields): its data lines joined; ``event:``, ``id:``, ``retry:``
+        and comments are the region's own business. None when it holds no data (skipped)."""
+        data: list[bytes] = []
+        for line in event.split(b"\n"):
+            if line.startswith(b"data:"):
+                data.append(line[5:].lstrip(b" "))
+            elif not line.startswith((b":", b"event:", b"id:", b"retry:")) and line.strip():
+                self._bad("an event line that is not an SSE field")
+                return None
+        return b"\n".join(data).strip() if data else None
+
+    def _bad(self, what: str) -> None:
+        """One event that does not parse is skipped; past max_bad_events the stream is broken."""
+        self.outcome.bad_events += 1
+        if self.outcome.bad_events > self.limits.max_bad_events:
+            self._fault(f"{what} (one of {self.outcome.bad_events} that did not parse)")
+        return None
 
 
 class StreamWatchdog:
@@ -421,8 +414,8 @@ class StreamWatchdog:
     When nothing has gone to the client for ``heartbeat_s``, it sends an SSE comment (the first one
     commits the response if the region has not answered yet), so idle hops stay open during a long
     prefill. When the client has not taken a write for ``write_timeout_s``, it cuts the client off: the
-    handler then ends, which cancels the upstream request. When the region has sent nothing for
-    ``idle_timeout_s``, it ends the relay with an error.
+    handler then ends, which cancels the upstream request. When the region is late by the relay's clock
+    (its first token, a stall, the request's deadline), it ends the relay with an error.
     """
 
     def __init__(
@@ -430,17 +423,16 @@ class StreamWatchdog:
         relay: SseRelay,
         heartbeat_s: float,
         write_timeout_s: float,
-        idle_timeout_s: float,
         commit: Callable[[], Awaitable[None]],
         cut_off: Callable[[], None],
+        tick_s: float,
     ) -> None:
         self.relay = relay
         self.heartbeat_s = heartbeat_s
         self.write_timeout_s = write_timeout_s
-        self.idle_timeout_s = idle_timeout_s
         self.commit = commit
         self.cut_off = cut_off
-        self.tick_s = min(heartbeat_s, write_timeout_s, idle_timeout_s) / 2
+        self.tick_s = min(heartbeat_s / 2, write_timeout_s / 2, tick_s)
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._beat: asyncio.Task | None = None
@@ -455,8 +447,10 @@ class StreamWatchdog:
             self._timer = None
             self.cut_off()
             return
-        if relay.read_started and not relay.write_started and now - relay.read_started >= self.idle_timeout_s:
-            relay.stall(self.idle_timeout_s)
+        if relay.read_started and not relay.write_started:
+            why, expired = relay.overdue(now)
+            if why:
+                relay.stall(why, expired)
         idle = not relay.write_started and now - relay.last_write >= self.heartbeat_s
         if idle and (self._beat is None or self._beat.done()):
             self._beat = self._loop.create_task(self._heartbeat())

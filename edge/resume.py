@@ -7,9 +7,11 @@ or appended to the prompt for completions, with ``max_tokens`` less what was rel
 event is not sent again. Usage counts every token once: the relayed tokens (one per content event, as the
 first region produced them) are taken out of the second region's prompt and added to its completion.
 
-Bounded: one continuation per request, only for a region that failed (closed, broke or stalled; not a
-region that answered an error), only while the answer is under ``upstream.continue_max_tokens``; a key's
-request opts out with ``x-nearshore-continue: off``; ``upstream.continue_streams = false`` turns it off.
+Bounded: at most ``upstream.max_continuations`` per request, all before the request's deadline, only for a
+region that failed (closed, broke or stalled; not a region that answered an error), only while the answer
+is under ``upstream.continue_max_tokens``; a key's request opts out with ``x-nearshore-continue: off``;
+``upstream.continue_streams = false`` turns it off. A stream that stalled before its first token is not
+continued but asked again of another replica (nothing reached the client), whatever those settings say.
 """
 
 from __future__ import annotations
@@ -19,8 +21,12 @@ import logging
 import msgspec
 
 from edge.answer import with_usage
+from edge.attempts import Attempts, Refused, Target, release_refused
 from edge.journey import Journey
-from edge.relay import Opened, StreamOutcome, open_upstream
+from edge.relay import Opened, StreamOutcome
+from edge.routing import route_for
+from edge.upstream import Upstream
+from geo.route import NoRoute
 from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, ApiError
 from nearshore.protocol.headers import CONTINUE
 from nearshore.protocol.schemas import (
@@ -39,11 +45,20 @@ _CONTINUABLE = frozenset({UPSTREAM_UNAVAILABLE.code, UPSTREAM_TIMEOUT.code})
 def may_continue(journey: Journey, outcome: StreamOutcome) -> bool:
     up = journey.state.config.upstream
     body, admission, failure = journey.body, journey.admission, outcome.failure
-    if not up.continue_streams or journey.continued_from or failure is None or admission is None:
+    if (
+        failure is None
+        or admission is None
+        or outcome.expired
+        or journey.continuations >= up.max_continuations
+    ):
+        return False
+    if journey.deadline is not None and journey.deadline.passed():
         return False
     if failure.kind.code not in _CONTINUABLE:
         return False  # the region said no (an error event): another would likely say the same
-    if journey.request.headers.get(CONTINUE, "").strip().lower() == "off":
+    if outcome.content_events == 0 and not outcome.text:
+        return True  # nothing reached the client: another replica answers the request afresh
+    if not up.continue_streams or journey.request.headers.get(CONTINUE, "").strip().lower() == "off":
         return False
     if outcome.content_events >= min(up.continue_max_tokens, admission.max_tokens):
         return False
@@ -53,8 +68,11 @@ def may_continue(journey: Journey, outcome: StreamOutcome) -> bool:
 
 
 def continuation_body(journey: Journey, text: str, remaining: int) -> bytes:
-    """The request that continues ``text`` with at most ``remaining`` more tokens."""
+    """The request that continues ``text`` with at most ``remaining`` more tokens (of the model serving)."""
     body = journey.body
+    assert body is not None
+    if journey.served_model:
+        body = msgspec.structs.replace(body, model=journey.served_model)
     usage = StreamOptions(include_usage=True)
     if isinstance(body, ChatCompletionRequest):
         messages = list(body.messages)
@@ -80,31 +98,42 @@ def continuation_body(journey: Journey, text: str, remaining: int) -> bytes:
 
 
 async def open_continuation(
-    journey: Journey, failed: Opened, outcome: StreamOutcome, first_byte_timeout_s: float
+    journey: Journey, failed: Opened, outcome: StreamOutcome, tried: list[Upstream]
 ) -> Opened | None:
-    """The next replica's stream of the rest of the answer, or None when none could take it."""
+    """Another replica's stream of the rest of the answer (or of all of it, when none was relayed), or None
+    when none could take it; ``tried`` are the replicas that already failed this stream."""
     state, call, admission = journey.state, journey.call, journey.admission
-    assert call is not None and admission is not None
+    assert call is not None and admission is not None and journey.deadline is not None
+    up = state.config.upstream
     why = outcome.failure.message if outcome.failure is not None else "?"
     state.pool.failed(failed.upstream, f"mid-stream: {why}")
-    order = [u for u in state.pool.ordered(journey.route) if u is not failed.upstream]
+    order = [u for u in _order(journey) if u not in tried]
     if not order:
         return None
-    remaining = admission.max_tokens - outcome.content_events
-    body = continuation_body(journey, "".join(outcome.text), remaining)
+    if outcome.content_events == 0 and not outcome.text:
+        body = failed.body or call.body
+    else:
+        remaining = admission.max_tokens - outcome.content_events
+        body = continuation_body(journey, "".join(outcome.text), remaining)
+    attempts = Attempts(state.pool, up, state.metrics, journey.deadline, admission.prompt_estimate)
+    target = Target(failed.model or journey.model, order, body)
     try:
-        opened = await open_upstream(
-            state.pool, order, call.path, body, call.headers, state.metrics, first_byte_timeout_s
-        )
+        opened = await attempts.open(target, list, list, call.path, call.headers, up.ttft_timeout_s)
+    except Refused as refused:
+        release_refused(refused)
+        log.warning("request %s: the stream's continuation was refused: %s", journey.request_id, refused)
+        return None
     except ApiError as exc:
         log.warning("request %s: no region could continue the stream: %s", journey.request_id, exc)
         return None
-    if opened.response.status != 200 or opened.response.content_type != "text/event-stream":
+    finally:
+        journey.attempts += attempts.made
+    if opened.response.content_type != "text/event-stream":
         opened.response.close()
         opened.upstream.replica.inflight -= 1
         return None
     log.warning(
-        "request %s: %s died after %d tokens (%s); %s continues the answer",
+        "request %s: %s failed after %d tokens (%s); %s continues the answer",
         journey.request_id,
         failed.upstream.name,
         outcome.content_events,
@@ -112,6 +141,16 @@ async def open_continuation(
         opened.upstream.name,
     )
     return opened
+
+
+def _order(journey: Journey) -> list[Upstream]:
+    """The serving model's replicas in the router's order (a fallback's own, when one serves)."""
+    if not journey.served_model:
+        return journey.state.pool.ordered(journey.route) if not journey.unrouted else []
+    try:
+        return journey.state.pool.ordered(route_for(journey, journey.served_model))
+    except NoRoute:
+        return []
 
 
 def combine_usage(outcome: StreamOutcome, first_events: int, prompt_ceiling: int) -> None:

@@ -34,4 +34,7 @@ async def rightsize_stage(journey: Journey) -> Reply | None:
         )
     journey.body = msgspec.structs.replace(body, model=model)
     journey.chosen_model = f"{model}; alias={alias.name}; {why}"
+    other = alias.small if model == alias.large else alias.large
+    if other != model and key.allows(other):  # the large pool down: the small one answers (and back)
+        journey.other_size = other
     return None

@@ -15,9 +15,9 @@ import time
 from edge.journey import Journey, Reply
 from geo.affinity import prefix_chain
 from geo.locate import Location, Locator
-from geo.route import NoRoute, Where
+from geo.route import NoRoute, Route, Where
 from nearshore.protocol.errors import NO_REGION_AVAILABLE, RESIDENCY_UNAVAILABLE, ApiError
-from nearshore.protocol.headers import DEBUG, ROUTE
+from nearshore.protocol.headers import DEBUG, FALLBACK, ROUTE
 from nearshore.protocol.schemas import ChatCompletionRequest, EmbeddingRequest
 
 log = logging.getLogger("nearshore.edge.route")
@@ -64,25 +64,41 @@ def prompt_text(journey: Journey, limit: int) -> str:
     return body.prompt_text()[:limit]
 
 
-async def route_stage(journey: Journey) -> Reply | None:
-    state, body, admission, call = journey.state, journey.body, journey.admission, journey.call
-    assert body is not None and admission is not None and call is not None and journey.key is not None
-    started = time.perf_counter()
+def route_for(journey: Journey, model: str) -> Route:
+    """The router's order for ``model`` (the request's, or a fallback's); :class:`NoRoute` when none."""
+    state, admission, key = journey.state, journey.admission, journey.key
+    assert admission is not None and key is not None
     router = state.pool.router
     where = client_where(journey, state.locator)
     routing = router.config.routing
     text = prompt_text(journey, routing.affinity_block_chars * 64)
     prefix = prefix_chain(text, routing.affinity_block_chars, routing.affinity_min_chars)
+    return router.route(model, where, key.tenant, admission.prompt_estimate, prefix, time.monotonic())
+
+
+def _may_fall_back(journey: Journey) -> bool:
+    assert journey.body is not None
+    chains = journey.state.config.fallbacks.models
+    return FALLBACK in journey.request.headers or bool(chains.get(journey.body.model) or journey.other_size)
+
+
+async def route_stage(journey: Journey) -> Reply | None:
+    state, body, call = journey.state, journey.body, journey.call
+    assert body is not None and call is not None
+    started = time.perf_counter()
     try:
-        route = router.route(
-            body.model, where, journey.key.tenant, admission.prompt_estimate, prefix, time.monotonic()
-        )
+        route = route_for(journey, body.model)
     except NoRoute as exc:
+        if _may_fall_back(journey):  # the fallbacks may serve it: the forward stage tries them
+            journey.unrouted = str(exc)
+            journey.route_s = time.perf_counter() - started
+            return None
         kind = RESIDENCY_UNAVAILABLE if exc.policies else NO_REGION_AVAILABLE
         raise ApiError(kind, str(exc), retry_after_s=5) from None
     journey.route = route
     state.metrics.routed.labels(route.ranked[0].id).inc()
     journey.route_s = time.perf_counter() - started
+    router = state.pool.router
     if router.config.explain or "route" in journey.request.headers.get(DEBUG, ""):
         explained = route.explain()
         call.client_headers[ROUTE] = explained

@@ -21,7 +21,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         return None
     journey.settled = True
     state, key = journey.state, journey.key
-    model = journey.body.model if journey.body is not None else ""
+    model = journey.model  # priced as the model that served (a fallback's price, when one did)
     audited = audit_usage(journey.usage, journey.bounds, journey.produced)
     usage = journey.billed = audited.usage
     if audited.anomalies:
@@ -52,6 +52,9 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         client_request_id=journey.client_request_id,
         error_code=journey.error_code,
         continued_from=journey.continued_from,
+        fallback_from=journey.body.model if journey.served_model and journey.body is not None else "",
+        attempts=journey.attempts,
+        bad_events=journey.bad_events,
     )
     try:
         await state.ledger.record(record)

@@ -8,26 +8,24 @@ forward (failover before the first byte) -> relay.
 
 from __future__ import annotations
 
-import msgspec
-
 from edge.admission import admit, authenticate, check_request, read_body
 from edge.cache_stage import cache_stage
+from edge.call_body import region_body
 from edge.forward import forward, relay
 from edge.gate_stage import gate_stage
 from edge.journey import Call, Journey, Reply
+from edge.keys import share_key
 from edge.limits import rate_limit_headers
 from edge.pipeline import Pipeline, Stage
 from edge.rightsize_stage import rightsize_stage
 from edge.routing import route_stage
 from nearshore.protocol import trace
-from nearshore.protocol.headers import CLIENT_REQUEST_ID, MODEL, REQUEST_ID
+from nearshore.protocol.headers import CLIENT_REQUEST_ID, MODEL, REQUEST_ID, SHARE_KEY
 from nearshore.protocol.schemas import (
     CompletionRequest,
-    StreamOptions,
     chat_request_decoder,
     completion_request_decoder,
     embedding_request_decoder,
-    json_encoder,
 )
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
@@ -64,15 +62,13 @@ async def admit_stage(journey: Journey) -> Reply | None:
     if journey.trace is not None:  # the region's parent is the edge's span; the client learns the trace
         trace_headers = trace.forward_headers(journey.trace, journey.span_id)
         client_headers[trace.TRACERESPONSE] = trace.traceparent(journey.trace, journey.span_id)
-    upstream = body
-    if body.stream:  # the edge always asks for usage; the client gets the chunk only if it asked too
-        upstream = msgspec.structs.replace(body, stream_options=StreamOptions(include_usage=True))
     journey.call = Call(
         path=PATHS[journey.kind],
-        body=json_encoder.encode(upstream),  # what was validated is what leaves
+        body=region_body(body, journey.admission.max_tokens),  # what was validated is what leaves
         headers={
             "Content-Type": "application/json",
             REQUEST_ID: journey.request_id,
+            SHARE_KEY: share_key(key.key_id),  # the region shares its queue fairly by it
             **trace_headers,
             **state.pool.headers,
         },

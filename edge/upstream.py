@@ -23,6 +23,7 @@ import msgspec
 from edge.answer import UpstreamFault, read_bounded
 from edge.config import UpstreamConfig
 from edge.h1 import H1Pool, MalformedResponse, Response
+from edge.retry import RetryBudget
 from geo.catalog import GeoConfig, RegionSpec
 from geo.route import Replica, Route, Router
 from nearshore.protocol.headers import EDGE_SECRET, LOAD
@@ -31,6 +32,7 @@ from nearshore.tls import client_context
 
 log = logging.getLogger("nearshore.edge.upstream")
 _HEALTH_BYTES = 64 * 1024
+_RETRY_BURST = 10.0  # retries a replica's budget can hold
 
 
 @dataclass(eq=False)
@@ -39,6 +41,10 @@ class Upstream:
 
     replica: Replica
     pool: H1Pool
+    budget: RetryBudget
+    # Until then it asked (Retry-After on a 429 or 503) not to be asked again, and with which status.
+    cooling_until: float = 0.0
+    cooling_status: int = 0
 
     @property
     def name(self) -> str:
@@ -104,7 +110,9 @@ class UpstreamPool:
                 keepalive_s=max(60.0, 3 * self.config.health_interval_s),
                 connect_timeout_s=self.config.connect_timeout_s,
             )
-            upstream = Upstream(replica, pool)
+            c = self.config
+            budget = RetryBudget(c.retry_budget_share, c.retry_budget_floor_per_s, burst=_RETRY_BURST)
+            upstream = Upstream(replica, pool, budget)
             self.upstreams.append(upstream)
             self._by_id[replica.id] = upstream
         await self.warm()
@@ -168,12 +176,19 @@ class UpstreamPool:
 
     # --- what real requests tell the router ------------------------------------------------------------
 
-    def failed(self, upstream: Upstream, why: str) -> None:
-        if self.router.failed(upstream.replica, why, time.monotonic()):
+    def failed(self, upstream: Upstream, why: str, refused: bool = False) -> None:
+        if self.router.failed(upstream.replica, why, time.monotonic(), refused):
             log.warning("region %s ejected after failed requests: %s", upstream.name, why)
 
-    def answered(self, upstream: Upstream, response: Response, first_byte_s: float) -> None:
-        self.router.answered(upstream.replica, first_byte_s * 1000, load_of(response))
+    def answered(
+        self, upstream: Upstream, response: Response, first_byte_s: float, prompt_tokens: int = 0
+    ) -> None:
+        """The answer head arrived: a stream's is its first token; a unary one's is the whole answer,
+        which bounds the first token from above."""
+        streamed = response.content_type.startswith("text/event-stream")
+        self.router.answered(
+            upstream.replica, first_byte_s * 1000, load_of(response), prompt_tokens, upper_bound=not streamed
+        )
 
     def refused(self, upstream: Upstream, response: Response) -> None:
         load = load_of(response)

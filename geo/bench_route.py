@@ -113,7 +113,8 @@ def make_catalog(num_regions: int, rng: random.Random) -> list[RegionSpec]:
 
 def make_router(num_regions: int, rng: random.Random) -> Router:
     """A router over a made-up catalog, in the state probes and answers leave it: round trips measured
-    (1.1-2.5x the fibre floor), loads reported, about 5% of replicas down and 3% loading."""
+    (1.1-2.5x the fibre floor), loads reported, first tokens observed, about 5% of replicas down and 3%
+    loading."""
     specs = make_catalog(num_regions, rng)
     eu = [s.name for s in specs if s.continent == "EU"]
     policies = [ResidencyPolicy(name="eu-only", continents=["EU"], regions=eu)] if eu else []
@@ -131,6 +132,10 @@ def make_router(num_regions: int, rng: random.Random) -> Router:
         for _ in range(3):
             router.probe_passed(replica, 2 * floor_one_way_ms(km) * rng.uniform(1.1, 2.5), load)
         router.finished(replica, rng.uniform(500, 4000))
+        # What real requests saw: first tokens beyond the round trip and prefill (the queue term).
+        tokens = rng.randrange(10, 2000)
+        ttft_ms = replica.latency.rtt_ms + 1000 * tokens / 2000 + rng.uniform(0, 300)
+        router.answered(replica, ttft_ms, load, prompt_tokens=tokens, now=0.0)
         if n > 0 and rng.random() < 0.05:
             for _ in range(router.config.health.unhealthy_threshold):
                 router.probe_failed(replica, "benchmark: down")

@@ -90,6 +90,12 @@ class RoutingSettings(Struct, forbid_unknown_fields=True, kw_only=True):
     # What one request costs before measurements: service time, and prefill speed for the prompt term.
     default_service_ms: Annotated[float, Meta(gt=0)] = 2000.0
     prefill_tokens_per_s: Annotated[float, Meta(gt=0)] = 2000.0
+    # What real requests saw: the first-token time beyond the round trip and the prompt's expected prefill
+    # is the queue term (or the reported queue, whichever is larger). A replica that lost its traffic to what
+    # it was measured at gets one request every explore_after_s to measure it again (while probes alone
+    # would make it about as good as the best); an estimate that old is replaced by the new sample, so a
+    # replica wins its traffic back once it has recovered.
+    explore_after_s: Annotated[float, Meta(gt=0)] = 10.0
     # Prefix affinity: prompts sharing at least this many leading characters go to the replica that holds
     # them, while the replicas' loads are balanced (SGLang's rule: not when max - min > balance_abs and
     # max > balance_rel * min, in in-flight requests).

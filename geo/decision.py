@@ -68,6 +68,8 @@ class Terms:
 
 
 _Row = tuple[float, float, float, float, float, float]  # Terms' fields, in order
+# One eligible replica in a decision: (sort key, score, replica, terms).
+Scored = tuple[int, float, Replica, _Row]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,7 @@ class Route:
     policies: tuple[str, ...] = ()  # residency policies that applied
     affinity: bool = False  # a shared prefix decided
     held: bool = False  # hysteresis kept the current region over a better-scoring one
+    explored: bool = False  # the first was measured again: its observations were stale (geo/route.py)
 
     @property
     def terms(self) -> list[Terms]:
@@ -99,7 +102,7 @@ class Route:
         elif len(self.ranked) > 1:  # not scored: it could not win (a loading or full one, behind)
             parts.append(f"runner-up {self.ranked[1].id} (not scored)")
         flags = [f"policy={'+'.join(self.policies)}"] if self.policies else []
-        flags += ["affinity"] * self.affinity + ["held"] * self.held
+        flags += ["affinity"] * self.affinity + ["held"] * self.held + ["explored"] * self.explored
         return "; ".join(parts + flags)
 
 

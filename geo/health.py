@@ -5,7 +5,10 @@ row bring it back. Passive (Envoy's outlier detection): ``consecutive_failures``
 (connect errors, 5xx, timeouts) eject it for ``base_ejection_s`` times the number of times it has been
 ejected (at most ``max_ejection_s``); a success resets the count. The router never ejects more than
 ``max_ejected_percent`` of the replicas at once, so a fault that looks like every replica's (the edge's own
-network) cannot empty the pool. Time comes in as an argument: everything here is pure.
+network) cannot empty the pool. An ejection is an open circuit: when it ends the replica is half-open, and
+the first request that fails there ejects it again at once (for longer); the first that succeeds closes the
+circuit. Refusals (429, 503) count as failures here: a region refusing every request is out as surely as
+one that fails them. Time comes in as an argument: everything here is pure.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Health:
     failures: int = 0  # real requests failed in a row
     ejections: int = 0
     ejected_until: float = 0.0
+    half_open: bool = False  # an ejection ended and no request has succeeded since
     last_error: str = ""
 
     def probe_passed(self) -> bool:
@@ -47,17 +51,23 @@ class Health:
 
     def request_succeeded(self) -> None:
         self.failures = 0
+        if self.half_open:  # the trial passed: the circuit closes, and the next outage starts afresh
+            self.half_open = False
+            self.ejections = 0
 
     def request_failed(self, why: str, now: float, may_eject: bool) -> bool:
         """Record a failed request; True when it ejected the replica (only if ``may_eject``)."""
         self.failures += 1
         self.last_error = why
-        if self.failures < self.settings.consecutive_failures or self.ejected(now) or not may_eject:
+        if self.ejected(now) or not may_eject:
+            return False
+        if self.failures < self.settings.consecutive_failures and not self.half_open:
             return False
         self.ejections += 1
         s = self.settings
         self.ejected_until = now + min(s.base_ejection_s * self.ejections, s.max_ejection_s)
         self.failures = 0
+        self.half_open = True
         return True
 
     def ejected(self, now: float) -> bool:

@@ -4,14 +4,25 @@ Until a path is measured its round trip is the speed-of-light floor for the grea
 path-inflation factor; once probes time it, an exponentially weighted moving average of what they saw, but
 never below the floor itself: a replica that answers faster than light allows from the place the catalog
 gives it is not where the catalog says (a test bench on loopback, or a wrong city), and the catalog is what
-the operator routes by. The
-first-token time the edge observes on real requests, and their whole service time, are averaged the same
-way: the first feeds the explanation and the prefill estimate, the second the queueing estimate.
+the operator routes by. The whole service time of real requests is averaged the same way and feeds the
+queueing estimate.
+
+What the router scores from real requests is :class:`Observed`: the first-token time beyond what probes
+explain (the round trip and the prompt's expected prefill), so that a replica that answers ``/health`` at once
+and reports an idle batch but is slow in practice looks slow. An estimate with no sample for ``stale_after_s``
+is not averaged with: the next sample (the router's exploration of a replica it stopped sending to,
+:mod:`geo.hold`) starts it afresh, so a recovered replica is seen to be at once.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+# A sample's weight shrinks with the prefill it had to subtract (the estimate of a long prompt's prefill is
+# the noisiest part of it): weight 1 / (1 + prefill_ms / this). A 4k-token prompt at 2,000 tokens/s counts a
+# fifth of a short chat.
+PREFILL_NOISE_MS = 500.0
 
 
 @dataclass(slots=True)
@@ -26,16 +37,43 @@ class Ewma:
 
 
 @dataclass(slots=True)
+class Observed:
+    """Milliseconds of first-token time that probes do not explain, as real requests saw them."""
+
+    alpha: float
+    stale_after_s: float
+    value: float = 0.0
+    samples: int = 0
+    at: float = -math.inf  # when the last sample came (monotonic seconds)
+
+    def add(self, excess_ms: float, now: float, weight: float = 1.0) -> None:
+        if self.stale(now):
+            self.value = excess_ms
+        else:
+            self.value += self.alpha * weight * (excess_ms - self.value)
+        self.samples += 1
+        self.at = now
+
+    def stale(self, now: float) -> bool:
+        """No sample for ``stale_after_s`` (or none at all): what it says may no longer hold."""
+        return now - self.at >= self.stale_after_s
+
+
+@dataclass(slots=True)
 class Latency:
     floor_rtt_ms: float  # light in fibre over the great circle, both ways
     inflation: float
     alpha: float
+    stale_after_s: float = 10.0  # of the observed excess (RoutingSettings.explore_after_s)
     rtt: Ewma = None  # type: ignore[assignment]
-    ttft: Ewma = None  # type: ignore[assignment]
+    ttft: Ewma = None  # type: ignore[assignment]  # as seen, prefill and round trip included
     service: Ewma = None  # type: ignore[assignment]
+    observed: Observed = None  # type: ignore[assignment]
+    explored_at: float = -math.inf  # when the router last sent it a request to re-measure it
 
     def __post_init__(self) -> None:
         self.rtt, self.ttft, self.service = Ewma(self.alpha), Ewma(self.alpha), Ewma(self.alpha)
+        self.observed = Observed(self.alpha, self.stale_after_s)
 
     @property
     def rtt_ms(self) -> float:
@@ -54,3 +92,13 @@ class Latency:
 
     def service_ms(self, default_ms: float) -> float:
         return self.service.value if self.service.samples else default_ms
+
+    def first_token(self, ttft_ms: float, prefill_ms: float, now: float, upper_bound: bool = False) -> None:
+        """A real request's first token came ``ttft_ms`` after it left (the prompt's expected prefill
+        ``prefill_ms``). ``upper_bound``: the time of a whole non-streamed answer, which bounds its first
+        token from above, so it may only lower the estimate."""
+        self.ttft.add(ttft_ms)
+        excess_ms = max(0.0, ttft_ms - self.rtt_ms - prefill_ms)
+        if upper_bound and (self.observed.samples == 0 or excess_ms >= self.observed.value):
+            return
+        self.observed.add(excess_ms, now, 1.0 / (1.0 + prefill_ms / PREFILL_NOISE_MS))

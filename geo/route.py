@@ -7,19 +7,31 @@ first token:
     rtt      the edge's measured round trip to the replica (until measured: the fibre floor x inflation)
     client   how much farther the client is from the replica than the edge is (a client located elsewhere,
              behind a trusted proxy), as floors x inflation
-    queue    requests beyond the replica's capacity, times its recent service time, per slot
+    queue    what real requests there waited beyond the round trip and their prompt's expected prefill (the
+             edge's own observations, geo/latency.py's Observed), or the requests beyond the replica's
+             capacity times its recent service time per slot, whichever is larger: a replica's own load
+             report refines the estimate, it never makes one measured slow look fast
     load     a small penalty for a busy batch (utilisation x load_penalty_ms): equal replicas share work
     prefill  the prompt's tokens at the pool's prefill speed
     affinity minus the prefill of the prompt's prefix that the replica already holds (while balanced)
 
 The best region keeps a client group's traffic until another beats it by a margin for ``hold_s`` (no
-flapping); within a region the least-loaded replica goes first. The ranked list is the failover order.
+flapping), except from a region whose replica real requests found slower than the challenger's whole score
+(a hold there would make every request pay it). Within a region the best-scoring replica goes first. The
+ranked list is the failover order.
+
+Observations go stale on a replica that lost its traffic to them; one request every ``explore_after_s`` goes
+to such a replica while probes alone would make it about as good as the best (geo/hold.py says why not a
+time decay), and its sample after the silence replaces the stale estimate, so a recovered replica wins its
+traffic back.
+
 Everything here is pure and in memory: probes and responses update it off the request path.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -28,17 +40,18 @@ import numpy as np
 
 from geo.affinity import AffinityTable
 from geo.catalog import GeoConfig, Place, RegionSpec, edge_place, region_place
-from geo.decision import NoRoute, Replica, Route, Where, _Row
+from geo.decision import NoRoute, Replica, Route, Scored, Where
 from geo.health import Health
+from geo.hold import Group, GroupKey, explore, hold
 from geo.latency import Latency
 from geo.places import EARTH_RADIUS_KM, FIBRE_KM_PER_MS, floor_one_way_ms, great_circle_km
 from geo.residency import Allowed, Residency
+from geo.terms import LOAD_PENALTY_MS, queue_and_load
+from geo.terms import balanced as loads_balanced
 from nearshore.protocol.load import LoadReport
 
 __all__ = ["LOAD_PENALTY_MS", "NoRoute", "Replica", "Route", "Router", "Where"]
 
-LOAD_PENALTY_MS = 20.0
-_MAX_GROUPS = 4096
 _MAX_CACHED = 4096  # client places (and model + residency keys) whose per-replica work is kept
 _sort_key = itemgetter(0)
 _ROUTABLE_STATES = frozenset(("ready", "unloaded"))  # LoadReport.routable, read without the call
@@ -81,17 +94,9 @@ class _PlaceArrays:
         )
 
 
-@dataclass(slots=True)
-class _Group:
-    region: str
-    challenger: str = ""
-    since: float = 0.0
-
-
-# One eligible replica in a decision: (sort key, score, replica, terms). The key is the score rounded to
-# the millisecond, then the catalog position (within a millisecond replicas are equally good and the
-# catalog's order decides), packed in one integer so that the sort compares plain ints.
-_Scored = tuple[int, float, Replica, _Row]
+# A Scored's sort key is the score rounded to the millisecond, then the catalog position (within a
+# millisecond replicas are equally good and the catalog's order decides), packed in one integer so that the
+# sort compares plain ints.
 _POSITION_BITS = 20
 
 
@@ -102,7 +107,7 @@ class Router:
     edge: Place
     residency: Residency
     affinity: AffinityTable
-    _groups: dict[tuple[str, str, tuple[str, ...]], _Group] = field(default_factory=dict)
+    _groups: dict[GroupKey, Group] = field(default_factory=dict)
     # What depends only on the catalog: the replicas serving a model within a residency scope, and the
     # client term of every replica for a client's place (GeoIP places repeat: cities, not addresses).
     _serving: dict[tuple[str, frozenset[str] | None], list[Replica]] = field(default_factory=dict)
@@ -112,6 +117,12 @@ class Router:
     # (every probe sample, health change and ejection moves it) and until the next ejection ends.
     _static: dict[tuple, _Order] = field(default_factory=dict)
     _epoch: int = 0
+    # Each replica's observed queue (Latency.observed), by its place in ``replicas``: part of the scan's
+    # bound (the queue term is at least it), kept as it is answered.
+    _observed_ms: np.ndarray = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self._observed_ms = np.array([r.latency.observed.value for r in self.replicas], dtype=np.float64)
 
     @classmethod
     def build(cls, regions: Sequence[RegionSpec], config: GeoConfig, models: Sequence[str]) -> Router:
@@ -135,7 +146,9 @@ class Router:
                         spec=spec,
                         place=place,
                         health=Health(config.health),
-                        latency=Latency(2 * floor_one_way_ms(km), r.path_inflation, r.ewma_alpha),
+                        latency=Latency(
+                            2 * floor_one_way_ms(km), r.path_inflation, r.ewma_alpha, r.explore_after_s
+                        ),
                         models=frozenset(spec.models or models),
                         index=len(replicas),
                         edge_one_way_ms=floor_one_way_ms(km),
@@ -175,12 +188,18 @@ class Router:
         use_affinity = holder is not None and balanced
         scored.sort(key=_sort_key)
         affinity = use_affinity and holder is not None and scored[0][2].id == holder[0]
-        held = False
+        held = explored = False
         if not affinity:
-            scored, held = self._hold(group_key, scored, now)
+            scored, held = hold(self._groups, self.config.routing, group_key, scored, now)
+            j = explore(self.config.routing, scored, now) if len(scored) > 1 else 0
+            if j:
+                scored = [scored[j], *scored[:j], *scored[j + 1 :]]
+                held, explored = False, True
         if prefix:
             self.affinity.record(prefix, scored[0][2].id)
-        return Route([s[2] for s in scored] + rest, [s[3] for s in scored], allowed.policies, affinity, held)
+        return Route(
+            [s[2] for s in scored] + rest, [s[3] for s in scored], allowed.policies, affinity, held, explored
+        )
 
     def _static_order(self, serving: list[Replica], now: float) -> _Order:
         """The routable replicas of a scope and their round trips: rebuilt when a probe moved a round trip
@@ -224,26 +243,26 @@ class Router:
         prompt_tokens: int,
         holder: tuple[str, int] | None,
         current_region: str,
-    ) -> tuple[list[_Scored], list[Replica], bool]:
+    ) -> tuple[list[Scored], list[Replica], bool]:
         """Score the replicas that can win, best bound first: a replica's score is at least its round trip
-        and client term plus the prefill (queue and load only add), so the scan stops once that bound
-        passes the runner-up's score. Always scored too: the affinity holder (its credit can beat any
-        bound) and the hysteresis group's current region. Loading or full replicas count only if no other
-        can serve. Returns the scored, the rest in bound order (the tail of the failover order), and
+        and client term, its observed queue and the prefill (the rest only adds), so the scan stops once
+        that bound passes the runner-up's score. Always scored too: the affinity holder (its credit can beat
+        any bound) and the hysteresis group's current region. Loading or full replicas count only if no
+        other can serve. Returns the scored, the rest in bound order (the tail of the failover order), and
         whether the holder's load is in balance with the best others (SGLang's rule)."""
         prefill_ms = 1000.0 * prompt_tokens / self.config.routing.prefill_tokens_per_s
         replicas = static.replicas
         near = static.rtt_ms + self._client_terms(where)[static.index] if where.located else static.rtt_ms
         near = np.maximum(near, 0.0)
+        bounds = near + self._observed_ms[static.index]
         # Within a millisecond, the catalog's order decides (``replicas`` is in it): a stable sort.
-        ranked = np.argsort(np.round(near), kind="stable").tolist()
+        ranked = np.argsort(np.round(bounds), kind="stable").tolist()
         good: list[int] = []
         deferred: list[int] = []
         best = runner_up = math.inf
         scanned = len(ranked)
         for j, i in enumerate(ranked):
-            bound = float(near[i])
-            if bound + prefill_ms >= runner_up + _SLACK_MS:
+            if float(bounds[i]) + prefill_ms >= runner_up + _SLACK_MS:
                 scanned = j
                 break
             r = replicas[i]
@@ -252,7 +271,7 @@ class Router:
                 deferred.append(i)
                 continue
             good.append(i)
-            total = self._quick_total(r, bound, prefill_ms)
+            total = self._quick_total(r, float(near[i]), prefill_ms)
             if total < best:
                 best, runner_up = total, best
             elif total < runner_up:
@@ -273,12 +292,12 @@ class Router:
         rest = [replicas[i] for i in ranked[scanned:] if i not in taken]
         balanced = True
         if holder is not None:
-            balanced = _balanced(chosen, self.config.routing, holder[0])
+            balanced = loads_balanced(chosen, self.config.routing, holder[0])
         return self._score(chosen, where, prompt_tokens, holder if balanced else None), rest, balanced
 
     def _quick_total(self, r: Replica, near: float, prefill_ms: float) -> float:
         """The score without affinity, for the scan's bound (the same terms as _score)."""
-        queue_ms, load_ms = _queue_and_load(r, self.config.routing.default_service_ms)
+        queue_ms, load_ms = queue_and_load(r, self.config.routing.default_service_ms)
         return near + queue_ms + load_ms + prefill_ms
 
     def _serving_now(self, model: str, allowed: Allowed) -> list[Replica]:
@@ -307,7 +326,7 @@ class Router:
         where: Where,
         prompt_tokens: int,
         holder: tuple[str, int] | None,
-    ) -> list[_Scored]:
+    ) -> list[Scored]:
         """Every eligible replica's expected TTFT and its terms (see the module's docstring); Latency.rtt_ms
         is read inline (the same rule), without the call."""
         routing = self.config.routing
@@ -315,7 +334,7 @@ class Router:
         prefill_ms = 1000.0 * prompt_tokens / routing.prefill_tokens_per_s
         client = self._client_terms(where) if where.located else None
         holder_id = holder[0] if holder is not None else None
-        scored: list[_Scored] = []
+        scored: list[Scored] = []
         for r in eligible:
             latency = r.latency
             rtt, floor_ms = latency.rtt, latency.floor_rtt_ms
@@ -324,7 +343,7 @@ class Router:
             else:
                 rtt_ms = floor_ms * latency.inflation
             client_ms = float(client[r.index]) if client is not None else 0.0
-            queue_ms, load_ms = _queue_and_load(r, default_service_ms)
+            queue_ms, load_ms = queue_and_load(r, default_service_ms)
             affinity_ms = 0.0
             if r.id == holder_id:
                 assert holder is not None
@@ -360,41 +379,6 @@ class Router:
         self._client_ms[key] = terms
         return terms
 
-    def _hold(
-        self, key: tuple[str, str, tuple[str, ...]], scored: list[_Scored], now: float
-    ) -> tuple[list[_Scored], bool]:
-        """Hysteresis: keep the group (model, client country, residency) on its region until another wins
-        by the margin for hold_s."""
-        routing = self.config.routing
-        _, best_ms, best, _ = scored[0]
-        group = self._groups.get(key)
-        # The current region's best (first in score order) replica, if it is still eligible.
-        current = next((s for s in scored if s[2].region == group.region), None) if group else None
-        if group is None or current is None:
-            if len(self._groups) >= _MAX_GROUPS:
-                self._groups.clear()
-            self._groups[key] = _Group(best.region)
-            return scored, False
-        if group.region == best.region:
-            group.challenger = ""
-            return scored, False
-        current_ms = current[1]
-        margin = max(routing.switch_margin_ms, routing.switch_margin_ratio * current_ms)
-        # A challenger must lead by the margin to be noted, and keep at least half of it while it waits
-        # (probe noise around the margin restarting the wait kept traffic away for tens of seconds).
-        needed = margin / 2 if group.challenger == best.region else margin
-        if best_ms + needed < current_ms:
-            if group.challenger != best.region:
-                group.challenger, group.since = best.region, now
-            elif now - group.since >= routing.hold_s:
-                group.region, group.challenger = best.region, ""
-                return scored, False
-        else:
-            group.challenger = ""
-        # The current region first (its replicas in score order), then the rest as scored.
-        first = [s for s in scored if s[2].region == group.region]
-        return first + [s for s in scored if s[2].region != group.region], True
-
     # --- what probes and responses tell it --------------------------------------------------------------
 
     def probe_passed(self, replica: Replica, rtt_ms: float | None, load: LoadReport | None) -> bool:
@@ -417,57 +401,41 @@ class Router:
             self.affinity.forget(replica.id)
         return went_down
 
-    def answered(self, replica: Replica, ttft_ms: float, load: LoadReport | None) -> None:
-        """The replica's answer head arrived (a stream's first byte)."""
+    def answered(
+        self,
+        replica: Replica,
+        ttft_ms: float,
+        load: LoadReport | None,
+        prompt_tokens: int = 0,
+        upper_bound: bool = False,
+        now: float | None = None,
+    ) -> None:
+        """The replica's answer head arrived ``ttft_ms`` after the request left: a stream's first token, or
+        (``upper_bound``) a whole non-streamed answer, which bounds the first token from above. The expected
+        prefill of the request's ``prompt_tokens`` is subtracted: a long prompt is not the replica's fault."""
         replica.health.request_succeeded()
-        replica.latency.ttft.add(ttft_ms)
+        prefill_ms = 1000.0 * prompt_tokens / self.config.routing.prefill_tokens_per_s
+        now = time.monotonic() if now is None else now
+        replica.latency.first_token(ttft_ms, prefill_ms, now, upper_bound)
+        self._observed_ms[replica.index] = replica.latency.observed.value
         if load is not None:
             replica.load = load
 
     def finished(self, replica: Replica, service_ms: float) -> None:
         replica.latency.service.add(service_ms)
 
-    def failed(self, replica: Replica, why: str, now: float) -> bool:
-        """A real request failed at the replica (connect error, 5xx, timeout); True when it was ejected."""
+    def failed(self, replica: Replica, why: str, now: float, refused: bool = False) -> bool:
+        """A real request failed at the replica (connect error, 5xx, timeout); True when it was ejected.
+        ``refused``: it answered in HTTP that it will not serve (429, 503): the edge's network is fine, so
+        the max_ejected_percent guard (against the edge's own faults) does not hold it in."""
         ejected = sum(1 for r in self.replicas if r.health.ejected(now))
         limit = self.config.health.max_ejected_percent / 100 * len(self.replicas)
-        if replica.health.request_failed(why, now, may_eject=ejected + 1 <= limit):
+        if replica.health.request_failed(why, now, may_eject=refused or ejected + 1 <= limit):
             self._epoch += 1
             self.affinity.forget(replica.id)
             return True
         return False
 
 
-def _queue_and_load(r: Replica, default_service_ms: float) -> tuple[float, float]:
-    """The queue and load terms: requests beyond the replica's capacity (the smaller of the catalog's and
-    the one it reports) times its service time per slot, and its utilisation times LOAD_PENALTY_MS."""
-    load, capacity, busy = r.load, r.spec.capacity, r.inflight
-    if load is not None:
-        if 0 < load.capacity < capacity:
-            capacity = load.capacity
-        if load.running + load.waiting > busy:
-            busy = load.running + load.waiting
-    if capacity < 1:  # a spec made in code, unvalidated
-        capacity = 1
-    service = r.latency.service
-    service_ms = service.value if service.samples else default_service_ms
-    over = busy + 1 - capacity
-    queue_ms = over / capacity * service_ms if over > 0 else 0.0
-    return queue_ms, (busy if busy < capacity else capacity) / capacity * LOAD_PENALTY_MS
-
-
 def _place_key(where: Where) -> tuple[int, int, bool]:
     return (round(where.latitude * _PLACE_GRID), round(where.longitude * _PLACE_GRID), where.located)
-
-
-def _balanced(replicas: list[Replica], routing, holder_id: str) -> bool:
-    """SGLang's cache-aware rule: follow the cache while loads are balanced; when they are far apart
-    (``max - min > balance_abs`` and ``max > balance_rel * min``, in requests in flight, over the replicas
-    that could win), route by load alone."""
-    if not any(r.id == holder_id for r in replicas):
-        return True  # the holder cannot serve now: no affinity to weigh
-    loads = [
-        r.inflight if r.load is None else max(r.load.running + r.load.waiting, r.inflight) for r in replicas
-    ]
-    high, low = max(loads), min(loads)
-    return not (high - low > routing.balance_abs and high > routing.balance_rel * low)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -12,7 +13,7 @@ from aiohttp import web
 from nearshore.httpkit import Handler, metrics_response, openai_errors, read_json, request_id_of, request_ids
 from nearshore.protocol import sse
 from nearshore.protocol.errors import INVALID_API_KEY, ApiError
-from nearshore.protocol.headers import EDGE_SECRET
+from nearshore.protocol.headers import EDGE_SECRET, SHARE_KEY
 from nearshore.protocol.schemas import (
     AssistantMessage,
     ChatChoice,
@@ -48,6 +49,7 @@ STARTED_AT = int(time.time())
 
 # Probes and scrapes come from the operator's monitoring, not from edges.
 OPEN_PATHS = frozenset({"/health", "/health/ready", "/metrics"})
+_SHARE_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def create_app(
@@ -125,6 +127,13 @@ def edges_only(server: ServerConfig) -> Middleware | None:
     return guard
 
 
+def share_key_of(request: web.Request) -> str:
+    """The edge's opaque per-key id, for the scheduler's fair shares; "" when absent or not one. Trusted as
+    the other edge headers are: where the node serves edges only (edges_only), nobody else gets this far."""
+    value = request.headers.get(SHARE_KEY, "")
+    return value if _SHARE_KEY.fullmatch(value) else ""
+
+
 # --- endpoints ---------------------------------------------------------------------------------------
 
 
@@ -133,6 +142,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body: ChatCompletionRequest = await read_json(request, chat_request_decoder)
     service = request.app[SERVICE]
     prepared = await service.prepare_chat(body, request_id_of(request), timings)
+    prepared.share_key = share_key_of(request)
     generation = request[GENERATION] = service.run(prepared, timings)
     ids = _ids(request, "chatcmpl")
     names = service.token_names if prepared.logprobs is not None else None
@@ -155,6 +165,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body: CompletionRequest = await read_json(request, completion_request_decoder)
     service = request.app[SERVICE]
     prepared = await service.prepare_completion(body, request_id_of(request), timings)
+    prepared.share_key = share_key_of(request)
     generation = request[GENERATION] = service.run(prepared, timings)
     ids = _ids(request, "cmpl")
     writer = CompletionLogprobsWriter(service.token_names) if prepared.logprobs is not None else None

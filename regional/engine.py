@@ -55,6 +55,9 @@ class GenerationRequest:
     # each prompt token after the first. None: not asked for, nothing is computed.
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    # Whose share of the node it uses: the edge's opaque per-key id (x-nearshore-share-key); the scheduler
+    # admits and prefills round-robin across them. "": everyone without one shares one.
+    share_key: str = ""
 
 
 class Logprobs(msgspec.Struct, array_like=True):

@@ -9,6 +9,12 @@ Pure bookkeeping, no model calls, so it can be tested on its own. One engine ste
 When the KV memory has no room for a step's tokens, the newest sequence is preempted (its KV freed, it
 recomputes later); the plan carries the sequences that can never fit (``StepPlan.finished``).
 
+Fair by share key (the edge's opaque per-key id, ``GenerationRequest.share_key``): waiting sequences are
+admitted from the key holding the fewest KV tokens first, and prompts are prefilled a round at a time across
+keys, so one key's long prompts cannot make another key's short chat wait behind all of them. A step cannot
+be cut short once it runs, so while keys share the node (within ``SHARED_WINDOW_S``) every step is kept to
+``prefill_chunk`` prompt tokens: what a newcomer waits for before its own step begins.
+
 Failure paths are verbs of their own: :meth:`Scheduler.abort` (one request leaves),
 :meth:`Scheduler.evict_idle_caches` (the model's memory is full: free what only caches hold, then retry),
 :meth:`Scheduler.fail_running` (a failed step: the model's memory is unknown, so every running sequence
@@ -31,8 +37,13 @@ from typing import Protocol
 from regional.engine import EngineFinish, GenerationRequest, Logprobs
 from regional.sampler import TokenSampler
 
-# The most prompt rows whose logits one step computes for prompt log-probabilities.
+# The most prompt rows whose logits one step computes for prompt log-probabilities, all sequences together:
+# each is a whole vocabulary row (1 MiB for Gemma) through the output layer and scored in numpy, so many
+# scorers at once cannot make everyone's step slow; fewer while keys share the node.
 SCORED_ROWS_PER_STEP = 64
+SHARED_SCORED_ROWS_PER_STEP = 16
+# Keys with a sequence waiting or running within this many seconds share the node (short steps, above).
+SHARED_WINDOW_S = 5.0
 
 
 @dataclass(eq=False)
@@ -62,6 +73,10 @@ class Sequence:
     @property
     def prompt(self) -> list[int]:
         return self.request.prompt_tokens
+
+    @property
+    def share_key(self) -> str:
+        return self.request.share_key
 
     @property
     def num_tokens(self) -> int:
@@ -212,6 +227,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0  # sequences whose KV was freed for room (stats)
+        self._seen: dict[str, float] = {}  # share key -> when it last had a sequence here
 
     @property
     def has_work(self) -> bool:
@@ -227,25 +243,40 @@ class Scheduler:
         """Admit waiting sequences while there is room, then build one batch over everyone running."""
         plan = StepPlan()
         self._admit(plan, now)
-        self._batch(plan, now)
+        self._batch(plan, now, self._shared(now))
         return plan
 
-    def _admit(self, plan: StepPlan, now: float) -> None:
-        """First come first served, while a sequence and its KV room are free.
+    def _shared(self, now: float) -> bool:
+        """Whether more than one share key had a sequence here within SHARED_WINDOW_S."""
+        seen = self._seen
+        for seq in self.running:
+            seen[seq.share_key] = now
+        for seq in self.waiting:
+            seen[seq.share_key] = now
+        if len(seen) < 2:
+            return False
+        horizon = now - SHARED_WINDOW_S
+        for key in [k for k, at in seen.items() if at < horizon]:
+            del seen[key]
+        return len(seen) > 1
 
-        A preempted sequence waits at the front and comes back first. One that does not fit even with
-        nobody running never will: it finishes with "error" rather than blocking the queue."""
+    def _admit(self, plan: StepPlan, now: float) -> None:
+        """Admit while a sequence and its KV room are free, fairly across share keys (:meth:`_next`).
+
+        The next one that does not fit waits for room: no other overtakes it, so none is starved. One that
+        does not fit even with nobody running never will: it finishes with "error" rather than blocking the
+        queue."""
         while self.waiting and len(self.running) < self.max_sequences:
-            seq = self.waiting[0]
+            seq = self._next()
             admission = self.memory.allocate(seq)
             if admission is None:
                 if self.running:
                     break
-                self.waiting.popleft()
+                self.waiting.remove(seq)
                 seq.finish_reason = "length" if seq.output else "error"
                 plan.finished.append(seq)
                 continue
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.num_computed = admission.prefix_len
             if not seq.num_preemptions:  # what a recompute finds cached is its own work, not a hit
                 seq.num_cached_tokens = admission.prefix_len
@@ -253,12 +284,27 @@ class Scheduler:
             self.running.append(seq)
             plan.admissions.append(admission)
 
-    def _batch(self, plan: StepPlan, now: float) -> None:
+    def _next(self) -> Sequence:
+        """Who is admitted next: a preempted sequence (it waits at the front) comes back first; otherwise
+        the oldest waiting one of the share key that holds the fewest KV tokens in the batch (round-robin by
+        tokens: a key with nothing running goes before one with four long prompts, oldest key first)."""
+        head = self.waiting[0]
+        if head.num_preemptions or len(self.waiting) == 1:
+            return head
+        held: dict[str, int] = {}
+        for seq in self.running:
+            held[seq.share_key] = held.get(seq.share_key, 0) + seq.reserved_tokens
+        # min() keeps the first of equals: the oldest waiting sequence of the least-holding key.
+        return min(self.waiting, key=lambda seq: held.get(seq.share_key, 0))
+
+    def _batch(self, plan: StepPlan, now: float, shared: bool = False) -> None:
         """One token for every decoding sequence, then prompt chunks in the room left.
 
         While anyone is decoding, prompts advance by at most ``prefill_chunk`` tokens a step, so a long
-        prompt costs the others a slightly longer step, never a frozen stream. Each sequence's tokens need
-        KV room first (:meth:`_make_room`).
+        prompt costs the others a slightly longer step, never a frozen stream; so too in a step that ends a
+        prompt (its first token is due) and while keys share the node (``shared``). Prompts take the room
+        in rounds across share keys (:func:`_prefill_order`): each key's first prompt, shortest first, then
+        each key's second, and so on. Each sequence's tokens need KV room first (:meth:`_make_room`).
         """
         prefilling = []
         for seq in list(self.running):
@@ -269,20 +315,26 @@ class Scheduler:
             elif self._make_room(plan, seq, 1, now):
                 plan.add(seq, [seq.output[-1]], sample=True)
         room = self.batch_tokens - len(plan.tokens)
-        if plan.tokens:
+        short = bool(plan.tokens) or shared  # someone waits on this step: keep it short
+        if short:
             room = min(room, self.prefill_chunk)
-        for seq in prefilling:
+        scored_room = SHARED_SCORED_ROWS_PER_STEP if shared else SCORED_ROWS_PER_STEP
+        for seq in _prefill_order(prefilling):
             if room <= 0:
                 break
             if seq not in self.running:
                 continue
             scored = seq.request.prompt_logprobs is not None and seq.num_computed < len(seq.prompt)
-            # A scored prompt wants a whole vocabulary row of logits per token (1 MiB each for Gemma):
-            # at most SCORED_ROWS_PER_STEP of them a step keep the model's output buffer small.
-            chunk = seq.uncomputed(min(room, SCORED_ROWS_PER_STEP) if scored else room)
+            if scored and scored_room <= 0:
+                continue
+            chunk = seq.uncomputed(min(room, scored_room) if scored else room)
             if self._make_room(plan, seq, len(chunk), now):
-                plan.add(seq, chunk, sample=seq.num_computed + len(chunk) == seq.num_tokens)
+                first_token = seq.num_computed + len(chunk) == seq.num_tokens
+                plan.add(seq, chunk, sample=first_token)
                 room -= len(chunk)
+                scored_room -= len(chunk) if scored else 0
+                if first_token and not short:  # the rest of the step waits for that token too
+                    short, room = True, min(room, self.prefill_chunk - len(chunk))
 
     def _make_room(self, plan: StepPlan, seq: Sequence, num_tokens: int, now: float) -> bool:
         """Take KV room for ``seq``'s next ``num_tokens``, preempting while there is none; False when
@@ -382,3 +434,18 @@ class Scheduler:
         self.waiting.clear()
         self.running = []
         return everyone
+
+
+def _prefill_order(prefilling: list[Sequence]) -> list[Sequence]:
+    """Prompts in rounds across share keys: every key's first (in batch order), then every key's second;
+    within a round the fewest tokens left to prefill first (a short chat's prompt takes one step)."""
+    rank: dict[str, int] = {}
+    keyed = []
+    for i, seq in enumerate(prefilling):
+        n = rank.get(seq.share_key, 0)
+        rank[seq.share_key] = n + 1
+        keyed.append((n, seq.num_tokens - seq.num_computed, i, seq))
+    if len(rank) < 2:
+        return prefilling  # one key: the batch order, as before
+    keyed.sort(key=lambda k: k[:3])
+    return [k[3] for k in keyed]

@@ -56,6 +56,7 @@ class Prepared:
     prompt_text: str = ""  # echoed back by completions with echo=true
     logprobs: int | None = None  # alternatives per output token (0: the chosen token's alone)
     prompt_logprobs: int | None = None  # alternatives per prompt token (completions with echo)
+    share_key: str = ""  # whose share of the node (the edge's opaque per-key id; scheduler.py)
 
 
 @dataclass(slots=True)
@@ -259,7 +260,7 @@ class Generation:
         model = self.service.config.model.name
         sequence_id = self.service.sequence_id(p.request_id)
         request = GenerationRequest(
-            sequence_id, p.prompt_tokens, p.max_tokens, p.sampling, p.logprobs, p.prompt_logprobs
+            sequence_id, p.prompt_tokens, p.max_tokens, p.sampling, p.logprobs, p.prompt_logprobs, p.share_key
         )
         last_token_at = 0.0
         events = self.service.engine.generate(request)

@@ -60,3 +60,19 @@ def test_the_edge_configs_cache_section_documents_every_setting_at_its_default()
     defaults = msgspec.structs.asdict(CacheSettings())
     assert set(section) == set(defaults), set(section) ^ set(defaults)
     assert section == defaults
+
+
+def test_the_edge_configs_key_share_section_documents_every_setting_at_its_default():
+    import tomllib
+    from pathlib import Path
+
+    import msgspec
+
+    from edge.config import EdgeConfig, KeyShareConfig
+
+    root = Path(__file__).resolve().parent.parent
+    section = tomllib.loads((root / "configs" / "edge.toml").read_text())["pools"]["key_share"]
+    defaults = msgspec.structs.asdict(KeyShareConfig())
+    assert set(section) == set(defaults), set(section) ^ set(defaults)
+    assert section == defaults
+    assert load_config(root / "configs" / "edge.toml", EdgeConfig).pools.key_share == KeyShareConfig()

@@ -104,3 +104,45 @@ async def test_the_cache_can_embed_its_questions_at_a_region(tmp_path, region: N
         assert "loaded from" not in (edge.folder / "edge.log").read_text()  # the edge never held the model
     finally:
         edge.stop()
+
+
+async def test_the_largest_request_the_schema_allows_is_answered_whole(edge: Edge):
+    """2,048 inputs: the region's answer (about 16 MB of JSON) is bounded by the request, not by the 8 MiB
+    bound of a completion, so it reaches the client and is billed."""
+    key = edge.new_key(tpm=1_000_000)
+    connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
+    texts = [f"w{i}" for i in range(2048)]
+    timeout = aiohttp.ClientTimeout(total=240)
+    async with (
+        aiohttp.ClientSession(connector=connector, timeout=timeout) as s,
+        s.post(
+            edge.url + "/v1/embeddings",
+            json={"model": MODEL, "input": texts},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as r,
+    ):
+        assert r.status == 200, (await r.read())[:300]
+        answer = await r.json()
+    assert len(answer["data"]) == 2048 and answer["usage"]["prompt_tokens"] > 2048
+
+
+async def test_a_request_whose_answer_may_pass_the_edges_bound_is_refused_before_it_is_sent(
+    tmp_path, region: Node
+):
+    edge = start_edge(tmp_path / "edge", [("london", region.url)], upstream={"max_embeddings_bytes": 100_000})
+    try:
+        key = edge.new_key()
+        connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
+        async with (
+            aiohttp.ClientSession(connector=connector) as s,
+            s.post(
+                edge.url + "/v1/embeddings",
+                json={"model": MODEL, "input": ["a"] * 40},
+                headers={"Authorization": f"Bearer {key}"},
+            ) as r,
+        ):
+            assert r.status == 400
+            error = (await r.json())["error"]
+        assert error["param"] == "input" and "fewer inputs" in error["message"]
+    finally:
+        edge.stop()

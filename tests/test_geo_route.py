@@ -222,3 +222,95 @@ def test_the_catalog_checks_name_their_keys():
     assert "regions[2] (empty): no replica" in problems
     assert "regions[3] (odd).models: gpt-9 not in the edge's models" in problems
     assert "geo.residency[0] (eu).regions: unknown region 'paris'" in problems
+
+
+# --- what real requests show: observed first-token times ------------------------------------------------
+
+
+def serve(r: Router, now: float, ttft_ms: dict[str, float], tokens: int = 10) -> str:
+    """One request: routed, then answered by the chosen replica in its ``ttft_ms`` (its load idle)."""
+    chosen = r.route(MODEL, LAGOS, "t", tokens, (), now).ranked[0]
+    r.answered(chosen, ttft_ms[chosen.id], LoadReport(capacity=8), prompt_tokens=tokens, now=now)
+    return chosen.id
+
+
+def test_a_replica_idle_by_its_reports_but_slow_in_practice_loses_its_traffic_at_once():
+    r = measured(router("london", "frankfurt"), london=80.0, frankfurt=85.0)
+    for name in ("london", "frankfurt"):  # both answer /health at once and report nothing running
+        r.probe_passed(replica(r, name), None, LoadReport(running=0, capacity=8))
+    slow = {"london": 3000.0, "frankfurt": 90.0}
+    picks = [serve(r, 0.5 * i, slow) for i in range(30)]  # 15 s of traffic
+    # London had the first request; one sample, and it lost the rest but for one exploration at 10 s.
+    assert picks[0] == "london" and picks[1:4] == ["frankfurt"] * 3
+    assert picks.count("london") == 2 and picks[20] == "london"
+    route = r.route(MODEL, LAGOS, "t", 10, (), 15.0)
+    assert route.ranked[0].id == "frankfurt" and not route.held
+    assert route.terms[1].queue_ms > 2500  # London's observed excess is its queue term
+
+
+def test_a_replica_measured_slow_wins_its_traffic_back_once_it_is_fast_again():
+    r = measured(router("london", "frankfurt"), london=80.0, frankfurt=150.0)
+    times = {"london": 3000.0, "frankfurt": 160.0}
+    assert serve(r, 0.0, times) == "london"
+    assert [serve(r, 0.5 * i, times) for i in range(1, 19)] == ["frankfurt"] * 18  # until 9 s
+    times["london"] = 85.0  # it recovered
+    route = r.route(MODEL, LAGOS, "t", 10, (), 10.0)  # its observation is stale: one request measures it
+    assert route.explored and route.ranked[0].id == "london" and "explored" in route.explain()
+    r.answered(route.ranked[0], 85.0, None, prompt_tokens=10, now=10.0)
+    picks = [serve(r, 10.0 + 0.5 * i, times) for i in range(1, 12)]
+    # The fresh sample replaced the stale estimate: London is the better by far, and once it has held its
+    # lead for hold_s (3 s) the traffic is back.
+    assert picks[-1] == "london" and picks.index("london") <= 8
+    assert replica(r, "london").latency.observed.value < 10
+
+
+def test_a_replica_still_slow_when_explored_keeps_losing_and_is_tried_rarely():
+    r = measured(router("london", "frankfurt"), london=80.0, frankfurt=85.0)
+    times = {"london": 3000.0, "frankfurt": 90.0}
+    picks = [serve(r, 0.25 * i, times) for i in range(200)]  # 50 s at 4 requests a second
+    assert picks.count("london") == 5  # the first, then one exploration every explore_after_s (10 s)
+
+
+def test_reported_load_still_breaks_ties_between_equally_measured_replicas():
+    r = router("london", replicas=2, capacity=8)
+    a, b = r.replicas
+    measured(r, **{a.id: 90.0, b.id: 90.0})
+    for x in (a, b):
+        r.answered(x, 100.0, LoadReport(capacity=8), prompt_tokens=10, now=0.0)
+    r.probe_passed(a, None, LoadReport(running=6, capacity=8))
+    assert pick(r, now=0.1) == b.id
+    r.probe_passed(a, None, LoadReport(running=0, capacity=8))
+    r.probe_passed(b, None, LoadReport(running=6, capacity=8))
+    assert pick(r, now=0.2) == a.id
+
+
+def test_a_reported_queue_larger_than_the_observed_one_counts():
+    r = router("london", "frankfurt", capacity=4)
+    measured(r, london=80.0, frankfurt=85.0)
+    london = replica(r, "london")
+    r.answered(london, 90.0, None, prompt_tokens=10, now=0.0)  # fast when last asked ...
+    r.probe_passed(london, None, LoadReport(running=4, waiting=8, capacity=4))  # ... but now it queues
+    route = r.route(MODEL, LAGOS, "t", 10, (), 0.1)
+    assert route.ranked[0].id == "frankfurt" and route.terms[1].queue_ms > 1000
+
+
+def test_a_long_prompt_is_not_taken_for_a_slow_replica():
+    r = measured(router("london", "frankfurt"), london=80.0, frankfurt=110.0)
+    london = replica(r, "london")
+    # 4,000 prompt tokens at the configured 2,000 tokens/s: 2 s of prefill are expected, not a queue.
+    r.answered(london, 80.0 + 2000.0 + 15.0, None, prompt_tokens=4000, now=0.0)
+    assert london.latency.observed.value == pytest.approx(15.0)
+    assert pick(r, now=0.1) == "london"
+    # A long prompt's sample also weighs less than a short one's: its prefill estimate is the noisy part.
+    r.answered(london, 80.0 + 2000.0 + 515.0, None, prompt_tokens=4000, now=0.2)
+    assert london.latency.observed.value < 15.0 + 0.3 * 500 / 2
+
+
+def test_a_whole_non_streamed_answer_only_bounds_the_first_token():
+    r = measured(router("london", "frankfurt"), london=80.0, frankfurt=85.0)
+    london = replica(r, "london")
+    r.answered(london, 2500.0, None, prompt_tokens=10, upper_bound=True, now=0.0)  # a long completion
+    assert london.latency.observed.samples == 0 and pick(r, now=0.1) == "london"
+    r.answered(london, 600.0, None, prompt_tokens=10, now=0.2)  # a slow stream ...
+    r.answered(london, 100.0, None, prompt_tokens=10, upper_bound=True, now=0.3)  # ... a quick whole answer
+    assert london.latency.observed.value < 515.0

@@ -46,6 +46,10 @@ RATE_LIMITED = ErrorKind(429, "rate_limit_error", "rate_limit_exceeded")
 QUOTA_EXCEEDED = ErrorKind(429, "insufficient_quota", "insufficient_quota")
 REQUEST_TIMEOUT = ErrorKind(408, "invalid_request_error", "request_timeout")
 UPSTREAM_UNAVAILABLE = ErrorKind(503, "server_error", "upstream_unavailable")
+# One key has its share of a pool in flight (edge/key_share.py): its own earlier requests must end first.
+CONCURRENCY_LIMITED = ErrorKind(429, "rate_limit_error", "concurrency_limit_exceeded")
+# Every replica (and fallback) that could serve the request limited the rate: the client should wait.
+UPSTREAM_RATE_LIMITED = ErrorKind(429, "rate_limit_error", "upstream_rate_limited")
 # A region answered something the edge will not pass on (malformed, oversized, cut short): 502.
 UPSTREAM_BAD_RESPONSE = ErrorKind(502, "server_error", "bad_upstream_response")
 UPSTREAM_TIMEOUT = ErrorKind(504, "server_error", "upstream_timeout")

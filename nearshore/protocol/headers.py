@@ -29,3 +29,8 @@ SIZE_HINT = "x-nearshore-size"
 # Whether the edge's response cache answered: HIT (exact), SEMANTIC or MISS; and the similarity of a hit.
 CACHE = "x-nearshore-cache"
 CACHE_SIMILARITY = "x-nearshore-cache-similarity"
+# A client's own fallback chain, `x-nearshore-fallback: model-a,model-b` (tiers in fallbacks.header_tiers).
+FALLBACK = "x-nearshore-fallback"
+# Whose share of a region a request uses: an opaque per-API-key id the edge sets (a hash, never the key or its
+# id), so that the region's scheduler admits and prefills round-robin across keys.
+SHARE_KEY = "x-nearshore-share-key"

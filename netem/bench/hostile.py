@@ -29,7 +29,7 @@ from netem.hostile import MODES
 
 # Modes that answer correctly are left out: they measure nothing here.
 HOSTILE_MODES = sorted(name for name in MODES if name != "ok")
-EDGE_UPSTREAM = {"first_byte_timeout_s": 2, "unary_timeout_per_token_s": 0.05, "idle_timeout_s": 2}
+EDGE_UPSTREAM = {"ttft_timeout_s": 2, "unary_timeout_per_token_s": 0.05, "stall_timeout_s": 2}
 
 
 @dataclass

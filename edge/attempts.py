@@ -1,0 +1,316 @@
+"""One request's attempts at the regions, before its first token: failover across a model's replicas,
+retries with Retry-After and backoff, then the model's fallbacks, all inside the request's deadline.
+
+The order for each model is the router's. A first pass asks each replica of the model once, skipping one
+that asked (Retry-After) not to be asked yet, then each replica of its fallbacks in turn: an answer now
+from a fallback beats a wait for the model. When none answered, the replicas that may answer later (a
+refusal, a 5xx, a reset) are asked again, soonest first, each after its Retry-After or a backoff with
+jitter, while the wait is at most ``max_retry_wait_s``, fits in the deadline, and the replica's retry
+budget allows. At most ``max_attempts`` requests in all. A silent replica (no head within
+its timeout) and one that does not speak HTTP are not asked again by this request.
+
+What each replica did goes to the router (failures in a row eject it: the circuit opens) and into the
+error the client gets when nothing answered: the slowest of the refusals' Retry-After, and a status that
+says what happened (429 when every replica limited the rate, 504 when every one was silent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from edge.answer import UpstreamFault, read_refusal
+from edge.config import UpstreamConfig
+from edge.h1 import MalformedResponse, Response
+from edge.metrics import EdgeMetrics
+from edge.relay import Opened, UpstreamTiming
+from edge.retry import Deadline, backoff_s, parse_retry_after
+from edge.upstream import UPSTREAM_ERRORS, Upstream, UpstreamPool
+from nearshore.protocol.errors import (
+    UPSTREAM_RATE_LIMITED,
+    UPSTREAM_TIMEOUT,
+    UPSTREAM_UNAVAILABLE,
+    ApiError,
+)
+from nearshore.protocol.headers import SERVER_TIMING
+
+log = logging.getLogger("nearshore.edge.attempts")
+
+RETRYABLE = frozenset({429, 500, 502, 503, 504})
+REFUSALS = frozenset({429, 503})  # the region is up and says "not now": Retry-After applies
+CONTEXT_LENGTH = "context_length_exceeded"
+_PEEK_BYTES = 4096
+
+
+@dataclass(slots=True)
+class Target:
+    """One model of the chain: its replicas in failover order and the body they get."""
+
+    model: str
+    upstreams: list[Upstream]
+    body: bytes
+    why_none: str = ""  # when no replica may serve it (the router's reason)
+
+
+class Refused(Exception):
+    """A replica refused the request itself (a 4xx no other replica would answer differently)."""
+
+    def __init__(self, error: ApiError, passed_on: bool, opened: Opened) -> None:
+        super().__init__(error.message)
+        self.error, self.passed_on, self.opened = error, passed_on, opened
+
+
+@dataclass(slots=True)
+class _Later:
+    """A replica to ask again: when it may be asked, and how many times this request asked it."""
+
+    upstream: Upstream
+    target: Target
+    ready_at: float
+    asked: int = 1
+
+
+@dataclass(slots=True)
+class Attempts:
+    """The attempts of one request (a stream's continuation makes its own)."""
+
+    pool: UpstreamPool
+    config: UpstreamConfig
+    metrics: EdgeMetrics
+    deadline: Deadline
+    prompt_tokens: int = 0  # the request's prompt estimate: the router takes its prefill out of a TTFT
+    made: int = 0
+    skipped: list[str] = field(default_factory=list)
+    # What the failures were, for the client's error.
+    _timeouts: int = 0
+    _malformed: int = 0
+    _rate_limited: int = 0
+    _other: int = 0
+    _retry_after: float = 0.0
+
+    async def open(
+        self,
+        first: Target,
+        fallbacks: Callable[[], list[Target]],
+        context: Callable[[], list[Target]],
+        path: str,
+        headers: dict[str, str],
+        timeout_s: float,
+    ) -> Opened:
+        """The first answer head with status 200 (or a 4xx passed on as :class:`Refused`) from ``first``'s
+        replicas, else from its ``fallbacks`` in order; else the :class:`ApiError` that says why nothing
+        answered. A context-length refusal moves to the ``context`` chain instead, when there is one."""
+        queue = [first]
+        more: Callable[[], list[Target]] | None = fallbacks
+        context_used = False
+        later: list[_Later] = []
+        while queue or more is not None:
+            if not queue:
+                assert more is not None
+                queue, more = more(), None
+                continue
+            target = queue.pop(0)
+            if not target.upstreams:
+                self.skipped.append(f"{target.model}: {target.why_none or 'no replica serves it'}")
+                continue
+            try:
+                opened = await self._one_model(target, path, headers, timeout_s, later)
+            except Refused as refused:
+                if refused.error.kind.code == CONTEXT_LENGTH and not context_used:
+                    context_used = True
+                    chain = context()
+                    if chain:
+                        self.skipped.append(f"{target.model}: the prompt is longer than its context")
+                        release_refused(refused)
+                        queue, more = chain, None
+                        continue
+                raise
+            if opened is not None:
+                return opened
+            if self._out_of_time() or self.made >= self.config.max_attempts:
+                break
+        opened = await self._again(later, path, headers, timeout_s)
+        if opened is not None:
+            return opened
+        raise self.error()
+
+    async def _one_model(
+        self, target: Target, path: str, headers: dict[str, str], timeout_s: float, later: list[_Later]
+    ) -> Opened | None:
+        """Each replica of ``target`` once; those that may answer later go on ``later``."""
+        for upstream in target.upstreams:
+            if self.made >= self.config.max_attempts or self._out_of_time():
+                return None
+            now = time.monotonic()
+            if upstream.cooling_until > now:  # it asked not to be asked yet: maybe later
+                self.skipped.append(f"{upstream.name}: asked to wait {upstream.cooling_until - now:.1f}s")
+                if upstream.cooling_status == 429:
+                    self._rate_limited += 1
+                else:
+                    self._other += 1
+                later.append(_Later(upstream, target, upstream.cooling_until, asked=0))
+                continue
+            upstream.budget.deposit(now)
+            opened, again = await self._attempt(upstream, target, path, headers, timeout_s)
+            if opened is not None:
+                return opened
+            if again is not None:
+                later.append(_Later(upstream, target, again))
+        return None
+
+    async def _again(
+        self, later: list[_Later], path: str, headers: dict[str, str], timeout_s: float
+    ) -> Opened | None:
+        """Ask the replicas that may answer later, soonest first, while waiting is worth it."""
+        c = self.config
+        while later and self.made < c.max_attempts:
+            later.sort(key=lambda entry: entry.ready_at)
+            entry = later.pop(0)
+            now = time.monotonic()
+            wait = max(entry.ready_at - now, 0.0)
+            if entry.asked:  # spaced from this request's last attempt on it, whatever it said
+                wait = max(wait, backoff_s(entry.asked - 1, c.retry_backoff_s, c.retry_backoff_max_s))
+            if wait > c.max_retry_wait_s or wait >= self.deadline.left(now):
+                self.skipped.append(f"{entry.upstream.name}: not waited on ({wait:.1f}s)")
+                continue
+            if not entry.upstream.budget.withdraw(now):
+                self.skipped.append(f"{entry.upstream.name}: its retry budget is spent")
+                self.metrics.retries_denied.labels(entry.upstream.name).inc()
+                continue
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self.metrics.retries.labels(entry.upstream.name).inc()
+            opened, again = await self._attempt(entry.upstream, entry.target, path, headers, timeout_s)
+            if opened is not None:
+                return opened
+            if again is not None:
+                later.append(_Later(entry.upstream, entry.target, again, entry.asked + 1))
+        return None
+
+    async def _attempt(
+        self, upstream: Upstream, target: Target, path: str, headers: dict[str, str], timeout_s: float
+    ) -> tuple[Opened | None, float | None]:
+        """One request to one replica: the answer head, or None and when it may be asked again (None:
+        not by this request)."""
+        self.made += 1
+        limit = self.deadline.cap(timeout_s)
+        timing = UpstreamTiming(forwarded_at=time.perf_counter())
+        try:
+            response = await _post(upstream, path, headers, target.body, limit)
+        except TimeoutError:
+            self._timeouts += 1
+            self._skip(upstream, f"no answer within {limit:g}s")
+            return None, None
+        except MalformedResponse as exc:  # it answered, but not in HTTP
+            self._malformed += 1
+            self._skip(upstream, f"a malformed response ({str(exc)[:80]})")
+            return None, None
+        except UPSTREAM_ERRORS as exc:  # refused, reset: the next try may find it back
+            self._other += 1
+            self._skip(upstream, type(exc).__name__)
+            return None, time.monotonic()
+        timing.first_byte_s = time.perf_counter() - timing.forwarded_at
+        timing.connect_s = response.connect_s
+        timing.region_timing = response.headers.get(SERVER_TIMING.lower(), "")[:512]
+        opened = Opened(upstream, response, timing, self.skipped, target.model, target.body)
+        if response.status == 200:
+            self.pool.answered(upstream, response, timing.first_byte_s, self.prompt_tokens)
+            return opened, None
+        if response.status not in RETRYABLE:
+            upstream.replica.health.request_succeeded()  # it is up: the request is what it refused
+            error, passed_on = await read_refusal(response)
+            raise Refused(error, passed_on, opened)
+        return None, await self._retryable(upstream, response)
+
+    async def _retryable(self, upstream: Upstream, response: Response) -> float:
+        """A 429 or 5xx: note it, and say when the replica may be asked again."""
+        detail = await _peek(response)
+        upstream.replica.inflight -= 1
+        self.pool.refused(upstream, response)  # a refusal carries the region's load too (a full queue)
+        status = response.status
+        now = time.monotonic()
+        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        ready_at = now
+        if retry_after is not None and status in REFUSALS:
+            ready_at = now + retry_after
+            if ready_at > upstream.cooling_until:  # for every request, not only this one
+                upstream.cooling_until, upstream.cooling_status = ready_at, status
+            self._retry_after = max(self._retry_after, retry_after)
+        if status == 429:
+            self._rate_limited += 1
+        else:
+            self._other += 1
+        # Refusals in a row open the circuit as failures do: a region saying "not now" to every request
+        # is out until its ejection ends (and a half-open trial finds it back).
+        self._skip(upstream, f"HTTP {status} {detail}".strip(), refused=status in REFUSALS)
+        return ready_at
+
+    def _skip(self, upstream: Upstream, why: str, refused: bool = False) -> None:
+        self.pool.failed(upstream, why, refused)
+        self.skipped.append(f"{upstream.name}: {why}")
+        self.metrics.failovers.labels(upstream.name).inc()
+
+    def _out_of_time(self) -> bool:
+        return self.deadline.passed()
+
+    def error(self) -> ApiError:
+        """Why nothing answered, as the client is told."""
+        where = f" ({'; '.join(self.skipped)})" if self.skipped else " (none available)"
+        retry_after = max(1, math.ceil(self._retry_after))
+        counted = self._timeouts + self._malformed + self._rate_limited + self._other
+        if self._out_of_time():
+            return ApiError(
+                UPSTREAM_TIMEOUT,
+                f"No region answered within the request's deadline{where}",
+                retry_after_s=retry_after,
+            )
+        if counted and self._timeouts == counted:
+            return ApiError(UPSTREAM_TIMEOUT, "No region answered in time" + where, retry_after_s=retry_after)
+        if counted and self._malformed == counted:
+            return UpstreamFault.bad("No region answered in HTTP" + where).error
+        if counted and self._rate_limited == counted:
+            return ApiError(
+                UPSTREAM_RATE_LIMITED, "Every region limited the rate" + where, retry_after_s=retry_after
+            )
+        attempts = f" after {self.made} attempts" if self.made >= self.config.max_attempts else ""
+        return ApiError(
+            UPSTREAM_UNAVAILABLE,
+            f"No region could take the request{attempts}{where}",
+            retry_after_s=retry_after,
+        )
+
+
+async def _post(
+    upstream: Upstream, path: str, headers: dict[str, str], body: bytes, timeout_s: float
+) -> Response:
+    """The request, counted in the replica's in-flight while the region queues and serves it (the caller
+    releases an answered one when it is done with it)."""
+    replica = upstream.replica
+    replica.inflight += 1
+    try:
+        return await upstream.pool.request("POST", path, headers, body, timeout_s)
+    except BaseException:
+        replica.inflight -= 1
+        raise
+
+
+def release_refused(refused: Refused) -> None:
+    """Give back the connection and the slot of a replica whose refusal was read."""
+    refused.opened.response.close()
+    refused.opened.upstream.replica.inflight -= 1
+
+
+async def _peek(response: Response) -> str:
+    """The start of a refusal's body, for the log and the 503 message; a long or slow rest is not read."""
+    data = b""
+    with contextlib.suppress(TimeoutError, *UPSTREAM_ERRORS):
+        async with asyncio.timeout(1.0):
+            while len(data) <= _PEEK_BYTES and (more := await response.read()):
+                data += more
+    response.close()  # pooled again if it was read to its end
+    return data[:200].decode(errors="replace")

@@ -1,0 +1,105 @@
+"""The edge's retry discipline, as pure pieces: the request's deadline, ``Retry-After``, backoff with jitter,
+and a retry budget per replica.
+
+A retry is work the region did not ask for. Each piece bounds it: the deadline bounds a request's every
+attempt together; ``Retry-After`` says when a region that refused wants to be asked again; backoff spaces
+the attempts on one replica (full jitter, so many edges that failed at once do not come back at once);
+the budget caps retries at a share of a replica's traffic (Envoy's retry budget), so a struggling region
+sees its load multiplied by at most ``1 + share``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+
+# A Retry-After beyond this is read as this: no region is waited on longer, whatever it says.
+MAX_RETRY_AFTER_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Deadline:
+    """When a request must have its answer, on the monotonic clock."""
+
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float, now: float | None = None) -> Deadline:
+        return cls((time.monotonic() if now is None else now) + seconds)
+
+    def left(self, now: float | None = None) -> float:
+        return max(0.0, self.at - (time.monotonic() if now is None else now))
+
+    def cap(self, timeout_s: float, now: float | None = None) -> float:
+        """``timeout_s``, or what is left of the deadline if that is less."""
+        return min(timeout_s, self.left(now))
+
+    def passed(self, now: float | None = None) -> bool:
+        return self.left(now) <= 0.0
+
+
+def parse_retry_after(value: str | None, now_epoch: float | None = None) -> float | None:
+    """``Retry-After`` in seconds from now: delta-seconds or an HTTP date (RFC 9110 10.2.3); None when
+    absent or unreadable; never negative, at most MAX_RETRY_AFTER_S."""
+    if not value:
+        return None
+    value = value.strip()
+    if len(value) > 64:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None or when.tzinfo is None:
+            return None
+        seconds = when.timestamp() - (time.time() if now_epoch is None else now_epoch)
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
+
+
+def backoff_s(attempt: int, base_s: float, max_s: float, rng: random.Random | None = None) -> float:
+    """Exponential backoff with equal jitter: half of min(max_s, base_s * 2**attempt), plus up to as much
+    again at random (``attempt`` counts from 0). The random half keeps edges that failed together from
+    coming back together; the fixed half keeps every wait a wait."""
+    ceiling = min(max_s, base_s * (2 ** min(attempt, 30)))
+    return ceiling / 2 + (rng or random).uniform(0.0, ceiling / 2)
+
+
+@dataclass(slots=True)
+class RetryBudget:
+    """Retries allowed to one replica: ``share`` of its first attempts, plus ``floor_per_s`` a second
+    whatever its traffic (so a quiet replica can still be retried). A token bucket: each first attempt
+    deposits ``share``, time deposits ``floor_per_s``; each retry takes one; it holds at most ``burst``."""
+
+    share: float
+    floor_per_s: float
+    burst: float
+    tokens: float = -1.0
+    updated: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0:
+            self.tokens = self.burst
+
+    def _refill(self, now: float) -> None:
+        if self.updated:
+            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.floor_per_s)
+        self.updated = now
+
+    def deposit(self, now: float) -> None:
+        self._refill(now)
+        self.tokens = min(self.burst, self.tokens + self.share)
+
+    def withdraw(self, now: float) -> bool:
+        """Take one retry; False when the budget is spent (the retry is not made)."""
+        self._refill(now)
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True

@@ -1,0 +1,92 @@
+"""When the router's first choice is not simply the best score: hysteresis and exploration.
+
+Hysteresis keeps a client group (model, client country, residency) on its region until another wins by a
+margin for ``hold_s`` (no flapping on probe noise), except from a region whose replica real requests found
+slower than the challenger's whole score: a hold there would make every request pay it.
+
+Exploration: observations go stale on a replica that lost its traffic to them. One request every
+``explore_after_s`` goes to such a replica while its probes and load report alone would make it about as good
+as the best; its sample after the silence replaces the stale estimate (geo/latency.py), so a recovered
+replica wins its traffic back. Chosen over a time decay of the estimate, which would send a whole
+burst of requests to a replica that may still be slow before the first of them has answered: exploration
+costs one request per replica per interval, bounded however busy the edge is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from geo.catalog import RoutingSettings
+from geo.decision import Scored
+from geo.terms import reported_queue_and_load
+
+GroupKey = tuple[str, str, tuple[str, ...]]
+_MAX_GROUPS = 4096
+
+
+@dataclass(slots=True)
+class Group:
+    region: str
+    challenger: str = ""
+    since: float = 0.0
+
+
+def hold(
+    groups: dict[GroupKey, Group], routing: RoutingSettings, key: GroupKey, scored: list[Scored], now: float
+) -> tuple[list[Scored], bool]:
+    """Keep the group on its region until another wins by the margin for hold_s; True when it held."""
+    _, best_ms, best, _ = scored[0]
+    group = groups.get(key)
+    # The current region's best (first in score order) replica, if it is still eligible.
+    current = next((s for s in scored if s[2].region == group.region), None) if group else None
+    if group is None or current is None:
+        if len(groups) >= _MAX_GROUPS:
+            groups.clear()
+        groups[key] = Group(best.region)
+        return scored, False
+    if group.region == best.region:
+        group.challenger = ""
+        return scored, False
+    current_ms = current[1]
+    margin = max(routing.switch_margin_ms, routing.switch_margin_ratio * current_ms)
+    # Measured far slower: real requests there waited longer beyond the network than the best's whole
+    # expected TTFT. Probe noise cannot do that (it moves round trips, not observations): no hold.
+    if current[2].latency.observed.value > best_ms + margin:
+        group.region, group.challenger = best.region, ""
+        return scored, False
+    # A challenger must lead by the margin to be noted, and keep at least half of it while it waits
+    # (probe noise around the margin restarting the wait kept traffic away for tens of seconds).
+    needed = margin / 2 if group.challenger == best.region else margin
+    if best_ms + needed < current_ms:
+        if group.challenger != best.region:
+            group.challenger, group.since = best.region, now
+        elif now - group.since >= routing.hold_s:
+            group.region, group.challenger = best.region, ""
+            return scored, False
+    else:
+        group.challenger = ""
+    # The current region first (its replicas in score order), then the rest as scored.
+    first = [s for s in scored if s[2].region == group.region]
+    return first + [s for s in scored if s[2].region != group.region], True
+
+
+def explore(routing: RoutingSettings, scored: list[Scored], now: float) -> int:
+    """The place in ``scored`` of a replica to measure again with this request, or 0 (none): one whose
+    observations are stale (none for explore_after_s, nor an exploration), are what makes it lose, and
+    without which it would be about as good as the first (within the switch margin)."""
+    after_s = routing.explore_after_s
+    limit_ms = scored[0][1] + routing.switch_margin_ms
+    for j in range(1, len(scored)):
+        _, total_ms, r, row = scored[j]
+        latency = r.latency
+        observed = latency.observed
+        if not observed.samples or not observed.stale(now) or now - latency.explored_at < after_s:
+            continue
+        queue_ms = row[2]
+        if total_ms - queue_ms >= limit_ms:  # it loses without any queue at all: cheap to rule out
+            continue
+        reported_ms = reported_queue_and_load(r, routing.default_service_ms)[0]
+        if queue_ms > reported_ms and total_ms - queue_ms + reported_ms < limit_ms:
+            latency.explored_at = now
+            return j
+    return 0
