@@ -92,6 +92,7 @@ class Attempts:
     _rate_limited: int = 0
     _other: int = 0
     _retry_after: float = 0.0
+    _deadline_hit: bool = False  # an attempt timed out at the deadline rather than at its own limit
 
     async def open(
         self,
@@ -204,6 +205,7 @@ class Attempts:
             response = await _post(upstream, path, headers, target.body, limit)
         except TimeoutError:
             self._timeouts += 1
+            self._deadline_hit = self._deadline_hit or limit < timeout_s
             self._skip(upstream, f"no answer within {limit:g}s")
             return None, None
         except MalformedResponse as exc:  # it answered, but not in HTTP
@@ -263,7 +265,7 @@ class Attempts:
         where = f" ({'; '.join(self.skipped)})" if self.skipped else " (none available)"
         retry_after = max(1, math.ceil(self._retry_after))
         counted = self._timeouts + self._malformed + self._rate_limited + self._other
-        if self._out_of_time():
+        if self._out_of_time() or self._deadline_hit:
             return ApiError(
                 UPSTREAM_TIMEOUT,
                 f"No region answered within the request's deadline{where}",

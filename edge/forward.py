@@ -29,8 +29,10 @@ from edge.answer import (
     read_refusal,
     with_usage,
 )
-from edge.attempts import Attempts, Refused, Target, release_refused
-from edge.fallbacks import context_models, fallback_models, targets
+from edge.asking import ask_regions, fell_back
+from edge.attempts import Refused, release_refused
+from edge.fallbacks import fallback_models
+from edge.h1 import Response
 from edge.journey import Journey, Preempting, Reply
 from edge.relay import Opened, SseRelay, StreamClock, StreamLimits, StreamOutcome, StreamWatchdog
 from edge.resume import combine_usage, may_continue, open_continuation
@@ -93,16 +95,7 @@ async def forward(journey: Journey) -> Reply | None:
         # A unary answer's first byte is its whole answer: allow for the tokens it may have to generate.
         timeout_s = up.ttft_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
     state.metrics.overhead.observe(time.perf_counter() - journey.started)
-    first = Target(body.model, _first_order(journey), call.body, journey.unrouted)
-    attempts = Attempts(state.pool, up, state.metrics, journey.deadline, admission.prompt_estimate)
-    opening = attempts.open(
-        first,
-        lambda: targets(journey, chain),
-        lambda: targets(journey, context_models(journey)),
-        call.path,
-        call.headers,
-        timeout_s,
-    )
+    opening = ask_regions(journey, timeout_s, chain=chain)
     try:
         if journey.preempt is None:
             opened = await opening
@@ -117,33 +110,23 @@ async def forward(journey: Journey) -> Reply | None:
         return _failed_before_first_byte(journey, stream, refused.error, refused.passed_on)
     except ApiError as exc:
         return _failed_before_first_byte(journey, stream, exc)
-    finally:
-        journey.attempts += attempts.made
-    journey.opened, journey.region = opened, opened.upstream.replica.region
-    if opened.model != body.model:
-        _fell_back(journey, opened.model)
     opened.timing.route_s, opened.timing.queue_s = journey.route_s, journey.queue_s
-    journey.cleanups.append(_release(journey, opened))
+    _taken(journey, opened)
     return None
 
 
-def _first_order(journey: Journey) -> list[Upstream]:
-    if journey.unrouted:
-        return []
-    return journey.state.pool.ordered(journey.route)
-
-
-def _fell_back(journey: Journey, model: str) -> None:
-    """A fallback model serves the request: the answer, its headers and its bill name it."""
+def _taken(journey: Journey, opened: Opened) -> None:
+    """``opened`` answers the request (its region, its model) and is released at the journey's exit."""
     assert journey.body is not None and journey.call is not None
-    journey.served_model = model
-    journey.call.client_headers[MODEL] = model
-    if isinstance(journey.stream, StreamReply) and not journey.stream.client.prepared:
-        journey.stream.client.headers[MODEL] = (
-            model  # (a stream whose heartbeat went first has it in its chunks)
-        )
-    journey.state.metrics.fallbacks.labels(journey.body.model, model).inc()
-    log.info("request %s: %s could not answer; %s does", journey.request_id, journey.body.model, model)
+    journey.opened, journey.region = opened, opened.upstream.replica.region
+    if opened.model != journey.body.model:
+        fell_back(journey, opened.model)
+        if isinstance(journey.stream, StreamReply) and not journey.stream.client.prepared:
+            journey.stream.client.headers[MODEL] = opened.model  # (after a heartbeat: in its chunks only)
+    elif journey.served_model:  # asked again, the model itself answered after a fallback had failed
+        journey.served_model = ""
+        journey.call.client_headers.pop(MODEL, None)
+    journey.cleanups.append(_release(journey, opened))
 
 
 async def _race(
@@ -235,35 +218,66 @@ class UnaryReply:
 
 
 async def _read_unary(journey: Journey) -> Reply:
-    state, opened, admission, call = journey.state, journey.opened, journey.admission, journey.call
-    assert opened is not None and admission is not None and call is not None
-    up = state.config.upstream
-    upstream = opened.response
-    if upstream.status != 200:
-        error, refused = await read_refusal(upstream)
-        return _failed_before_first_byte(journey, None, error, refused)
-    try:
-        budget = _response_budget(journey)
-        # An embeddings answer's bound is its own (checked against max_embeddings_bytes before sending).
-        max_bytes = budget if isinstance(journey.body, EmbeddingRequest) else min(up.max_unary_bytes, budget)
-        assert journey.deadline is not None
-        body = await read_bounded(upstream, max_bytes, journey.deadline.cap(up.stall_timeout_s) or 0.001)
-        # No tokenizer spells a token in more bytes than this; completions with echo carry the prompt too.
-        max_text = admission.max_tokens * MAX_TOKEN_TEXT_BYTES + (
-            admission.prompt_ceiling if call.echo else 0
-        )
-        if isinstance(journey.body, EmbeddingRequest):
-            answer = check_embeddings(upstream, body, len(journey.body.texts()))
-        else:
-            answer = check_answer(journey.kind, upstream, body, max_text)
-    except UpstreamFault as fault:
-        return _failed_before_first_byte(journey, None, fault.error)
+    """The region's whole answer, checked. One whose body fails after its head (late, cut, not the
+    answer's shape) is not the client's answer yet: another replica or fallback is asked, within the
+    request's attempts and deadline."""
+    state, admission, call = journey.state, journey.admission, journey.call
+    assert admission is not None and call is not None and journey.deadline is not None
+    tried: list[Upstream] = []
+    while True:
+        opened = journey.opened
+        assert opened is not None
+        upstream = opened.response
+        if upstream.status != 200:
+            error, refused = await read_refusal(upstream)
+            return _failed_before_first_byte(journey, None, error, refused)
+        try:
+            answer = await _checked_unary(journey, upstream)
+            break
+        except UpstreamFault as fault:
+            tried.append(opened.upstream)
+            state.pool.failed(opened.upstream, f"its answer: {fault.error.message}"[:300])
+            if not await _ask_again(journey, tried, fault):
+                return _failed_before_first_byte(journey, None, fault.error)
     journey.answered(answer.usage)
     journey.answer_text, journey.finish_reason = answer.text, answer.finish_reason
     edge_s = opened.timing.forwarded_at - journey.started
     headers = {**call.client_headers, REGION: journey.region, SERVER_TIMING: opened.timing.header(edge_s)}
     state.metrics.e2e.observe(time.perf_counter() - journey.started)
     return UnaryReply(answer, headers)
+
+
+async def _checked_unary(journey: Journey, upstream: Response) -> Answer:
+    up, admission, call = journey.state.config.upstream, journey.admission, journey.call
+    assert admission is not None and call is not None and journey.deadline is not None
+    budget = _response_budget(journey)
+    # An embeddings answer's bound is its own (checked against max_embeddings_bytes before sending).
+    max_bytes = budget if isinstance(journey.body, EmbeddingRequest) else min(up.max_unary_bytes, budget)
+    body = await read_bounded(upstream, max_bytes, journey.deadline.cap(up.stall_timeout_s) or 0.001)
+    # No tokenizer spells a token in more bytes than this; completions with echo carry the prompt too.
+    max_text = admission.max_tokens * MAX_TOKEN_TEXT_BYTES + (admission.prompt_ceiling if call.echo else 0)
+    if isinstance(journey.body, EmbeddingRequest):
+        return check_embeddings(upstream, body, len(journey.body.texts()))
+    return check_answer(journey.kind, upstream, body, max_text)
+
+
+async def _ask_again(journey: Journey, tried: list[Upstream], fault: UpstreamFault) -> bool:
+    """Ask the replicas and fallbacks not ``tried`` for the unary answer; whether one answered."""
+    up, admission = journey.state.config.upstream, journey.admission
+    assert admission is not None
+    log.warning(
+        "request %s: %s's answer failed (%s); asking again", journey.request_id, journey.region, fault
+    )
+    timeout_s = up.ttft_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
+    try:
+        opened = await ask_regions(journey, timeout_s, tried)
+    except Refused as refused:
+        release_refused(refused)
+        return False
+    except ApiError:
+        return False
+    _taken(journey, opened)
+    return True
 
 
 # --- streams -------------------------------------------------------------------------------------------
@@ -392,10 +406,10 @@ async def _relay_stream(journey: Journey, stream: StreamReply) -> Reply:
             if resumed is None:
                 break
             journey.continuations += 1
-            journey.continued_from, journey.region = journey.region, resumed.upstream.replica.region
-            journey.opened = opened = resumed
+            journey.continued_from = journey.region
+            _taken(journey, resumed)
+            opened = resumed
             failed.append(resumed.upstream)
-            journey.cleanups.append(_release(journey, resumed))
             first_events = outcome.content_events
             relay.resume()
             outcome = await _relayed(journey, relay, resumed)

@@ -258,7 +258,7 @@ class SseRelay:
         self._body_ended = True
         outcome = self.outcome
         if not (outcome.done or outcome.failure or outcome.fault):
-            if outcome.finish_reason:
+            if outcome.finish_reason or self._all_tokens():
                 outcome.done = True
             else:
                 outcome.failure = ApiError(
@@ -271,8 +271,10 @@ class SseRelay:
         outcome = self.outcome
         if outcome.done or outcome.fault:
             pass
-        elif outcome.finish_reason and outcome.usage is not None and not outcome.failure:
-            outcome.done = True  # it said how it finished and what it cost: the answer is whole
+        elif not outcome.failure and (
+            (outcome.finish_reason and outcome.usage is not None) or self._all_tokens()
+        ):
+            outcome.done = True  # it said how it finished and what it cost, or it sent every token asked
         elif isinstance(exc, UpstreamIdle):
             outcome.fault, outcome.expired = True, exc.expired
             when = "before its first token" if outcome.content_events == 0 else "mid-stream"
@@ -283,6 +285,14 @@ class SseRelay:
             broke = f"The region failed mid-stream: its stream broke ({type(exc).__name__})."
             outcome.failure = ApiError(UPSTREAM_UNAVAILABLE, broke)
         self._finish()
+
+    def _all_tokens(self) -> bool:
+        """Every token asked for was relayed: however the stream ended, the answer is whole (``length``)."""
+        outcome = self.outcome
+        if outcome.content_events < self.limits.max_content_events:
+            return False
+        outcome.finish_reason = outcome.finish_reason or "length"
+        return True
 
     def _finish(self) -> None:
         if self._ended is not None and not self._ended.done():

@@ -17,10 +17,12 @@ continued but asked again of another replica (nothing reached the client), whate
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import msgspec
 
 from edge.answer import with_usage
+from edge.asking import ask_regions
 from edge.attempts import Attempts, Refused, Target, release_refused
 from edge.journey import Journey
 from edge.relay import Opened, StreamOutcome
@@ -100,25 +102,19 @@ def continuation_body(journey: Journey, text: str, remaining: int) -> bytes:
 async def open_continuation(
     journey: Journey, failed: Opened, outcome: StreamOutcome, tried: list[Upstream]
 ) -> Opened | None:
-    """Another replica's stream of the rest of the answer (or of all of it, when none was relayed), or None
-    when none could take it; ``tried`` are the replicas that already failed this stream."""
+    """Another replica's stream of the rest of the answer, or None when none could take it; ``tried`` are
+    the replicas that already failed this stream. When nothing was relayed yet, the request is asked
+    afresh (edge/asking.py): the model's other replicas, then its fallbacks."""
     state, call, admission = journey.state, journey.call, journey.admission
     assert call is not None and admission is not None and journey.deadline is not None
     up = state.config.upstream
     why = outcome.failure.message if outcome.failure is not None else "?"
     state.pool.failed(failed.upstream, f"mid-stream: {why}")
-    order = [u for u in _order(journey) if u not in tried]
-    if not order:
-        return None
-    if outcome.content_events == 0 and not outcome.text:
-        body = failed.body or call.body
-    else:
-        remaining = admission.max_tokens - outcome.content_events
-        body = continuation_body(journey, "".join(outcome.text), remaining)
-    attempts = Attempts(state.pool, up, state.metrics, journey.deadline, admission.prompt_estimate)
-    target = Target(failed.model or journey.model, order, body)
     try:
-        opened = await attempts.open(target, list, list, call.path, call.headers, up.ttft_timeout_s)
+        if outcome.content_events == 0 and not outcome.text:
+            opened: Opened | None = await ask_regions(journey, up.ttft_timeout_s, tried)
+        else:
+            opened = await _continued(journey, outcome, tried)
     except Refused as refused:
         release_refused(refused)
         log.warning("request %s: the stream's continuation was refused: %s", journey.request_id, refused)
@@ -126,8 +122,8 @@ async def open_continuation(
     except ApiError as exc:
         log.warning("request %s: no region could continue the stream: %s", journey.request_id, exc)
         return None
-    finally:
-        journey.attempts += attempts.made
+    if opened is None:
+        return None
     if opened.response.content_type != "text/event-stream":
         opened.response.close()
         opened.upstream.replica.inflight -= 1
@@ -141,6 +137,25 @@ async def open_continuation(
         opened.upstream.name,
     )
     return opened
+
+
+async def _continued(journey: Journey, outcome: StreamOutcome, tried: list[Upstream]) -> Opened | None:
+    """The serving model's next replica, asked to continue the relayed text."""
+    state, call, admission = journey.state, journey.call, journey.admission
+    assert call is not None and admission is not None and journey.deadline is not None
+    up = state.config.upstream
+    order = [u for u in _order(journey) if u not in tried]
+    if not order:
+        return None
+    remaining = admission.max_tokens - outcome.content_events
+    body = continuation_body(journey, "".join(outcome.text), remaining)
+    attempts = Attempts(state.pool, up, state.metrics, journey.deadline, admission.prompt_estimate)
+    no_more: Callable[[], list[Target]] = list  # a continuation stays with the model that began it
+    try:
+        target = Target(journey.model, order, body)
+        return await attempts.open(target, no_more, no_more, call.path, call.headers, up.ttft_timeout_s)
+    finally:
+        journey.attempts += attempts.made
 
 
 def _order(journey: Journey) -> list[Upstream]:

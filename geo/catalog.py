@@ -96,6 +96,10 @@ class RoutingSettings(Struct, forbid_unknown_fields=True, kw_only=True):
     # would make it about as good as the best); an estimate that old is replaced by the new sample, so a
     # replica wins its traffic back once it has recovered.
     explore_after_s: Annotated[float, Meta(gt=0)] = 10.0
+    # Every node takes some time of its own to a first token (its queue, its first step): observations count
+    # beyond the least any replica serving the model was observed at, and at most this is taken as that
+    # (a replica not measured yet is expected to be as good as the best measured, or this good).
+    baseline_first_token_ms: Annotated[float, Meta(ge=0)] = 500.0
     # Prefix affinity: prompts sharing at least this many leading characters go to the replica that holds
     # them, while the replicas' loads are balanced (SGLang's rule: not when max - min > balance_abs and
     # max > balance_rel * min, in in-flight requests).

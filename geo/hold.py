@@ -5,11 +5,11 @@ margin for ``hold_s`` (no flapping on probe noise), except from a region whose r
 slower than the challenger's whole score: a hold there would make every request pay it.
 
 Exploration: observations go stale on a replica that lost its traffic to them. One request every
-``explore_after_s`` goes to such a replica while its probes and load report alone would make it about as good
-as the best; its sample after the silence replaces the stale estimate (geo/latency.py), so a recovered
-replica wins its traffic back. Chosen over a time decay of the estimate, which would send a whole
-burst of requests to a replica that may still be slow before the first of them has answered: exploration
-costs one request per replica per interval, bounded however busy the edge is.
+``explore_after_s`` goes to such a replica while its probes and load report alone would make it better than
+the best by the switch margin; its sample after the silence replaces the stale estimate (geo/latency.py),
+and one that finds it recovered moves the group there at once. Chosen over a time decay of the estimate,
+which would send a whole burst of requests to a replica that may still be slow before the first of them has
+answered: exploration costs one request per replica per interval, bounded however busy the edge is.
 """
 
 from __future__ import annotations
@@ -32,7 +32,12 @@ class Group:
 
 
 def hold(
-    groups: dict[GroupKey, Group], routing: RoutingSettings, key: GroupKey, scored: list[Scored], now: float
+    groups: dict[GroupKey, Group],
+    routing: RoutingSettings,
+    key: GroupKey,
+    scored: list[Scored],
+    now: float,
+    baseline_ms: float = 0.0,
 ) -> tuple[list[Scored], bool]:
     """Keep the group on its region until another wins by the margin for hold_s; True when it held."""
     _, best_ms, best, _ = scored[0]
@@ -49,15 +54,22 @@ def hold(
         return scored, False
     current_ms = current[1]
     margin = max(routing.switch_margin_ms, routing.switch_margin_ratio * current_ms)
-    # Measured far slower: real requests there waited longer beyond the network than the best's whole
-    # expected TTFT. Probe noise cannot do that (it moves round trips, not observations): no hold.
-    if current[2].latency.observed.value > best_ms + margin:
+    # Measured far slower: real requests there waited longer beyond the network (and the scope's baseline)
+    # than the best's whole expected TTFT. Probe noise cannot do that (it moves round trips, not
+    # observations): no hold.
+    if current[2].latency.observed.value - baseline_ms > best_ms + margin:
         group.region, group.challenger = best.region, ""
         return scored, False
     # A challenger must lead by the margin to be noted, and keep at least half of it while it waits
     # (probe noise around the margin restarting the wait kept traffic away for tens of seconds).
     needed = margin / 2 if group.challenger == best.region else margin
     if best_ms + needed < current_ms:
+        latency = best.latency
+        if latency.observed.at >= latency.explored_at > now - routing.explore_after_s:
+            # An exploration just measured it recovered: a real request said so, not probe noise (and
+            # waiting hold_s would send traffic away and back, once each).
+            group.region, group.challenger = best.region, ""
+            return scored, False
         if group.challenger != best.region:
             group.challenger, group.since = best.region, now
         elif now - group.since >= routing.hold_s:
@@ -73,9 +85,12 @@ def hold(
 def explore(routing: RoutingSettings, scored: list[Scored], now: float) -> int:
     """The place in ``scored`` of a replica to measure again with this request, or 0 (none): one whose
     observations are stale (none for explore_after_s, nor an exploration), are what makes it lose, and
-    without which it would be about as good as the first (within the switch margin)."""
+    without which it would beat the first by the switch margin."""
     after_s = routing.explore_after_s
-    limit_ms = scored[0][1] + routing.switch_margin_ms
+    # It must win by the switch margin without its stale queue: then a sample that confirms it moves the
+    # group at once (hold), and a replica about as good as the best is not sent a request only to come back.
+    best_ms = scored[0][1]
+    limit_ms = best_ms - max(routing.switch_margin_ms, routing.switch_margin_ratio * best_ms)
     for j in range(1, len(scored)):
         _, total_ms, r, row = scored[j]
         latency = r.latency

@@ -120,9 +120,19 @@ class Router:
     # Each replica's observed queue (Latency.observed), by its place in ``replicas``: part of the scan's
     # bound (the queue term is at least it), kept as it is answered.
     _observed_ms: np.ndarray = None  # type: ignore[assignment]
+    # The same, infinite until a replica is measured: the least of a scope is its baseline (geo.terms).
+    _measured_ms: np.ndarray = None  # type: ignore[assignment]
+    # When each was last observed: a stale observation leaves the bound, so that the replica is scanned
+    # and may be explored (geo.hold) rather than never looked at again.
+    _observed_at: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self._observed_ms = np.array([r.latency.observed.value for r in self.replicas], dtype=np.float64)
+        self._measured_ms = np.array(
+            [r.latency.observed.value if r.latency.observed.samples else math.inf for r in self.replicas],
+            dtype=np.float64,
+        )
+        self._observed_at = np.array([r.latency.observed.at for r in self.replicas], dtype=np.float64)
 
     @classmethod
     def build(cls, regions: Sequence[RegionSpec], config: GeoConfig, models: Sequence[str]) -> Router:
@@ -182,15 +192,19 @@ class Router:
         holder = self.affinity.lookup(prefix) if prefix else None
         group_key = (model, where.country if where.located else "", allowed.policies)
         group = self._groups.get(group_key)
+        measured = self._measured_ms[static.index]
+        baseline = min(
+            float(measured.min()) if len(measured) else math.inf, self.config.routing.baseline_first_token_ms
+        )
         scored, rest, balanced = self._scan(
-            static, where, prompt_tokens, holder, group.region if group is not None else ""
+            static, where, prompt_tokens, holder, group.region if group is not None else "", baseline, now
         )
         use_affinity = holder is not None and balanced
         scored.sort(key=_sort_key)
         affinity = use_affinity and holder is not None and scored[0][2].id == holder[0]
         held = explored = False
         if not affinity:
-            scored, held = hold(self._groups, self.config.routing, group_key, scored, now)
+            scored, held = hold(self._groups, self.config.routing, group_key, scored, now, baseline)
             j = explore(self.config.routing, scored, now) if len(scored) > 1 else 0
             if j:
                 scored = [scored[j], *scored[:j], *scored[j + 1 :]]
@@ -243,6 +257,8 @@ class Router:
         prompt_tokens: int,
         holder: tuple[str, int] | None,
         current_region: str,
+        baseline_ms: float,
+        now: float,
     ) -> tuple[list[Scored], list[Replica], bool]:
         """Score the replicas that can win, best bound first: a replica's score is at least its round trip
         and client term, its observed queue and the prefill (the rest only adds), so the scan stops once
@@ -254,7 +270,9 @@ class Router:
         replicas = static.replicas
         near = static.rtt_ms + self._client_terms(where)[static.index] if where.located else static.rtt_ms
         near = np.maximum(near, 0.0)
-        bounds = near + self._observed_ms[static.index]
+        observed = np.maximum(self._observed_ms[static.index] - baseline_ms, 0.0)
+        fresh = now - self._observed_at[static.index] < self.config.routing.explore_after_s
+        bounds = near + np.where(fresh, observed, 0.0)
         # Within a millisecond, the catalog's order decides (``replicas`` is in it): a stable sort.
         ranked = np.argsort(np.round(bounds), kind="stable").tolist()
         good: list[int] = []
@@ -271,7 +289,7 @@ class Router:
                 deferred.append(i)
                 continue
             good.append(i)
-            total = self._quick_total(r, float(near[i]), prefill_ms)
+            total = self._quick_total(r, float(near[i]), prefill_ms, baseline_ms)
             if total < best:
                 best, runner_up = total, best
             elif total < runner_up:
@@ -293,11 +311,12 @@ class Router:
         balanced = True
         if holder is not None:
             balanced = loads_balanced(chosen, self.config.routing, holder[0])
-        return self._score(chosen, where, prompt_tokens, holder if balanced else None), rest, balanced
+        scored = self._score(chosen, where, prompt_tokens, holder if balanced else None, baseline_ms)
+        return scored, rest, balanced
 
-    def _quick_total(self, r: Replica, near: float, prefill_ms: float) -> float:
+    def _quick_total(self, r: Replica, near: float, prefill_ms: float, baseline_ms: float) -> float:
         """The score without affinity, for the scan's bound (the same terms as _score)."""
-        queue_ms, load_ms = queue_and_load(r, self.config.routing.default_service_ms)
+        queue_ms, load_ms = queue_and_load(r, self.config.routing.default_service_ms, baseline_ms)
         return near + queue_ms + load_ms + prefill_ms
 
     def _serving_now(self, model: str, allowed: Allowed) -> list[Replica]:
@@ -326,6 +345,7 @@ class Router:
         where: Where,
         prompt_tokens: int,
         holder: tuple[str, int] | None,
+        baseline_ms: float = 0.0,
     ) -> list[Scored]:
         """Every eligible replica's expected TTFT and its terms (see the module's docstring); Latency.rtt_ms
         is read inline (the same rule), without the call."""
@@ -343,7 +363,7 @@ class Router:
             else:
                 rtt_ms = floor_ms * latency.inflation
             client_ms = float(client[r.index]) if client is not None else 0.0
-            queue_ms, load_ms = queue_and_load(r, default_service_ms)
+            queue_ms, load_ms = queue_and_load(r, default_service_ms, baseline_ms)
             affinity_ms = 0.0
             if r.id == holder_id:
                 assert holder is not None
@@ -417,7 +437,8 @@ class Router:
         prefill_ms = 1000.0 * prompt_tokens / self.config.routing.prefill_tokens_per_s
         now = time.monotonic() if now is None else now
         replica.latency.first_token(ttft_ms, prefill_ms, now, upper_bound)
-        self._observed_ms[replica.index] = replica.latency.observed.value
+        self._observed_ms[replica.index] = self._measured_ms[replica.index] = replica.latency.observed.value
+        self._observed_at[replica.index] = replica.latency.observed.at
         if load is not None:
             replica.load = load
 

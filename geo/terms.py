@@ -2,7 +2,11 @@
 
 The queue is what the edge observed real requests wait there beyond the round trip and their prompt's
 expected prefill (geo/latency.py's Observed), or what the replica's load implies, whichever is larger: a load
-report refines the estimate, it never makes a replica measured slow look fast.
+report refines the estimate, it never makes a replica measured slow look fast. Observations count from a
+baseline, the least any replica in the scope was observed at: every node has some service time of its own
+(a CPU model's queue and first step), and a replica not measured yet is taken to be as good as the best
+measured (or ``baseline_first_token_ms``, if that is less), not better than all of them: else measured
+replicas would lose their traffic to unmeasured ones on their service time alone, and traffic would flap.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from geo.decision import Replica
 LOAD_PENALTY_MS = 20.0
 
 
-def queue_and_load(r: Replica, default_service_ms: float) -> tuple[float, float]:
-    """The queue term (observed or implied by the load, the larger) and the load term, in ms."""
+def queue_and_load(r: Replica, default_service_ms: float, baseline_ms: float = 0.0) -> tuple[float, float]:
+    """The queue term (observed beyond ``baseline_ms``, or implied by the load, the larger) and the load
+    term, in ms."""
     queue_ms, load_ms = reported_queue_and_load(r, default_service_ms)
-    observed_ms = r.latency.observed.value  # 0 until measured
+    observed = r.latency.observed
+    observed_ms = observed.value - baseline_ms if observed.samples else 0.0
     return (observed_ms if observed_ms > queue_ms else queue_ms), load_ms
 
 

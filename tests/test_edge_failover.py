@@ -422,3 +422,31 @@ async def test_a_size_alias_falls_back_to_its_other_model_when_no_chain_is_confi
             assert (await r.json())["model"] == SMALL
     finally:
         edge.stop()
+
+
+async def test_a_stream_late_after_its_head_on_every_replica_is_answered_by_the_fallback(edge: Edge):
+    key = edge.new_key()
+    answer = await ask(edge, key, "a=slow-first-event:5,b=slow-first-event:5,c=ok")
+    assert answer.status == 200 and b'"error"' not in answer.body, answer.body[-300:]
+    assert json.loads(answer.events()[-3])["model"] == SMALL and answer.text()
+    row = await row_of(edge, answer.client_id)
+    assert (row["model"], row["fallback_from"], row["region"]) == (SMALL, MODEL, "c")
+
+
+@pytest.mark.parametrize("fault", ["slow-first-event:5", "cut-at:3:6", "malformed-chunk:2", "stall-at:2:5"])
+async def test_a_unary_answer_that_fails_after_its_head_is_asked_of_another(edge: Edge, fault: str):
+    key = edge.new_key()
+    answer = await ask(edge, key, f"a={fault},b={fault},c=ok", stream=False)
+    assert answer.status == 200, answer.body[:300]
+    assert answer.json()["model"] == SMALL and answer.text()
+    row = await row_of(edge, answer.client_id)
+    assert (row["model"], row["region"], row["status"]) == (SMALL, "c", "ok") and row["attempts"] == 3
+
+
+async def test_a_stream_continued_to_its_last_token_is_whole_without_a_finish_reason(edge: Edge):
+    key = edge.new_key()
+    answer = await ask(edge, key, "a=cut-at:3:6,b=cut-at:3:6")  # 3 tokens each, max_tokens 6
+    assert answer.status == 200 and b'"error"' not in answer.body, answer.body[-300:]
+    assert answer.events()[-1] == b"[DONE]"
+    row = await row_of(edge, answer.client_id)
+    assert row["status"] == "ok" and row["continued_from"] in ("a", "b")

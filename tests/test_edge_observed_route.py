@@ -1,6 +1,6 @@
 """Routing on what the edge observes, through a real edge over two paced regions: one that answers /health at
-once and reports an idle batch but takes 1.5 s to its first token loses the traffic after its first answer,
-is measured again once its observation is stale (explore_after_s), and stays out while still slow."""
+once and reports an idle batch but takes 1.5 s to its first token loses the traffic after its first answer
+and stays out while still slow."""
 
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ async def test_a_region_slow_in_practice_loses_its_traffic_after_one_answer(tmp_
                     regions_seen.append(r.headers["x-nearshore-region"])
                 await asyncio.sleep(0.3)
         assert regions_seen[0] == "frankfurt" and regions_seen[1:4] == ["london"] * 3
-        # One exploration once its observation was 3 s old; still slow, so London has the rest.
-        assert 2 <= regions_seen.count("frankfurt") <= 3, regions_seen
+        # At most one exploration once its observation was 3 s old (only if Frankfurt would win by the switch
+        # margin without it); still slow, so London has the rest.
+        assert 1 <= regions_seen.count("frankfurt") <= 3, regions_seen
     finally:
         edge.stop()
         for pacer in pacers.values():

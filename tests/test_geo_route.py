@@ -235,10 +235,10 @@ def serve(r: Router, now: float, ttft_ms: dict[str, float], tokens: int = 10) ->
 
 
 def test_a_replica_idle_by_its_reports_but_slow_in_practice_loses_its_traffic_at_once():
-    r = measured(router("london", "frankfurt"), london=80.0, frankfurt=85.0)
+    r = measured(router("london", "frankfurt"), london=80.0, frankfurt=150.0)
     for name in ("london", "frankfurt"):  # both answer /health at once and report nothing running
         r.probe_passed(replica(r, name), None, LoadReport(running=0, capacity=8))
-    slow = {"london": 3000.0, "frankfurt": 90.0}
+    slow = {"london": 3000.0, "frankfurt": 160.0}
     picks = [serve(r, 0.5 * i, slow) for i in range(30)]  # 15 s of traffic
     # London had the first request; one sample, and it lost the rest but for one exploration at 10 s.
     assert picks[0] == "london" and picks[1:4] == ["frankfurt"] * 3
@@ -264,9 +264,21 @@ def test_a_replica_measured_slow_wins_its_traffic_back_once_it_is_fast_again():
     assert replica(r, "london").latency.observed.value < 10
 
 
-def test_a_replica_still_slow_when_explored_keeps_losing_and_is_tried_rarely():
+def test_a_replica_about_as_good_as_the_best_is_not_explored_for_nothing():
+    # London's 5 ms lead is inside the switch margin: measuring it again would only send one request away
+    # and back; it is explored once the best gets worse than it by the margin.
     r = measured(router("london", "frankfurt"), london=80.0, frankfurt=85.0)
     times = {"london": 3000.0, "frankfurt": 90.0}
+    picks = [serve(r, 0.25 * i, times) for i in range(80)]
+    assert picks.count("london") == 1
+    times["frankfurt"] = 900.0  # now the best is slow
+    later = [serve(r, 20.0 + 0.25 * i, times) for i in range(20)]
+    assert "london" in later
+
+
+def test_a_replica_still_slow_when_explored_keeps_losing_and_is_tried_rarely():
+    r = measured(router("london", "frankfurt"), london=80.0, frankfurt=150.0)
+    times = {"london": 3000.0, "frankfurt": 160.0}
     picks = [serve(r, 0.25 * i, times) for i in range(200)]  # 50 s at 4 requests a second
     assert picks.count("london") == 5  # the first, then one exploration every explore_after_s (10 s)
 
@@ -314,3 +326,26 @@ def test_a_whole_non_streamed_answer_only_bounds_the_first_token():
     r.answered(london, 600.0, None, prompt_tokens=10, now=0.2)  # a slow stream ...
     r.answered(london, 100.0, None, prompt_tokens=10, upper_bound=True, now=0.3)  # ... a quick whole answer
     assert london.latency.observed.value < 515.0
+
+
+def test_a_nodes_own_service_time_does_not_send_its_traffic_to_a_replica_not_measured_yet():
+    # Lagos' regions on one CPU: London 100 ms away, Johannesburg 120; each node takes ~250 ms of its own
+    # (queue, first step) beyond the network. Measured London must not lose to unmeasured Johannesburg on
+    # that alone, nor flap between them once both are measured with the same service time.
+    r = measured(router("london", "johannesburg"), london=100.0, johannesburg=120.0)
+    times = {"london": 350.0, "johannesburg": 380.0}
+    picks = [serve(r, 0.25 * i, times) for i in range(120)]  # 30 s at 4 requests a second
+    assert picks.count("london") >= 110, picks.count("london")
+
+
+def test_among_three_a_replica_that_recovered_is_explored_and_wins_its_traffic_back():
+    # The scan's bound must not hide a replica whose only fault is an old observation.
+    r = router("london", "virginia", "johannesburg")
+    measured(r, london=100.0, virginia=176.0, johannesburg=120.0)
+    slow = {"london": 3000.0, "virginia": 430.0, "johannesburg": 370.0}
+    first = [serve(r, 0.25 * i, slow) for i in range(8)]
+    assert first[0] == "london" and set(first[1:]) == {"johannesburg"}
+    fast = {"london": 350.0, "virginia": 430.0, "johannesburg": 370.0}  # London's spike is over
+    later = [serve(r, 2.0 + 0.25 * i, fast) for i in range(80)]  # 20 s more
+    assert "london" in later[:48]  # explored within explore_after_s (10 s) of its last sample
+    assert later[-20:] == ["london"] * 20  # and back for good

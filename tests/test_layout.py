@@ -140,6 +140,7 @@ FLAGS = {
         "--logs",
     ],
     "bench hostile": ["--seconds", "--concurrency", "--logs"],
+    "bench faults": ["--litellm", "--cases", "--repeats", "--logs"],
     "bench load": [
         "--url",
         "--api-key",

@@ -112,9 +112,11 @@ COMMANDS = [
         "hostile",
         "netem.hostile",
         "a stand-in region that misbehaves on purpose, by mode (tests of the edge's defences)",
-        "Speak the regional node's API shape on raw HTTP and answer as a faulty or hostile region would: "
-        "endless bodies, lying usage, broken framing, HTML, hangs. A request picks a mode with the body's "
-        "user field (mode:<name>); --mode sets the default.",
+        "Speak the regional node's API shape on raw HTTP and answer as a faulty or hostile region or "
+        "provider would: endless bodies, lying usage, broken framing, HTML, hangs, 429s with Retry-After, "
+        "5xx, resets, stalls, cut streams, context-length and content-filter 400s. A request picks a mode "
+        "with the body's user field (mode:<name>[:arg...], or per instance mode:a=503,*=ok); --mode sets "
+        "the default.",
     ),
     Command(
         "cache-eval",
@@ -161,6 +163,16 @@ BENCHMARKS = [
         "the same model, threads and prompts; report TTFT, inter-token latency and tokens/s side by side.",
         add="add_region_arguments",
         run="run_region",
+    ),
+    Command(
+        "faults",
+        "nearshore.cli.bench",
+        "provider faults (429, 5xx, resets, stalls, cut streams, 400s) through the edge, beside LiteLLM",
+        "Three `nearshore hostile` replicas (two of the model, one of its fallback) behind the edge and, "
+        "with --litellm, behind LiteLLM's proxy configured alike; each fault sent a few times, streamed and "
+        "not; every answer rescued, advisory or failed; median time to answer and attempts per replica.",
+        add="add_faults_arguments",
+        run="run_faults",
     ),
     Command(
         "hostile",

@@ -1,4 +1,4 @@
-"""``nearshore bench edge|region|hostile|geo|cache|load``: the benchmarks' flags; each run lives in
+"""``nearshore bench edge|region|hostile|faults|geo|cache|load``: the benchmarks' flags; each run lives in
 netem/bench/ (geo's in geo/bench_route.py, cache's in cache/bench_cache.py with its TTFT part in
 netem/bench/)."""
 
@@ -16,7 +16,7 @@ import msgspec
 from cache import bench_cache
 from cache.embedder import load_embedder
 from geo import bench_route
-from netem.bench import cache_ttft, edge, edge_routing, hostile, load_run, region
+from netem.bench import cache_ttft, edge, edge_routing, faults, hostile, load_run, region
 
 T = TypeVar("T")
 
@@ -136,6 +136,32 @@ def add_hostile_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_hostile(args: argparse.Namespace) -> int:
     hostile.run(_settings(args, hostile.HostileBench))
+    return 0
+
+
+# --- bench faults ------------------------------------------------------------------------------------
+
+
+def add_faults_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--litellm",
+        default="",
+        metavar="PATH",
+        help="also through LiteLLM's proxy: its `litellm` executable, in its own venv (default: ours alone)",
+    )
+    parser.add_argument("--cases", default="all", help="comma-separated case names (default all)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="answers per case and kind, sent at once (default 3)"
+    )
+    parser.add_argument("--logs", default="", help="folder for logs and configs (default: a temp folder)")
+
+
+def run_faults(args: argparse.Namespace) -> int:
+    try:
+        faults.run(_settings(args, faults.FaultsBench))
+    except ValueError as exc:
+        print(f"nearshore bench faults: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,0 +1,62 @@
+"""Asking the regions for one request: its model's replicas, then its fallbacks (edge/attempts.py), all
+within the request's attempts and deadline, leaving out the replicas that already failed it.
+
+The forward stage asks first; a unary answer whose body failed after its head, and a stream that failed
+before its first token, ask again here: nothing reached the client, so any replica or fallback may answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from edge.attempts import Attempts, Target
+from edge.fallbacks import context_models, fallback_models, targets
+from edge.journey import Journey
+from edge.relay import Opened
+from edge.upstream import Upstream
+from nearshore.protocol.headers import MODEL
+
+log = logging.getLogger("nearshore.edge.asking")
+
+
+async def ask_regions(
+    journey: Journey, timeout_s: float, tried: Sequence[Upstream] = (), chain: list[str] | None = None
+) -> Opened:
+    """The first answer head from the request's model or its fallbacks (:class:`Refused` for a 4xx the
+    client gets; :class:`ApiError` when none answered). ``tried`` are not asked again."""
+    state, call, admission, body = journey.state, journey.call, journey.admission, journey.body
+    assert call is not None and admission is not None and body is not None and journey.deadline is not None
+    chain = fallback_models(journey) if chain is None else chain
+
+    def untried(found: list[Target]) -> list[Target]:
+        for target in found:
+            target.upstreams = [u for u in target.upstreams if u not in tried]
+        return found
+
+    order = [] if journey.unrouted else state.pool.ordered(journey.route)
+    first = Target(body.model, [u for u in order if u not in tried], call.body, journey.unrouted)
+    attempts = Attempts(
+        state.pool, state.config.upstream, state.metrics, journey.deadline, admission.prompt_estimate
+    )
+    attempts.made = journey.attempts  # max_attempts bounds the request, however many times it asks
+    try:
+        return await attempts.open(
+            first,
+            lambda: untried(targets(journey, chain)),
+            lambda: untried(targets(journey, context_models(journey))),
+            call.path,
+            call.headers,
+            timeout_s,
+        )
+    finally:
+        journey.attempts = attempts.made
+
+
+def fell_back(journey: Journey, model: str) -> None:
+    """A fallback model serves the request: the answer, its headers and its bill name it."""
+    assert journey.body is not None and journey.call is not None
+    journey.served_model = model
+    journey.call.client_headers[MODEL] = model
+    journey.state.metrics.fallbacks.labels(journey.body.model, model).inc()
+    log.info("request %s: %s could not answer; %s does", journey.request_id, journey.body.model, model)
