@@ -141,6 +141,16 @@ FLAGS = {
     ],
     "bench hostile": ["--seconds", "--concurrency", "--logs"],
     "bench faults": ["--litellm", "--cases", "--repeats", "--logs"],
+    "bench fairness": [
+        "--flood",
+        "--flood-tokens",
+        "--echo",
+        "--chats",
+        "--threads",
+        "--no-key-share",
+        "--logs",
+        "--json",
+    ],
     "bench load": [
         "--url",
         "--api-key",

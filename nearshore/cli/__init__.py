@@ -175,6 +175,15 @@ BENCHMARKS = [
         run="run_faults",
     ),
     Command(
+        "fairness",
+        "nearshore.cli.bench",
+        "one key flooding long prompts (or echo scoring) beside another key's short chat",
+        "A real edge over a real region on the embedded model: the victim key's TTFT p50/p95 unloaded and "
+        "while a flood key keeps long prompts (or echo + logprobs=20 completions) in flight, and the ratio.",
+        add="add_fairness_arguments",
+        run="run_fairness",
+    ),
+    Command(
         "hostile",
         "nearshore.cli.bench",
         "what a hostile region costs the edge, beside an honest one",

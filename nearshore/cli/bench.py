@@ -1,5 +1,5 @@
-"""``nearshore bench edge|region|hostile|faults|geo|cache|load``: the benchmarks' flags; each run lives in
-netem/bench/ (geo's in geo/bench_route.py, cache's in cache/bench_cache.py with its TTFT part in
+"""``nearshore bench edge|region|hostile|faults|fairness|geo|cache|load``: the benchmarks' flags; each run
+lives in netem/bench/ (geo's in geo/bench_route.py, cache's in cache/bench_cache.py with its TTFT part in
 netem/bench/)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import msgspec
 from cache import bench_cache
 from cache.embedder import load_embedder
 from geo import bench_route
-from netem.bench import cache_ttft, edge, edge_routing, faults, hostile, load_run, region
+from netem.bench import cache_ttft, edge, edge_routing, fairness, faults, hostile, load_run, region
 
 T = TypeVar("T")
 
@@ -162,6 +162,18 @@ def run_faults(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"nearshore bench faults: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+# --- bench fairness ------------------------------------------------------------------------------------
+
+
+def add_fairness_arguments(parser: argparse.ArgumentParser) -> None:
+    fairness.add_arguments(parser)
+
+
+def run_fairness(args: argparse.Namespace) -> int:
+    fairness.run_and_print(fairness.from_args(args))
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``python -m netem.bench.fairness``: one key's flood against another key's short chat, through a real edge
+"""``nearshore bench fairness``: one key's flood against another key's short chat, through a real edge
 over a real region (llama.cpp, the embedded model, its default engine settings), issue 18 item 6.
 
 The victim key sends short streamed chats one after another; its time to first token (at the client) is
@@ -242,13 +242,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="also write the report here")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m netem.bench.fairness", description=__doc__.splitlines()[0]
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    bench = FairnessBench(
+def from_args(args: argparse.Namespace) -> FairnessBench:
+    return FairnessBench(
         args.flood,
         args.flood_tokens,
         args.echo,
@@ -258,10 +253,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.logs,
         args.json,
     )
+
+
+def run_and_print(bench: FairnessBench) -> None:
     report = run(bench)
     print(format_report(report))
     if bench.json:
         Path(bench.json).write_text(json.dumps(report, indent=2, default=str))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="nearshore bench fairness", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    run_and_print(from_args(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":
