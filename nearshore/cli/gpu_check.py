@@ -165,11 +165,14 @@ def _crosstalk(model: Any, path: str, failures: list[str]) -> dict[str, Any]:
         prompts.append(vocab.tokenize("Tell me about the harbour. " * 8))
     finally:
         vocab.close()
-    block_size = 16
-    # A pool a little larger than the longest stream alone: the others wait, share and get preempted.
-    longest = max(len(p) for p in prompts) + 12
-    num_blocks = 2 * (longest // block_size + 2) + 1
-    result = check_crosstalk(model, prompts, 12, num_blocks, block_size, batch_tokens=128, prefill_chunk=16)
+    block_size, max_tokens = 16, 40
+    # A pool a little larger than the longest stream alone, and answers long enough to outgrow the blocks
+    # they were admitted with: the others wait, share and get preempted, however the scheduler orders steps.
+    longest = max(len(p) for p in prompts) + max_tokens
+    num_blocks = longest // block_size + 3
+    result = check_crosstalk(
+        model, prompts, max_tokens, num_blocks, block_size, batch_tokens=128, prefill_chunk=16
+    )
     print(f"no cross-talk: {result.summary()}")
     if result.top1_agreement < 1.0:
         failures.append(f"cross-talk: top-1 {result.top1_agreement:.4f} between batched and alone")
