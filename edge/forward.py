@@ -87,15 +87,9 @@ async def forward(journey: Journey) -> Reply | None:
             param="input",
         )
     chain = fallback_models(journey)
-    if body.stream:
-        stream = _start_stream(journey)
-        timeout_s = up.ttft_timeout_s
-    else:
-        stream = None
-        # A unary answer's first byte is its whole answer: allow for the tokens it may have to generate.
-        timeout_s = up.ttft_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
+    stream = _start_stream(journey) if body.stream else None
     state.metrics.overhead.observe(time.perf_counter() - journey.started)
-    opening = ask_regions(journey, timeout_s, chain=chain)
+    opening = ask_regions(journey, _head_timeout_s(journey), chain=chain)
     try:
         if journey.preempt is None:
             opened = await opening
@@ -261,16 +255,23 @@ async def _checked_unary(journey: Journey, upstream: Response) -> Answer:
     return check_answer(journey.kind, upstream, body, max_text)
 
 
+def _head_timeout_s(journey: Journey) -> float:
+    """How long a replica may take to its answer's head: a stream's is its first token; a unary answer's
+    first byte is its whole answer, so it also gets time for the tokens it may have to generate."""
+    up, admission, body = journey.state.config.upstream, journey.admission, journey.body
+    assert admission is not None and body is not None
+    if body.stream:
+        return up.ttft_timeout_s
+    return up.ttft_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
+
+
 async def _ask_again(journey: Journey, tried: list[Upstream], fault: UpstreamFault) -> bool:
     """Ask the replicas and fallbacks not ``tried`` for the unary answer; whether one answered."""
-    up, admission = journey.state.config.upstream, journey.admission
-    assert admission is not None
     log.warning(
         "request %s: %s's answer failed (%s); asking again", journey.request_id, journey.region, fault
     )
-    timeout_s = up.ttft_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
     try:
-        opened = await ask_regions(journey, timeout_s, tried)
+        opened = await ask_regions(journey, _head_timeout_s(journey), tried)
     except Refused as refused:
         release_refused(refused)
         return False
