@@ -19,7 +19,7 @@ from nearshore.procs import ManagedProcess, free_port, nearshore_argv
 from nearshore.tls import ensure_dev_certificate
 from nearshore.tomlw import dumps
 from netem.bench.faults_cases import FALLBACK, MODEL, PRIMARIES
-from netem.bench.peers import JSON, LITELLM_ENV, Endpoint
+from netem.bench.peers import JSON, LITELLM_ENV, Endpoint, started
 
 PRICES = {MODEL: {"input": 1.0, "output": 2.0}, FALLBACK: {"input": 2.0, "output": 4.0}}
 
@@ -34,15 +34,6 @@ class Limits:
     max_attempts: int = 4  # requests to replicas per request (LiteLLM: 1 + num_retries, fallbacks apart)
     failures_to_eject: int = 3  # the circuit: failures in a row (LiteLLM: allowed_fails) ...
     ejection_s: float = 3.0  # ... then out for this long, every time (LiteLLM: cooldown_time)
-
-
-def _started(process: ManagedProcess, url: str, timeout_s: float, context: ssl.SSLContext | None) -> None:
-    process.start()
-    try:
-        process.wait_http(url, timeout_s=timeout_s, context=context)
-    except BaseException:
-        process.stop()
-        raise
 
 
 def start_edge(logs: Path, replicas: dict[str, str], limits: Limits) -> Endpoint:
@@ -94,7 +85,7 @@ def start_edge(logs: Path, replicas: dict[str, str], limits: Limits) -> Endpoint
     url = f"https://127.0.0.1:{port}"
     argv = nearshore_argv("edge", "--config", str(folder / "edge.toml"))
     process = ManagedProcess("edge", argv, logs / "edge.log")
-    _started(process, url + "/health", 60, context)
+    started(process, url + "/health", 60, context)
     headers = {**JSON, "Authorization": f"Bearer {api_key}"}
     return Endpoint("nearshore edge", url, headers, process, context, folder)
 
@@ -143,6 +134,6 @@ def start_litellm(logs: Path, litellm: Path, replicas: dict[str, str], limits: L
     argv += ["--num_workers", "1"]
     url = f"http://127.0.0.1:{port}"
     process = ManagedProcess("litellm", argv, logs / "litellm.log", env=LITELLM_ENV)
-    _started(process, url + "/health/liveliness", 180, None)
+    started(process, url + "/health/liveliness", 180, None)
     headers = {**JSON, "Authorization": f"Bearer {master_key}"}
     return Endpoint("LiteLLM proxy", url, headers, process, folder=folder)

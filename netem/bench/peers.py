@@ -56,9 +56,10 @@ class Endpoint:
             self.process.stop()
 
 
-def _started(
+def started(
     process: ManagedProcess, ready_url: str, timeout_s: float, context: ssl.SSLContext | None = None
 ) -> ManagedProcess:
+    """``process`` started and answering ``ready_url``; stopped again if it does not in time."""
     process.start()
     try:
         process.wait_http(ready_url, timeout_s=timeout_s, context=context)
@@ -78,7 +79,7 @@ def start_stand_in(logs: Path, command: str, name: str, **flags: object) -> Endp
     for flag, value in flags.items():
         argv += [f"--{flag.replace('_', '-')}", str(value)]
     url = f"http://127.0.0.1:{port}"
-    process = _started(ManagedProcess(name, nearshore_argv(*argv), logs / f"{name}.log"), url + "/health", 30)
+    process = started(ManagedProcess(name, nearshore_argv(*argv), logs / f"{name}.log"), url + "/health", 30)
     return Endpoint(name, url, dict(JSON), process)
 
 
@@ -123,7 +124,7 @@ def start_edge(
     (folder / "edge.toml").write_text(dumps(config))
     argv = nearshore_argv("edge", "--config", str(folder / "edge.toml"))
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-    process = _started(ManagedProcess(name, argv, logs / f"{name}.log"), url + "/health", 60, context)
+    process = started(ManagedProcess(name, argv, logs / f"{name}.log"), url + "/health", 60, context)
     headers = {**JSON, "Authorization": f"Bearer {api_key}"}
     return Endpoint(name, url, headers, process, context, folder)
 
@@ -143,7 +144,7 @@ def start_region(
     (logs / f"{name}.toml").write_text(dumps(config))
     argv = nearshore_argv("region", "--config", str(logs / f"{name}.toml"))
     url = f"http://127.0.0.1:{port}"
-    process = _started(ManagedProcess(name, argv, logs / f"{name}.log"), url + "/health/ready", 300)
+    process = started(ManagedProcess(name, argv, logs / f"{name}.log"), url + "/health/ready", 300)
     return Endpoint(name, url, dict(JSON), process)
 
 
@@ -175,7 +176,7 @@ def start_llama_cpp_server(logs: Path, model_path: str, threads: int) -> Endpoin
         "False",
     ]
     url = f"http://127.0.0.1:{port}"
-    process = _started(ManagedProcess("llama_cpp.server", argv, logs / "peer.log"), url + "/v1/models", 120)
+    process = started(ManagedProcess("llama_cpp.server", argv, logs / "peer.log"), url + "/v1/models", 120)
     return Endpoint("llama_cpp.server", url, dict(JSON), process)
 
 
@@ -221,7 +222,7 @@ def start_nginx(logs: Path, nginx: str, upstream_url: str) -> Endpoint:
     conf.write_text(NGINX_CONF.format(dir=folder, upstream=upstream, port=port))
     argv = [nginx, "-c", str(conf), "-p", str(folder), "-e", str(folder / "nginx-error.log")]
     url = f"http://127.0.0.1:{port}"
-    process = _started(ManagedProcess("nginx", argv, logs / "nginx.log"), url + "/health", 30)
+    process = started(ManagedProcess("nginx", argv, logs / "nginx.log"), url + "/health", 30)
     return Endpoint("nginx", url, dict(JSON), process, folder=folder)
 
 
@@ -256,7 +257,7 @@ def start_litellm(logs: Path, litellm: Path, upstream_url: str) -> Endpoint:
     argv += ["--num_workers", "1"]
     url = f"http://127.0.0.1:{port}"
     process = ManagedProcess("litellm", argv, logs / "litellm.log", env=LITELLM_ENV)
-    _started(process, url + "/health/liveliness", 180)
+    started(process, url + "/health/liveliness", 180)
     return Endpoint("litellm", url, {**JSON, "Authorization": f"Bearer {master_key}"}, process, folder=folder)
 
 
