@@ -60,16 +60,17 @@ def hold(
     if current[2].latency.observed.value - baseline_ms > best_ms + margin:
         group.region, group.challenger = best.region, ""
         return scored, False
+    latency = best.latency
+    if best_ms < current_ms and latency.observed.at >= latency.explored_at > now - routing.explore_after_s:
+        # An exploration just measured it recovered: a real request said so, not probe noise. It moves the
+        # group at once and without the margin (the explored request still in flight adds to its load term,
+        # and waiting hold_s or the margin would send traffic there, away and back).
+        group.region, group.challenger = best.region, ""
+        return scored, False
     # A challenger must lead by the margin to be noted, and keep at least half of it while it waits
     # (probe noise around the margin restarting the wait kept traffic away for tens of seconds).
     needed = margin / 2 if group.challenger == best.region else margin
     if best_ms + needed < current_ms:
-        latency = best.latency
-        if latency.observed.at >= latency.explored_at > now - routing.explore_after_s:
-            # An exploration just measured it recovered: a real request said so, not probe noise (and
-            # waiting hold_s would send traffic away and back, once each).
-            group.region, group.challenger = best.region, ""
-            return scored, False
         if group.challenger != best.region:
             group.challenger, group.since = best.region, now
         elif now - group.since >= routing.hold_s:

@@ -349,3 +349,20 @@ def test_among_three_a_replica_that_recovered_is_explored_and_wins_its_traffic_b
     later = [serve(r, 2.0 + 0.25 * i, fast) for i in range(80)]  # 20 s more
     assert "london" in later[:48]  # explored within explore_after_s (10 s) of its last sample
     assert later[-20:] == ["london"] * 20  # and back for good
+
+
+def test_an_exploration_that_found_it_recovered_moves_the_group_while_that_request_still_streams():
+    # The explored request is still in flight when the next one is routed: its load term must not keep the
+    # group away (it did, for one hold, and traffic went there, back and there again).
+    r = measured(router("london", "frankfurt"), london=100.0, frankfurt=120.0)
+    times = {"london": 3000.0, "frankfurt": 125.0}
+    assert serve(r, 0.0, times) == "london"
+    assert [serve(r, 0.5 * i, times) for i in range(1, 19)] == ["frankfurt"] * 18
+    route = r.route(MODEL, LAGOS, "t", 10, (), 10.0)
+    assert route.explored and route.ranked[0].id == "london"
+    london = replica(r, "london")
+    r.answered(route.ranked[0], 105.0, None, prompt_tokens=10, now=10.2)  # its first token: recovered
+    london.inflight += 1  # ... and it streams on
+    times["london"] = 105.0
+    picks = [serve(r, 10.5 + 0.5 * i, times) for i in range(8)]
+    assert picks == ["london"] * 8, picks
