@@ -66,6 +66,10 @@ class EngineConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     batch_tokens: Annotated[int, Meta(ge=16)] = 512
     # The most prompt tokens one sequence prefills per step, so others' streams keep moving.
     prefill_chunk: Annotated[int, Meta(ge=1)] = 128
+    # While several keys share the node, each step is kept to about this long (its prompt tokens fitted
+    # to the node's measured step times), so another key's newcomer waits little for the step in progress;
+    # 0: prefill_chunk alone bounds it.
+    shared_step_ms: Annotated[float, Meta(ge=0)] = 40.0
     # Requests allowed to wait for a free sequence; beyond that, 503 with Retry-After.
     max_waiting: Annotated[int, Meta(ge=0)] = 64
     # Completion budget when a chat request names none.

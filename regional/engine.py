@@ -104,6 +104,7 @@ class EngineStats(msgspec.Struct):
     tokens_per_s: float = 0.0  # generated tokens per second, over a recent window
     engine: str = ""  # which engine decodes, on what ("llama.cpp", "gpu (cuda, bfloat16)")
     num_preemptions: int = 0  # sequences whose KV was freed for others' (they recompute)
+    prefill_tokens: int = 0  # prompt (and recomputed) tokens the steps have computed, as they ran
 
 
 class EngineOverloaded(Exception):

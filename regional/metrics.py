@@ -117,3 +117,6 @@ class _EngineCollector(Collector):
         yield counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits)
         yield counter("engine_steps", "Batched decode steps run.", s.steps)
         yield counter("num_preemptions", "Sequences whose KV was freed for others'.", s.num_preemptions)
+        yield counter(
+            "prefill_tokens", "Prompt tokens computed by the engine's steps, as they ran.", s.prefill_tokens
+        )

@@ -37,4 +37,7 @@ REGION_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(P + "prefix_cache_hits", "counter", M, "Prompt tokens found in the prefix cache."),
     MetricSpec(P + "engine_steps", "counter", M, "Batched decode steps run."),
     MetricSpec(P + "num_preemptions", "counter", M, "Sequences whose KV was freed for others'."),
+    MetricSpec(
+        P + "prefill_tokens", "counter", M, "Prompt tokens computed by the engine's steps, as they ran."
+    ),
 )

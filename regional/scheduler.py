@@ -13,7 +13,8 @@ Fair by share key (the edge's opaque per-key id, ``GenerationRequest.share_key``
 admitted from the key holding the fewest KV tokens first, and prompts are prefilled a round at a time across
 keys, so one key's long prompts cannot make another key's short chat wait behind all of them. A step cannot
 be cut short once it runs, so while keys share the node (within ``SHARED_WINDOW_S``) every step is kept to
-``prefill_chunk`` prompt tokens: what a newcomer waits for before its own step begins.
+``prefill_chunk`` prompt tokens, and to what the node runs in its ``shared_step_ms`` (fitted step times,
+:mod:`regional.step_cost`): what a newcomer waits for before its own step begins.
 
 Failure paths are verbs of their own: :meth:`Scheduler.abort` (one request leaves),
 :meth:`Scheduler.evict_idle_caches` (the model's memory is full: free what only caches hold, then retry),
@@ -35,7 +36,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from regional.engine import EngineFinish, GenerationRequest, Logprobs
+from regional.prompt_scores import PromptScores
 from regional.sampler import TokenSampler
+from regional.step_cost import StepCost
 
 # The most prompt rows whose logits one step computes for prompt log-probabilities, all sequences together:
 # each is a whole vocabulary row (1 MiB for Gemma) through the output layer and scored in numpy, so many
@@ -44,6 +47,8 @@ SCORED_ROWS_PER_STEP = 64
 SHARED_SCORED_ROWS_PER_STEP = 16
 # Keys with a sequence waiting or running within this many seconds share the node (short steps, above).
 SHARED_WINDOW_S = 5.0
+# The fewest prompt tokens a shared step gives the prompts in it, however slow steps are: they must advance.
+MIN_SHARED_CHUNK = 8
 
 
 @dataclass(eq=False)
@@ -97,8 +102,11 @@ class Sequence:
     @property
     def reusable_prefix(self) -> int:
         """The most prompt tokens a prefix cache may supply: all but the last (its logits pick the first
-        output token), or none when the prompt is scored (every prompt position's logits are needed)."""
-        return 0 if self.request.prompt_logprobs is not None else len(self.prompt) - 1
+        output token); when the prompt is scored, only those whose scores it already has (every other
+        position's logits are needed)."""
+        if self.request.prompt_logprobs is not None:
+            return min(len(self.prompt_logprobs), len(self.prompt) - 1)
+        return len(self.prompt) - 1
 
     @property
     def reserved_tokens(self) -> int:
@@ -218,8 +226,11 @@ class Scheduler:
         batch_tokens: int,
         prefill_chunk: int,
         is_end_of_generation: Callable[[int], bool],
+        step_cost: StepCost | None = None,
     ) -> None:
         self.memory = memory
+        # Fitted step times: while keys share the node, a step's prompt tokens are what fits its target.
+        self.step_cost = step_cost
         self.max_sequences = max_sequences
         self.batch_tokens = batch_tokens
         self.prefill_chunk = prefill_chunk
@@ -228,6 +239,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0  # sequences whose KV was freed for room (stats)
         self._seen: dict[str, float] = {}  # share key -> when it last had a sequence here
+        self.prompt_scores = PromptScores()  # scored prompts' log-probabilities, for prompts alike
 
     @property
     def has_work(self) -> bool:
@@ -237,6 +249,10 @@ class Scheduler:
         return self.max_sequences - len(self.running)
 
     def add(self, seq: Sequence) -> None:
+        top_n = seq.request.prompt_logprobs
+        if top_n is not None and not seq.prompt_logprobs:
+            # A prompt scored before (or one starting the same way): its scores, then its KV, are reused.
+            seq.prompt_logprobs = self.prompt_scores.lookup(seq.prompt, top_n)
         self.waiting.append(seq)
 
     def schedule(self, now: float) -> StepPlan:
@@ -319,20 +335,34 @@ class Scheduler:
         if short:
             room = min(room, self.prefill_chunk)
         scored_room = SHARED_SCORED_ROWS_PER_STEP if shared else SCORED_ROWS_PER_STEP
+        if shared and self.step_cost is not None:
+            # What the in-progress step makes a newcomer wait: about step_cost's target, measured.
+            tokens, rows = self.step_cost.prompt_budget(len(plan.tokens), MIN_SHARED_CHUNK, room)
+            room, scored_room = tokens, min(scored_room, rows)
+        first_due = False  # a prompt in this step gives its first token
         for seq in _prefill_order(prefilling):
             if room <= 0:
                 break
             if seq not in self.running:
                 continue
+            # Positions whose scores it already has (a recompute, scores reused) cost no scored rows.
             scored = seq.request.prompt_logprobs is not None and seq.num_computed < len(seq.prompt)
-            if scored and scored_room <= 0:
+            known = max(len(seq.prompt_logprobs) - seq.num_computed, 0) if scored else 0
+            if scored and scored_room <= 0 and not known:
                 continue
-            chunk = seq.uncomputed(min(room, scored_room) if scored else room)
+            chunk = seq.uncomputed(min(room, known + scored_room) if scored else room)
+            if shared and first_due and seq.num_computed + len(chunk) < seq.num_tokens:
+                # While keys share the node, a step that answers someone's first token carries no part
+                # of another prompt: only whole ones (other newcomers), so that token comes as soon as
+                # it would on an idle node. A long prompt loses one short step per newcomer.
+                continue
             if self._make_room(plan, seq, len(chunk), now):
                 first_token = seq.num_computed + len(chunk) == seq.num_tokens
                 plan.add(seq, chunk, sample=first_token)
                 room -= len(chunk)
-                scored_room -= len(chunk) if scored else 0
+                if scored:
+                    scored_room -= max(len(chunk) - known, 0)
+                first_due = first_due or first_token
                 if first_token and not short:  # the rest of the step waits for that token too
                     short, room = True, min(room, self.prefill_chunk - len(chunk))
 
@@ -406,6 +436,9 @@ class Scheduler:
     def _retire(self, seq: Sequence, now: float) -> None:
         self.running.remove(seq)
         self.memory.release(seq, now)  # its slot keeps the computed tokens' cells for prefix reuse
+        top_n = seq.request.prompt_logprobs
+        if top_n is not None and seq.finish_reason in ("stop", "length"):
+            self.prompt_scores.store(seq.prompt, top_n, seq.prompt_logprobs)
 
     def abort(self, seq: Sequence, now: float) -> None:
         """The request left; between steps, so no plan holds it."""

@@ -39,6 +39,7 @@ from regional.logprobs import score_prompt_rows
 from regional.prompt_tokens import PromptTokenizer
 from regional.sampler import TokenSampler
 from regional.scheduler import KvMemory, Scheduler, Sequence, StepPlan
+from regional.step_cost import StepCost
 from regional.token_rate import TokenRate
 
 log = logging.getLogger("nearshore.engine")
@@ -70,6 +71,7 @@ class StepEngine:
         self._by_id: dict[str, Sequence] = {}
         self._scheduler = self._new_scheduler(_never_ends)  # no model yet: it only answers stats()
         self._steps = 0
+        self._prefill_tokens = 0  # prompt tokens the steps computed (stats)
         self._prefix_queries = 0
         self._prefix_hits = 0
         self._generated = TokenRate(time.monotonic())  # added to by the worker thread, read by stats()
@@ -114,7 +116,12 @@ class StepEngine:
     def _new_scheduler(self, is_end_of_generation: abc.Callable[[int], bool]) -> Scheduler:
         c = self.config
         return Scheduler(
-            self._new_memory(), c.max_sequences, c.batch_tokens, c.prefill_chunk, is_end_of_generation
+            self._new_memory(),
+            c.max_sequences,
+            c.batch_tokens,
+            c.prefill_chunk,
+            is_end_of_generation,
+            StepCost(c.shared_step_ms),
         )
 
     # --- lifecycle ------------------------------------------------------------------------------------
@@ -291,6 +298,7 @@ class StepEngine:
                 tokens_per_s=self._generated.per_s(time.monotonic()),
                 engine=self.description(),
                 num_preemptions=sched.num_preemptions,
+                prefill_tokens=self._prefill_tokens,
             )
 
     def description(self) -> str:
@@ -360,14 +368,19 @@ class StepEngine:
             self._prefix_hits += a.prefix_len
         if not plan.tokens:  # nobody runs: the waiting ones wait for room
             return events
+        started = time.perf_counter()
         self._run_model(plan)
         self._steps += 1
         self._failed_steps = 0
+        self._prefill_tokens += sum(n for seq, n in plan.advances if seq.is_prefilling)
         prompt_scores = score_prompt_rows(plan, self._row_logits)
         sampled, logprobs, failures = self._sample(plan)
         self._generated.add(len(sampled) - len(failures), time.monotonic())
         now = time.perf_counter()
         self._untrack(sched.postprocess(plan, sampled, now, prompt_scores))
+        if sched.step_cost is not None:  # what the step cost a newcomer who came in just after it began
+            scored_rows = sum(rows for _, _, rows in plan.prompt_rows)
+            sched.step_cost.observe(len(plan.tokens), scored_rows, now - started)
         return events + self._events(plan, sampled, logprobs, failures, now)
 
     def _unfit(self, plan: StepPlan) -> list[tuple[Sequence, TokenEvent]]:

@@ -148,6 +148,7 @@ FLAGS = {
         "--chats",
         "--threads",
         "--no-key-share",
+        "--shared-step-ms",
         "--logs",
         "--json",
     ],

@@ -102,22 +102,42 @@ def test_a_scored_prompt_computes_a_bounded_number_of_logit_rows_a_step():
     assert plain.num_computed >= 300  # the unscored prompt was not held to the bound
 
 
-def test_a_scored_prompt_reuses_no_cached_prefix():
+def run_one(sched: Scheduler, s: Sequence) -> list[list[bool]]:
+    """Run ``s`` to its end; each step's want_logits."""
+    sched.add(s)
+    wanted = []
+    while s.finish_reason is None:
+        plan = sched.schedule(0.0)
+        wanted.append(plan.want_logits)
+        sched.postprocess(plan, [7] * len(plan.samples), 0.0, scores_for(plan))
+    return wanted
+
+
+def test_a_scored_prompt_reuses_a_cached_prefix_only_with_its_scores():
     sched = scheduler(batch_tokens=64, max_sequences=1)
     prompt = list(range(100, 120))
-    warm = sequence(prompt, max_tokens=1, prompt_logprobs=None)
-    sched.add(warm)
-    while warm.finish_reason is None:
-        plan = sched.schedule(0.0)
-        sched.postprocess(plan, [7] * len(plan.samples), 0.0, scores_for(plan))
+    run_one(sched, sequence(prompt, max_tokens=1, prompt_logprobs=None))
     again = sequence(prompt, max_tokens=1, prompt_logprobs=None)
-    scored = sequence(prompt, max_tokens=1, prompt_logprobs=0)
+    scored = sequence(prompt, max_tokens=1, prompt_logprobs=2)
     for s in (again, scored):
-        sched.add(s)
-        plan = sched.schedule(0.0)
-        sched.postprocess(plan, [7] * len(plan.samples), 0.0, scores_for(plan))
+        run_one(sched, s)
     assert again.num_cached_tokens == len(prompt) - 1  # the plain one reuses all but the last token
+    # Nobody had scored it: its KV is cached but every position's logits are needed.
     assert scored.num_cached_tokens == 0 and len(scored.prompt_logprobs) == len(prompt) - 1
+    # Scored once, it is not again: the same scores, the KV reused, one row of logits (the last position's).
+    twice = sequence(prompt, max_tokens=1, prompt_logprobs=2)
+    wanted = run_one(sched, twice)
+    assert twice.num_cached_tokens == len(prompt) - 1 and sum(map(sum, wanted)) == 1
+    assert twice.prompt_logprobs == scored.prompt_logprobs
+    # A prompt that starts the same way scores only where it differs; fewer alternatives are served too.
+    longer = sequence([*prompt[:12], 7, 8, 9, 10], max_tokens=1, prompt_logprobs=1)
+    wanted = run_one(sched, longer)
+    assert longer.num_cached_tokens == 11 and sum(map(sum, wanted)) == len(longer.prompt) - 11
+    assert [-lp.logprob for lp in longer.prompt_logprobs] == list(range(15))
+    # More alternatives than were kept: scored again in full.
+    wider = sequence(prompt, max_tokens=1, prompt_logprobs=5)
+    run_one(sched, wider)
+    assert wider.num_cached_tokens == 0
 
 
 def test_max_tokens_0_scores_the_prompt_and_generates_nothing():

@@ -305,6 +305,26 @@ async def test_prompt_scores_are_the_same_in_chunks_and_beside_a_running_stream(
             await engine.close()
 
 
+async def test_a_prompt_scored_again_reuses_its_scores_and_its_cached_prefix(region: Node):
+    """Echo + logprobs of a prompt scored before: the same log-probabilities, its KV from the prefix cache
+    (usage says so), only the last position computed again."""
+    prompt = "Lagos, Abuja and Kano are cities of Nigeria; Accra and Kumasi are cities of Ghana."
+    body = {"model": MODEL, "prompt": prompt, "echo": True, "logprobs": 3, "max_tokens": 0}
+    await idle(region)
+    _, _, first = await post(region.url + "/v1/completions", body)
+    _, _, again = await post(region.url + "/v1/completions", body)
+    _, _, fewer = await post(region.url + "/v1/completions", {**body, "logprobs": 1})
+    tokens = first["usage"]["prompt_tokens"]
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == tokens - 1
+    a, b, c = (x["choices"][0]["logprobs"] for x in (first, again, fewer))
+    assert a["tokens"] == b["tokens"] == c["tokens"]
+    assert a["token_logprobs"] == b["token_logprobs"] == c["token_logprobs"]
+    assert a["top_logprobs"] == b["top_logprobs"]
+    for wide, narrow in zip(a["top_logprobs"][1:], c["top_logprobs"][1:], strict=True):
+        best = max(wide, key=wide.get)
+        assert best in narrow and narrow[best] == wide[best]
+
+
 # --- through the edge ---------------------------------------------------------------------------------
 
 

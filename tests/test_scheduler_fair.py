@@ -46,19 +46,23 @@ def test_one_key_alone_is_served_first_come_first_served():
 
 def test_prompts_are_prefilled_a_round_at_a_time_across_keys():
     # Two of A's long prompts are prefilling when B's chat joins: B's prompt goes in the next step, its
-    # first token with it, though A's prompts were admitted before it.
+    # first token with it, though A's prompts were admitted before it; that step carries no part of A's
+    # (the token comes as on an idle node). Then A's first prompt takes the step beside B's decode, and its
+    # second waits for the next round.
     sched = scheduler(max_sequences=8, kv_tokens=10_000, batch_tokens=64, prefill_chunk=64)
     a1, a2 = seq("a1", long_prompt(1, 300), key="A"), seq("a2", long_prompt(2, 300), key="A")
     sched.add(a1)
     sched.add(a2)
     step(sched)
+    computed = a1.num_computed
     chat = seq("b", [7, 8, 9], key="B")
     sched.add(chat)
     plan, _ = step(sched)
     assert chat in [s for s, _ in plan.samples] and chat.output == [99]
-    assert plan.seq_ids[:3] == [chat.slot] * 3  # first in the round: the fewest tokens left
-    assert plan.seq_ids.count(a1.slot) == 61  # A's first prompt takes the rest of the step ...
-    assert a2.num_computed == 0  # ... its second waits for the next round
+    assert plan.seq_ids == [chat.slot] * 3 and a1.num_computed == computed
+    plan, _ = step(sched)
+    assert plan.seq_ids[0] == chat.slot and plan.seq_ids.count(a1.slot) == 63
+    assert a2.num_computed == 0
 
 
 def test_prompt_scoring_is_capped_per_step_for_all_sequences_together():
@@ -105,7 +109,9 @@ def test_while_keys_share_the_node_every_step_is_kept_short():
     b = seq("b", [7, 8, 9], max_tokens=1, key="B")
     sched.add(b)
     plan, _ = step(sched, now=1.0)
-    assert len(plan.tokens) == 32 and b.finish_reason == "length"  # B's prompt and the rest of a chunk
+    assert len(plan.tokens) == 3 and b.finish_reason == "length"  # B's first token: B's prompt alone
+    plan, _ = step(sched, now=1.5)
+    assert len(plan.tokens) == 32  # a chunk
     plan, _ = step(sched, now=2.0)
     assert len(plan.tokens) == 32  # B has left, but may come back
     plan, _ = step(sched, now=1.0 + SHARED_WINDOW_S + 0.1)
@@ -129,4 +135,5 @@ def test_while_keys_share_the_node_prompt_scoring_takes_fewer_rows_a_step():
     other = scheduler(max_sequences=8, kv_tokens=10_000, batch_tokens=512, prefill_chunk=512)
     other.add(seq("e", long_prompt(1, 200), max_tokens=0, key="A", scored=True))
     other.add(seq("b", [7, 8, 9], key="B"))
+    step(other)  # B's first token, its prompt alone
     assert sum(rows for _, _, rows in other.schedule(0.0).prompt_rows) == SHARED_SCORED_ROWS_PER_STEP

@@ -5,7 +5,8 @@ The victim key sends short streamed chats one after another; its time to first t
 measured alone (unloaded), then while the flood key keeps ``--flood`` requests in flight at once: long prompts
 of about ``--flood-tokens`` tokens, or (``--echo``) completions with ``echo`` and ``logprobs=20``, each worker
 sending its next as soon as one ends (and waiting out a 429's Retry-After). Printed: the victim's TTFT p50/p95
-both ways, their ratio (target: loaded p50 within 2x of unloaded) and what the flood got done.
+both ways, their ratio (target: loaded p50 within 2x of unloaded), what the flood got done, and its prefill
+rate (the region's prompt tokens computed a second) alone and beside the victim: what fairness costs it.
 ``--no-key-share`` turns the edge's per-key caps off, to see the region's fair scheduling alone.
 """
 
@@ -30,9 +31,12 @@ from nearshore.stats import percentile
 from nearshore.tomlw import dumps
 from netem.bench import peers
 from netem.bench.client import Stream, stream_once
+from regional.scheduler import SHARED_WINDOW_S
 
 MODEL = peers.MODEL
 TARGET_RATIO = 2.0
+FLOOD_ALONE_S = 6.0
+PREFILL_METRIC = "nearshore:prefill_tokens_total"
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,10 @@ class FairnessBench:
     flood: int = 4  # the flood key's requests in flight at once
     flood_tokens: int = 3500  # about this many prompt tokens each
     echo: bool = False  # echo + logprobs=20 completions instead of long prompts
-    chats: int = 12  # the victim's chats, per phase
+    chats: int = 24  # the victim's chats, per phase
     threads: int = 0  # llama.cpp threads (0: one per core)
     key_share: bool = True  # the edge's per-key caps ([pools.key_share]) at their defaults
+    shared_step_ms: float | None = None  # the region's [engine] shared_step_ms (None: its default)
     logs: str = ""  # folder for the servers' logs ("": a temp folder)
     json: str | None = None  # also write the report here
 
@@ -139,7 +144,23 @@ async def _flood_worker(
                 await asyncio.sleep(1.0)
 
 
-async def _measure(edge: peers.Endpoint, flood_headers: dict[str, str], bench: FairnessBench) -> dict:
+async def _prefilled(session: aiohttp.ClientSession, region_url: str) -> tuple[float, float]:
+    """(now, prompt tokens the region's steps have computed so far), from its /metrics."""
+    async with session.get(region_url + "/metrics") as r:
+        text = await r.text()
+    for line in text.splitlines():
+        if line.startswith(PREFILL_METRIC):
+            return time.perf_counter(), float(line.rsplit(" ", 1)[1])
+    raise RuntimeError(f"the region's /metrics has no {PREFILL_METRIC}")
+
+
+def _rate(a: tuple[float, float], b: tuple[float, float]) -> float:
+    return (b[1] - a[1]) / (b[0] - a[0])
+
+
+async def _measure(
+    edge: peers.Endpoint, region_url: str, flood_headers: dict[str, str], bench: FairnessBench
+) -> dict:
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         await _victim(session, edge, 2, 10_000)  # warm: the model's first steps, the edge's connections
@@ -151,14 +172,28 @@ async def _measure(edge: peers.Endpoint, flood_headers: dict[str, str], bench: F
         ]
         started = time.perf_counter()
         try:
-            await asyncio.sleep(3.0)  # the flood fills the region first
+            # The flood fills the region, and the region forgets the victim was there (its shared steps) ...
+            await asyncio.sleep(SHARED_WINDOW_S + 0.5)
+            alone_from = await _prefilled(session, region_url)
+            await asyncio.sleep(FLOOD_ALONE_S)  # ... and runs alone a while: what fairness costs it
+            beside_from = await _prefilled(session, region_url)
             loaded = await _victim(session, edge, bench.chats, bench.chats)
+            beside_to = await _prefilled(session, region_url)
         finally:
             for worker in workers:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
         loaded_s = time.perf_counter() - started
-    return {"unloaded": _summary(unloaded), "loaded": _summary(loaded), "flood": tally, "loaded_s": loaded_s}
+    return {
+        "unloaded": _summary(unloaded),
+        "loaded": _summary(loaded),
+        "flood": tally,
+        "loaded_s": loaded_s,
+        "flood_prefill_per_s": {
+            "alone": _rate(alone_from, beside_from),
+            "beside_victim": _rate(beside_from, beside_to),
+        },
+    }
 
 
 def _summary(streams: list[Stream]) -> dict:
@@ -176,12 +211,13 @@ def run(bench: FairnessBench) -> dict:
         logs = Path(bench.logs or tmp)
         logs.mkdir(parents=True, exist_ok=True)
         with contextlib.ExitStack() as stack:
-            region = peers.start_region(logs, "", bench.threads, max_sequences=16)
+            settings = {} if bench.shared_step_ms is None else {"shared_step_ms": bench.shared_step_ms}
+            region = peers.start_region(logs, "", bench.threads, 16, engine_settings=settings)
             stack.callback(region.stop)
             edge, flood_headers = start_edge(logs, region.url, bench.key_share)
             stack.callback(edge.stop)
             _wait_for_keys(edge, flood_headers)
-            measured = asyncio.run(_measure(edge, flood_headers, bench))
+            measured = asyncio.run(_measure(edge, region.url, flood_headers, bench))
     ratio = measured["loaded"]["ttft_p50_ms"] / measured["unloaded"]["ttft_p50_ms"]
     return {"settings": asdict(bench), **measured, "p50_ratio": ratio, "met": ratio <= TARGET_RATIO}
 
@@ -204,7 +240,8 @@ def format_report(report: dict) -> str:
     what = "echo + logprobs=20 completions" if s["echo"] else f"prompts of ~{s['flood_tokens']} tokens"
     lines = [
         f"victim: {s['chats']} short streamed chats; flood: {s['flood']} {what} in flight at once "
-        f"(edge key shares {'on' if s['key_share'] else 'off'})",
+        f"(edge key shares {'on' if s['key_share'] else 'off'}; region shared_step_ms "
+        f"{'default' if s['shared_step_ms'] is None else s['shared_step_ms']})",
         f"{'phase':<10} {'ok':>3} {'TTFT p50 ms':>12} {'p95 ms':>9}",
     ]
     for phase in ("unloaded", "loaded"):
@@ -217,6 +254,11 @@ def format_report(report: dict) -> str:
     if "error" in report["flood"]:
         flood += f" (e.g. {report['flood']['error']})"
     lines.append(f"flood answers in {report['loaded_s']:.0f}s: {flood}")
+    rates = report["flood_prefill_per_s"]
+    lines.append(
+        f"flood's prompt tokens prefilled per second: {rates['alone']:.0f} alone, "
+        f"{rates['beside_victim']:.0f} beside the victim (what sharing the node costs it)"
+    )
     verdict = "met" if report["met"] else "MISSED"
     lines.append(
         f"loaded / unloaded TTFT p50: {report['p50_ratio']:.2f}x (target <= {TARGET_RATIO:g}x): {verdict}"
@@ -238,6 +280,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=0, help="llama.cpp threads (default: one per core)")
     parser.add_argument("--no-key-share", action="store_true", help="the edge's per-key caps off")
+    parser.add_argument(
+        "--shared-step-ms",
+        type=float,
+        default=None,
+        help="the region's [engine] shared_step_ms (default: its own; 0: prefill_chunk alone)",
+    )
     parser.add_argument("--logs", default="", help="keep the servers' logs here")
     parser.add_argument("--json", default=None, help="also write the report here")
 
@@ -250,6 +298,7 @@ def from_args(args: argparse.Namespace) -> FairnessBench:
         args.chats,
         args.threads,
         not args.no_key_share,
+        args.shared_step_ms,
         args.logs,
         args.json,
     )

@@ -130,15 +130,26 @@ def start_edge(
 
 
 def start_region(
-    logs: Path, model_path: str, threads: int, max_sequences: int, engine: str = "llama.cpp"
+    logs: Path,
+    model_path: str,
+    threads: int,
+    max_sequences: int,
+    engine: str = "llama.cpp",
+    engine_settings: dict | None = None,
 ) -> Endpoint:
     """``nearshore region`` on ``model_path`` with the ``engine`` ("llama.cpp" or "gpu": the torch engine,
-    on CUDA when present, else the CPU); loading takes minutes on a busy machine the first time."""
+    on CUDA when present, else the CPU), and any other ``[engine]`` settings; loading takes minutes on a
+    busy machine the first time."""
     port = free_port()
     config = {
         "server": {"port": port},
         "model": {"path": model_path},
-        "engine": {"kind": engine, "n_threads": threads, "max_sequences": max_sequences},
+        "engine": {
+            "kind": engine,
+            "n_threads": threads,
+            "max_sequences": max_sequences,
+            **(engine_settings or {}),
+        },
     }
     name = "nearshore" if engine == "llama.cpp" else f"nearshore-{engine}"
     (logs / f"{name}.toml").write_text(dumps(config))
