@@ -22,6 +22,7 @@ from nearshore.protocol.checks import check_supported
 from nearshore.protocol.errors import (
     EXCEEDS_LIMIT,
     INVALID_API_KEY,
+    LEDGER_UNAVAILABLE,
     MODEL_NOT_FOUND,
     PERMISSION_DENIED,
     RATE_LIMITED,
@@ -81,6 +82,13 @@ def check_request(state: EdgeState, key: ApiKey, body: Body) -> None:
 
 async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
     """Hold the request's worst-case cost and reserve its tokens, or raise the refusal."""
+    if not state.ledger.accepting():
+        raise ApiError(
+            LEDGER_UNAVAILABLE,
+            "Usage cannot be recorded right now (the edge's ledger refuses writes), so nothing is served "
+            "unbilled; retry shortly.",
+            retry_after_s=5,
+        )
     if isinstance(body, EmbeddingRequest):
         # Word pieces of another tokenizer than the chat model's: no exact count here, the ceiling holds.
         ceiling = sum(text_ceiling(text) for text in body.texts())

@@ -1,4 +1,4 @@
-"""The usage ledger: one durable row per request, committed before the response's last bytes leave.
+"""The usage ledger: one durable row per request, written before the response's last bytes leave.
 
 Writes commit on the event loop's own thread, in groups: every record handed in during one turn of the
 loop is inserted in one transaction at the end of that turn, then each waiter resumes. A commit in WAL
@@ -6,10 +6,18 @@ mode with ``synchronous=NORMAL`` writes the WAL without an fsync (tens of micros
 than handing records to a writer thread and back: waking a sleeping thread costs milliseconds on small
 virtual machines, and the wait sits between a stream's last token and its ``[DONE]``.
 
+The loop never waits for the file longer than another worker's commit takes (a 5 ms busy timeout).
+When the file cannot take a group (another process holds its write lock, the disk is full, it went
+read-only), the rows go to the spool (:mod:`edge.ledger_spool`, as durable) and a replayer moves them
+into the ledger, off the loop, once it takes writes again. Only when the spool cannot be written either
+(the same full disk) are rows held in memory, retried, and new work refused (:meth:`Ledger.accepting`;
+``/health`` says why) until the ledger or the spool takes them.
+
 Durability: a commit is in the WAL file (written to the OS, not fsynced) before :meth:`Ledger.record`
 returns, so a killed or crashed process loses nothing it has acknowledged. Power loss or a kernel crash
 may lose the last commits; surviving those would need ``synchronous=FULL`` (an fsync per commit, shared
-by each group).
+by each group). Rows held in memory (both files refused them) are lost if the process dies before either
+takes them: at most the requests in flight when the disk filled, as new ones are refused.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ import threading
 from pathlib import Path
 
 import msgspec
+
+from edge.ledger_spool import Spool
 
 log = logging.getLogger("nearshore.ledger")
 
@@ -88,6 +98,7 @@ CREATE TABLE IF NOT EXISTS usage (
     bad_events        INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_key_ts ON usage (key_id, ts);
+CREATE INDEX IF NOT EXISTS usage_request ON usage (request_id);
 """
 # Columns added since the first schema, for ledgers written by an older edge.
 _ADDED_COLUMNS = {
@@ -99,6 +110,16 @@ _ADDED_COLUMNS = {
     "bad_events": "INTEGER NOT NULL DEFAULT 0",
 }
 _INSERT = f"INSERT INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
+# A replayed row is written unless its request already has one (a crash between commit and spool removal).
+_INSERT_NEW = (
+    f"INSERT INTO usage ({', '.join(_FIELDS)}) SELECT {', '.join('?' * len(_FIELDS))} "
+    "WHERE NOT EXISTS (SELECT 1 FROM usage WHERE request_id = ?)"
+)
+# Spooled rows beyond this: the ledger has been away too long; new work is refused until it catches up.
+SPOOL_MAX_ROWS = 200_000
+WRITER_BUSY_MS = 5  # the loop's wait for the write lock: a commit by another worker of the edge
+REPLAY_BUSY_MS = 250  # the replayer's own wait for the write lock (off the loop)
+REPLAY_RETRY_S = (0.2, 2.0)  # first and longest pause between replay attempts
 _REPORT = """
 SELECT key_id, tenant, strftime('%Y-%m-%d', ts, 'unixepoch') AS day, count(*),
        sum(prompt_tokens), sum(cached_tokens), sum(completion_tokens), sum(cost_usd)
@@ -110,10 +131,10 @@ GROUP BY day, key_id, tenant ORDER BY day, key_id, tenant
 _Pending = tuple[UsageRecord, asyncio.Future[None]]
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def _connect(path: Path, busy_ms: int = 5000) -> sqlite3.Connection:
     # Each connection is used by one thread at a time (the writer; readers under a lock), not one thread ever.
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA busy_timeout = 5000")
+    db.execute(f"PRAGMA busy_timeout = {busy_ms}")
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = NORMAL")
     return db
@@ -133,23 +154,52 @@ class Ledger:
         self._reader.executescript(_SCHEMA)
         _add_missing_columns(self._reader)
         self._read_lock = threading.Lock()
-        self._writer_db = _connect(self.path)
+        # The loop's writer waits for the lock only as long as another worker's commit takes: a ledger
+        # held longer sends the group to the spool, and the groups after it go there without waiting.
+        self._writer_db = _connect(self.path, busy_ms=WRITER_BUSY_MS)
+        self._replay_db = _connect(self.path, busy_ms=REPLAY_BUSY_MS)
         self._pending: list[_Pending] = []
         self._flush_scheduled = False
         self._closed = False
+        self._spool = Spool(self.path, UsageRecord)
+        self._unwritten: list[UsageRecord] = []  # neither the ledger nor the spool took them: retried
+        self._spooling = self._spool.pending_files()  # rows of an earlier run may wait in a spool
+        self._replayer: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # close() ends the replayer's pause
+        self.replayed_rows = 0  # rows moved from the spool (or memory) into the ledger since start
 
     def __repr__(self) -> str:
         return f"Ledger({str(self.path)!r})"
 
+    def health(self) -> str:
+        """ "" while every acknowledged row is in the ledger file; else one word: "spooling" (rows wait in
+        the spool, durable, to be replayed) or "unavailable" (neither the file nor the spool can be written:
+        new work is refused)."""
+        if not self.accepting():
+            return "unavailable"
+        return "spooling" if self._spooling else ""
+
+    def accepting(self) -> bool:
+        """False while the ledger cannot durably record a new request's row: the edge refuses new work."""
+        return not self._unwritten and self._spool.rows < SPOOL_MAX_ROWS
+
+    @property
+    def spooled_rows(self) -> int:
+        """Rows waiting outside the ledger file: in this process's spool, and in memory."""
+        return self._spool.rows + len(self._unwritten)
+
     # --- the write side -------------------------------------------------------------------------------
 
     async def record(self, rec: UsageRecord) -> None:
-        """Return once ``rec`` is committed; raise what the write raised if it failed.
+        """Return once ``rec`` is committed to the ledger or its spool; raise what the write raised if the
+        record itself was refused (a row the ledger can never take).
 
         If the caller is cancelled while waiting, the row is still written.
         """
         if self._closed:
             raise RuntimeError("ledger is closed")
+        if self._spooling:  # rows of an earlier run wait in a spool
+            self._start_replayer()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._pending.append((rec, future))
@@ -159,12 +209,26 @@ class Ledger:
         await future
 
     async def close(self) -> None:
-        """Write everything handed in so far, then close both connections."""
+        """Write everything handed in so far (replaying what waits, if the ledger takes it), then close."""
         if self._closed:
             return
         self._closed = True
         self._flush()
+        if self._replayer is not None:  # it ends after its current replay, if one runs in its thread
+            self._wake.set()
+            with contextlib.suppress(Exception):
+                await self._replayer
+        if self._spooling:
+            self._replay_once()
+        if self._unwritten:  # nowhere durable took them: the log keeps them for the operator
+            for rec in self._unwritten:
+                log.error("ledger: row not written, kept here: %s", msgspec.json.encode(rec).decode())
+        elif self._spooling:
+            log.warning(
+                "ledger: %d rows wait in its spool; the next edge on it replays them", self._spool.rows
+            )
         self._writer_db.close()
+        self._replay_db.close()
         with self._read_lock:
             self._reader.close()
 
@@ -174,7 +238,10 @@ class Ledger:
         if not batch:
             return
         try:
-            self._write(self._writer_db, batch)
+            if self._spooling or self._unwritten:
+                self._to_spool(batch)  # in order behind the rows that wait: the replayer writes them all
+            else:
+                self._write(self._writer_db, batch)
         except Exception as exc:  # a bug must not strand the waiters
             log.exception("ledger: unexpected error")
             _settle(batch, exc)
@@ -182,6 +249,10 @@ class Ledger:
     def _write(self, db: sqlite3.Connection, batch: list[_Pending]) -> None:
         try:
             _insert(db, [rec for rec, _ in batch])
+        except sqlite3.OperationalError as exc:  # the file cannot take writes now: locked, full, read-only
+            log.warning("ledger %s cannot be written (%s): rows go to its spool", self.path, exc)
+            self._to_spool(batch)
+            return
         except Exception as exc:
             if len(batch) == 1:
                 request_id = getattr(batch[0][0], "request_id", "?")
@@ -194,6 +265,92 @@ class Ledger:
                 self._write(db, [pending])
             return
         _settle(batch, None)
+
+    def _to_spool(self, batch: list[_Pending]) -> None:
+        records = [rec for rec, _ in batch]
+        try:
+            self._spool.append(records)
+        except OSError as exc:
+            if not self._unwritten:
+                log.error(
+                    "ledger spool %s cannot be written either (%s): new work is refused",
+                    self._spool.path,
+                    exc,
+                )
+            self._unwritten.extend(records)
+        self._spooling = True
+        self._start_replayer()
+        _settle(batch, None)  # in the spool (durable) or held and retried: the request is billed either way
+
+    def _start_replayer(self) -> None:
+        if self._replayer is None or self._replayer.done():
+            self._replayer = asyncio.get_running_loop().create_task(self._replay_until_caught_up())
+
+    async def _replay_until_caught_up(self) -> None:
+        pause = REPLAY_RETRY_S[0]
+        while self._spooling:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), pause)
+            if self._closed:
+                return  # close() replays once more itself
+            paths = self._spool.take()  # on the loop, where the appends are
+            held, self._unwritten = self._unwritten, []
+            try:
+                done = await asyncio.to_thread(self._replay, paths, held)
+            except Exception:
+                log.exception("ledger: replay failed")
+                done = -1
+            if done < 0:
+                self._hold_again(held)
+                pause = min(pause * 2, REPLAY_RETRY_S[1])
+                continue
+            self._spool.replayed(paths, done - len(held))
+            self.replayed_rows += done
+            pause = REPLAY_RETRY_S[0]
+            if not self._unwritten and not self._spool.pending_files():
+                self._spooling = False
+                log.info("ledger %s takes writes again: %d rows replayed", self.path, self.replayed_rows)
+
+    def _hold_again(self, held: list[UsageRecord]) -> None:
+        """The ledger still refuses: rows held in memory go to the spool if it takes them now."""
+        if not held:
+            return
+        try:
+            self._spool.append(held)
+        except OSError:
+            self._unwritten[:0] = held
+
+    def _replay(self, paths: list[Path], held: list[UsageRecord]) -> int:
+        """Off the loop: every row of ``paths`` and ``held`` into the ledger in one transaction, skipping
+        requests it already has. The rows written, or -1 when the ledger still refuses (nothing changed)."""
+        rows = [rec for path in paths for rec in self._spool.read(path)] + held
+        db = self._replay_db
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for rec in rows:
+                    values = msgspec.structs.astuple(rec)
+                    db.execute(_INSERT_NEW, (*values, rec.request_id))
+                db.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                raise
+        except sqlite3.OperationalError:
+            return -1
+        return len(rows)
+
+    def _replay_once(self) -> None:
+        """At close, on the loop: one last replay, bounded by the replayer's busy timeout."""
+        paths = self._spool.take()
+        held, self._unwritten = self._unwritten, []
+        done = self._replay(paths, held)
+        if done < 0:
+            self._hold_again(held)
+            return
+        self._spool.replayed(paths, done - len(held))
+        self.replayed_rows += done
+        self._spooling = bool(self._unwritten) or self._spool.pending_files()
 
     # --- the read side --------------------------------------------------------------------------------
 

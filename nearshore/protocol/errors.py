@@ -66,6 +66,8 @@ MODEL_LOADING = ErrorKind(503, "server_error", "model_loading")
 EMBEDDER_UNAVAILABLE = ErrorKind(503, "server_error", "embedder_unavailable")
 # The engine cannot go on; the process is about to exit so that its supervisor restarts it.
 ENGINE_FAILED = ErrorKind(503, "server_error", "engine_failed")
+# The edge cannot record usage (its ledger and the ledger's spool refuse writes): it serves nothing unbilled.
+LEDGER_UNAVAILABLE = ErrorKind(503, "server_error", "ledger_unavailable")
 
 _KIND_BY_STATUS = {
     400: INVALID_REQUEST,
