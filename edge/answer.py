@@ -152,6 +152,7 @@ class Answer:
     usage: bytes | None  # the region's ``usage`` JSON, still to be audited
     text: str = ""  # the answer's content
     finish_reason: str = ""
+    texts: tuple[str, ...] = ()  # every choice's content: what the client gets (billed on a usage lie)
 
 
 def check_answer(
@@ -172,7 +173,8 @@ def check_answer(
     texts = [c.message.content or "" if isinstance(c, _ChatChoice) else c.text for c in answer.choices]
     if sum(len(t.encode()) for t in texts) > max_text_bytes:
         raise UpstreamFault.bad("the region's answer holds more text than max_tokens tokens can")
-    return Answer(body, usage_bytes(answer.usage), texts[0], answer.choices[0].finish_reason or "")
+    finish_reason = answer.choices[0].finish_reason or ""
+    return Answer(body, usage_bytes(answer.usage), texts[0], finish_reason, tuple(texts))
 
 
 class _Vector(msgspec.Struct):

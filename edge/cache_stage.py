@@ -21,8 +21,6 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-import msgspec
-
 from cache.audit import Mode
 from cache.keys import CacheKey, cache_key
 from cache.response_cache import Hit, Lookup, ResponseCache
@@ -34,6 +32,7 @@ from edge.journey import Journey, Reply
 from edge.keys import ApiKey
 from edge.relay import Opened
 from edge.routing import client_where
+from edge.usage_audit import audit_usage
 from nearshore.protocol.headers import CACHE
 from nearshore.protocol.schemas import EmbeddingRequest
 
@@ -199,7 +198,7 @@ def _store_later(
             kind=journey.kind,
             text=journey.answer_text,
             finish_reason=journey.finish_reason,
-            completion_tokens=journey.relayed_events or _completion_tokens(journey),
+            completion_tokens=journey.relayed_events or _billed_completion_tokens(journey),
             model=journey.body.model,
             created_s=now,
             expires_s=now + ttl,
@@ -223,11 +222,7 @@ def _store_later(
     return store
 
 
-def _completion_tokens(journey: Journey) -> int:
-    """The region's completion count from its usage JSON (0 when it sent none)."""
-    if not journey.usage:
-        return 0
-    try:
-        return int(msgspec.json.decode(journey.usage).get("completion_tokens", 0))
-    except (msgspec.DecodeError, AttributeError, TypeError, ValueError):
-        return 0
+def _billed_completion_tokens(journey: Journey) -> int:
+    """The completion as it is billed (the region's figure, checked against what was delivered): a region
+    that lied about its usage must not have its lie stored and billed again on every hit."""
+    return audit_usage(journey.usage, journey.bounds, journey.produced).usage.completion_tokens

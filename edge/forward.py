@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from edge.relay import Opened, SseRelay, StreamClock, StreamLimits, StreamOutcom
 from edge.resume import combine_usage, may_continue, open_continuation
 from edge.retry import Deadline
 from edge.upstream import Upstream
-from edge.usage_audit import AuditedUsage
+from edge.usage_audit import AuditedUsage, Delivered
 from nearshore.protocol import sse
 from nearshore.protocol.errors import EXCEEDS_LIMIT, ApiError
 from nearshore.protocol.headers import MODEL, REGION, SERVER_TIMING
@@ -235,6 +236,8 @@ async def _read_unary(journey: Journey) -> Reply:
                 return _failed_before_first_byte(journey, None, fault.error)
     journey.answered(answer.usage)
     journey.answer_text, journey.finish_reason = answer.text, answer.finish_reason
+    if answer.texts:  # (an embeddings answer has none: its usage is prompt tokens only)
+        journey.delivered = _delivered(journey, answer.texts)
     edge_s = opened.timing.forwarded_at - journey.started
     headers = {**call.client_headers, REGION: journey.region, SERVER_TIMING: opened.timing.header(edge_s)}
     state.metrics.e2e.observe(time.perf_counter() - journey.started)
@@ -253,6 +256,17 @@ async def _checked_unary(journey: Journey, upstream: Response) -> Answer:
     if isinstance(journey.body, EmbeddingRequest):
         return check_embeddings(upstream, body, len(journey.body.texts()))
     return check_answer(journey.kind, upstream, body, max_text)
+
+
+def _delivered(journey: Journey, texts: tuple[str, ...]) -> Delivered:
+    """The answer's text as the client gets it, in completion tokens: counted as the edge counts prompts
+    (edge/token_count.py), and the fewest it can be. An echoed prompt is not the answer's."""
+    body, counter = journey.body, journey.state.counter
+    echoed = body.prompt_text() if isinstance(body, CompletionRequest) and body.echo else ""
+    answers = [t.removeprefix(echoed) for t in texts]
+    floor = sum(math.ceil(len(t.encode()) / MAX_TOKEN_TEXT_BYTES) for t in answers)
+    tokens = sum(counter.count_text(t) for t in answers if t)
+    return Delivered(max(tokens, floor), floor)
 
 
 def _head_timeout_s(journey: Journey) -> float:

@@ -20,7 +20,7 @@ from edge.limits import Decision
 from edge.relay import Opened
 from edge.retry import Deadline
 from edge.state import EdgeState
-from edge.usage_audit import AuditedUsage, UsageBounds
+from edge.usage_audit import AuditedUsage, Delivered, UsageBounds
 from geo.route import Route
 from nearshore.protocol.errors import ApiError
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Usage
@@ -115,6 +115,7 @@ class Journey:
     billed: Usage | None = None  # the usage as settled (checked), for the request's log line
     produced: bool = False  # an answer, or a streamed token, came back
     relayed_events: int | None = None  # streams: content events that reached the client
+    delivered: Delivered | None = None  # unary answers: the text that reached the client, in tokens
     refused: bool = False  # the region refused the request itself (a 4xx)
     recorded: bool = False  # an outcome was recorded
     settled: bool = False
@@ -144,4 +145,6 @@ class Journey:
     def bounds(self) -> UsageBounds:
         a = self.admission
         assert a is not None
-        return UsageBounds(a.prompt_ceiling, a.prompt_estimate, a.max_tokens, self.relayed_events)
+        return UsageBounds(
+            a.prompt_ceiling, a.prompt_estimate, a.max_tokens, self.relayed_events, self.delivered
+        )

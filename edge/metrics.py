@@ -1,4 +1,8 @@
-"""Prometheus metrics of an edge proxy (``nearshore_edge:*``)."""
+"""Prometheus metrics of an edge proxy (``nearshore_edge:*``).
+
+Every label value is bounded: drawn from the edge's config or code, or mapped to a fixed set by
+:mod:`edge.metric_labels` when it comes from outside (a region's error code, a client's model name).
+"""
 
 from __future__ import annotations
 
@@ -165,6 +169,14 @@ class EdgeMetrics:
         self.ledger_errors = Counter(
             P + "ledger_write_errors", "Usage records that failed to commit.", registry=r
         )
+        self.ledger_waiting = Gauge(
+            P + "ledger_waiting_rows",
+            "Usage rows not yet in the ledger file: in its spool, or held while the spool cannot be written.",
+            registry=r,
+        )
+        self.ledger_accepting = Gauge(
+            P + "ledger_accepting", "1 while the ledger (or its spool) can record new requests.", registry=r
+        )
         self.usage_anomalies = Counter(
             P + "usage_anomalies",
             "Usage figures from a region that failed the edge's checks (the checked figure was billed).",
@@ -173,7 +185,7 @@ class EdgeMetrics:
         )
         self.upstream_errors = Counter(
             P + "upstream_errors",
-            "Requests a region failed, by the error the client got.",
+            "Requests a region failed, by the error the client got (a code the edge does not know: other).",
             ["code", "region"],
             registry=r,
         )

@@ -24,6 +24,15 @@ EDGE_METRICS: tuple[MetricSpec, ...] = (
         "Usage figures from a region that failed the edge's checks (the checked figure was billed).",
     ),
     MetricSpec(P + "ledger_write_errors", "counter", (), "Usage records that failed to commit."),
+    MetricSpec(
+        P + "ledger_waiting_rows",
+        "gauge",
+        (),
+        "Usage rows not yet in the ledger file: in its spool, or held while the spool cannot be written.",
+    ),
+    MetricSpec(
+        P + "ledger_accepting", "gauge", (), "1 while the ledger (or its spool) can record new requests."
+    ),
     # Refusals and failures
     MetricSpec(P + "rate_limited", "counter", ("limit",), "Requests refused by a limit."),
     MetricSpec(P + "ratelimit_backend_up", "gauge", (), "1 while the shared limit store answers."),
@@ -31,7 +40,7 @@ EDGE_METRICS: tuple[MetricSpec, ...] = (
         P + "upstream_errors",
         "counter",
         ("code", "region"),
-        "Requests a region failed, by the error the client got.",
+        "Requests a region failed, by the error the client got (a code the edge does not know: other).",
     ),
     MetricSpec(P + "upstream_failovers", "counter", ("region",), "Regions skipped before the first byte."),
     MetricSpec(

@@ -9,6 +9,7 @@ import time
 
 from edge.journey import Journey
 from edge.ledger import UsageRecord
+from edge.metric_labels import error_code_label, model_label
 from edge.usage_audit import AuditedUsage, audit_usage
 
 log = logging.getLogger("nearshore.edge")
@@ -63,9 +64,10 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         log.exception("usage record %s could not be written", journey.request_id)
     m = state.metrics
     region = journey.region or "none"
-    m.count_request(journey.status, region, model, key.tenant, usage, cost)
+    # A region's error code and (defensively) the model name come from outside: a fixed set of labels.
+    m.count_request(journey.status, region, model_label(model, state.config.models), key.tenant, usage, cost)
     if journey.error_code and journey.status == "error" and not journey.refused:
-        m.upstream_errors.labels(journey.error_code, region).inc()
+        m.upstream_errors.labels(error_code_label(journey.error_code), region).inc()
     return audited
 
 

@@ -1,10 +1,12 @@
 """Usage as a region reports it is a claim, not a fact: check it against what the edge knows, bill what holds.
 
 What the edge knows of one request: the most tokens its prompt can be (the byte ceiling of
-:mod:`edge.token_count`), an estimate of them, the ``max_tokens`` it allowed, and, for a stream, how many
-content events it relayed (each carries at least one token). A reported figure outside those bounds is an
-*anomaly*: it is named, counted in a metric and logged by the caller, and the defensible figure is billed
-instead. Nothing here raises: a lying region never fails the user's request.
+:mod:`edge.token_count`), an estimate of them, the ``max_tokens`` it allowed, and what reached the client:
+for a stream, how many content events it relayed (each carries at least one token); for a unary answer,
+its text counted by the edge's token counter, and the fewest tokens that text can be. A reported figure
+outside those bounds is an *anomaly*: it is named, counted in a metric and logged by the caller, and the
+defensible figure is billed instead, for the completion what was delivered. Nothing here raises: a lying
+region never fails the user's request.
 """
 
 from __future__ import annotations
@@ -35,11 +37,20 @@ _reported = msgspec.json.Decoder(_ReportedUsage)
 
 
 @dataclass(frozen=True, slots=True)
+class Delivered:
+    """A unary answer's text as the client got it, in completion tokens."""
+
+    tokens: int  # as the edge's token counter makes of it: billed when the region's figure is a lie
+    floor: int  # the fewest it can be (no token spells more than a tokenizer's longest): fewer is a lie
+
+
+@dataclass(frozen=True, slots=True)
 class UsageBounds:
     prompt_ceiling: int
     prompt_estimate: int
     max_tokens: int
     relayed_events: int | None = None  # content events relayed to the client (streams only)
+    delivered: Delivered | None = None  # the text returned to the client (unary answers only)
 
 
 @dataclass(slots=True)
@@ -55,16 +66,14 @@ def audit_usage(raw: bytes | None, bounds: UsageBounds, produced: bool) -> Audit
     ``produced``: whether the request got as far as generating (a stream relayed a token, or a unary
     answer arrived); with no usage reported, the prompt is billed only then.
     """
-    relayed = bounds.relayed_events or 0
     if raw is None:
-        prompt = min(bounds.prompt_estimate, bounds.prompt_ceiling) if produced or relayed else 0
-        return AuditedUsage(Usage.of(prompt, min(relayed, bounds.max_tokens)))
+        # A stream cut short has no usage; a whole unary answer without one is the region's fault.
+        missing = ["missing"] if bounds.delivered is not None else []
+        return AuditedUsage(_unreported(bounds, produced), missing)
     try:
         reported = _reported.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):
-        audited = audit_usage(None, bounds, produced)
-        audited.anomalies.append("malformed")
-        return audited
+        return AuditedUsage(_unreported(bounds, produced), ["malformed"])
     anomalies: list[str] = []
     prompt = _prompt(reported.prompt_tokens, bounds, anomalies)
     completion = _completion(reported.completion_tokens, bounds, anomalies)
@@ -78,6 +87,20 @@ def audit_usage(raw: bytes | None, bounds: UsageBounds, produced: bool) -> Audit
     return AuditedUsage(Usage.of(prompt, completion, cached), anomalies, reported=True)
 
 
+def _unreported(bounds: UsageBounds, produced: bool) -> Usage:
+    """The bill without a usable figure: the prompt's estimate (once anything was produced) and what
+    was delivered."""
+    prompt = min(bounds.prompt_estimate, bounds.prompt_ceiling) if produced or bounds.relayed_events else 0
+    return Usage.of(prompt, _delivered(bounds))
+
+
+def _delivered(bounds: UsageBounds) -> int:
+    """The completion tokens the client got, as far as the edge can tell (at most max_tokens)."""
+    if bounds.delivered is not None:
+        return min(bounds.delivered.tokens, bounds.max_tokens)
+    return min(bounds.relayed_events or 0, bounds.max_tokens)
+
+
 def _prompt(reported: int, bounds: UsageBounds, anomalies: list[str]) -> int:
     if reported < 0:
         anomalies.append("negative_prompt")
@@ -89,16 +112,20 @@ def _prompt(reported: int, bounds: UsageBounds, anomalies: list[str]) -> int:
 
 
 def _completion(reported: int, bounds: UsageBounds, anomalies: list[str]) -> int:
-    relayed = bounds.relayed_events
+    relayed, delivered = bounds.relayed_events, bounds.delivered
     cap = bounds.max_tokens + STOP_TOKEN_SLACK
     if reported < 0:
         anomalies.append("negative_completion")
-        return min(relayed or 0, bounds.max_tokens)
+        return _delivered(bounds)
     if reported > cap:
         anomalies.append("completion_over_max_tokens")
-        # A stream's relayed events are what the user provably got; a unary answer can have had max_tokens.
-        return min(relayed, bounds.max_tokens) if relayed is not None else bounds.max_tokens
+        # What reached the user, when the edge knows it; else the answer can have had max_tokens.
+        known = relayed is not None or delivered is not None
+        return _delivered(bounds) if known else bounds.max_tokens
     if relayed is not None and reported < relayed:
         anomalies.append("completion_under_relayed")
-        return min(relayed, bounds.max_tokens)
+        return _delivered(bounds)
+    if delivered is not None and reported < delivered.floor:
+        anomalies.append("completion_under_delivered")
+        return _delivered(bounds)
     return reported
