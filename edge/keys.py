@@ -55,6 +55,9 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     budget_usd: float | None = None
     revoked: bool = False
     created_at: float = 0.0
+    # May ask for the edge's internals on its own responses (`x-nearshore-debug: route`: regions, RTTs,
+    # policy names); other keys' asks are ignored.
+    debug: bool = False
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -108,18 +111,32 @@ CREATE TABLE IF NOT EXISTS api_keys (
     budget_usd    REAL,
     revoked       INTEGER NOT NULL DEFAULT 0,
     created_at    REAL NOT NULL,
-    updated_at    REAL NOT NULL
+    updated_at    REAL NOT NULL,
+    debug         INTEGER NOT NULL DEFAULT 0
 )
 """
-_COLUMNS = "key_id, secret_sha256, tenant, tier, rpm, tpm, models, budget_usd, revoked, created_at"
+# Columns added since the first schema, for key files written by an older release.
+_ADDED_COLUMNS = {"debug": "INTEGER NOT NULL DEFAULT 0"}
+_COLUMNS = "key_id, secret_sha256, tenant, tier, rpm, tpm, models, budget_usd, revoked, created_at, debug"
 _INSERT = (
     f"INSERT INTO api_keys ({_COLUMNS}, updated_at) VALUES (:key_id, :secret_sha256, :tenant, :tier, "
-    ":rpm, :tpm, :models, :budget_usd, :revoked, :created_at, :updated_at)"
+    ":rpm, :tpm, :models, :budget_usd, :revoked, :created_at, :debug, :updated_at)"
 )
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    have = {row[1] for row in db.execute("PRAGMA table_info(api_keys)")}
+    for name, declaration in _ADDED_COLUMNS.items():
+        if name not in have:
+            try:
+                db.execute(f"ALTER TABLE api_keys ADD COLUMN {name} {declaration}")
+            except sqlite3.OperationalError as exc:  # another process added it a moment ago
+                if "duplicate column" not in str(exc):
+                    raise
 
 
 def _row_to_key(row: tuple) -> tuple[ApiKey, str]:
-    key_id, digest, tenant, tier, rpm, tpm, models, budget, revoked, created_at = row
+    key_id, digest, tenant, tier, rpm, tpm, models, budget, revoked, created_at, debug = row
     key = ApiKey(
         key_id=key_id,
         tenant=tenant,
@@ -130,15 +147,21 @@ def _row_to_key(row: tuple) -> tuple[ApiKey, str]:
         budget_usd=budget,
         revoked=bool(revoked),
         created_at=created_at,
+        debug=bool(debug),
     )
     return key, digest
 
 
-def _create_private(path: Path) -> None:
-    """Create the file readable by its owner only; SQLite gives its -wal and -shm files the same mode."""
+def _create_private(path: Path) -> bool:
+    """Create the file readable by its owner only (SQLite gives its -wal and -shm files the same mode);
+    True when this made it, False when it was there already."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    os.close(fd)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+        return True
+    except FileExistsError:
+        os.close(os.open(path, os.O_RDWR))  # a folder or a read-only file fails here, with the OS's reason
+        return False
 
 
 class KeyStore:
@@ -151,12 +174,14 @@ class KeyStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        _create_private(self.path)
+        # Whether this open made the file: a new store is empty, and an edge on it answers 401 to all.
+        self.created = _create_private(self.path)
         # isolation_level=None: autocommit; each write is one statement, so one transaction.
         self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA busy_timeout = 5000")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute(_SCHEMA)
+        _add_missing_columns(self._db)
         self._lock = threading.Lock()  # serializes use of the connection, never taken by authenticate
         # The in-memory copy: key_id -> (record, sha256 hex of the secret). Replaced whole, never mutated,
         # so the request path reads it without a lock.
@@ -181,6 +206,7 @@ class KeyStore:
         tpm: int = 100_000,
         models: Iterable[str] = (),
         budget_usd: float | None = None,
+        debug: bool = False,
     ) -> tuple[str, ApiKey]:
         """Issue a key: ``(plaintext, record)``. The plaintext exists only in the return value."""
         if not tenant:
@@ -202,6 +228,7 @@ class KeyStore:
                     models=list(models),
                     budget_usd=budget_usd,
                     created_at=now,
+                    debug=debug,
                 )
                 row = msgspec.structs.asdict(key)
                 row.update(models=json.dumps(key.models), secret_sha256=_hash_secret(secret), updated_at=now)

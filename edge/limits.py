@@ -130,6 +130,13 @@ def _check_tokens(tokens: int) -> None:
         raise ValueError(f"token count must be >= 0, got {tokens}")
 
 
+def local_share(spec: LimitSpec, workers: int) -> LimitSpec:
+    """One process's part of a key's limits while each of ``workers`` counts alone. Rounded down, so that
+    together they stay within the limit; at least 1, so a limit under the worker count still admits."""
+    rpm, tpm = (max(1, limit // workers) if limit else 0 for limit in (spec.rpm, spec.tpm))
+    return spec if workers <= 1 else LimitSpec(rpm, tpm)
+
+
 # --- in process ----------------------------------------------------------------------------------------
 
 
@@ -339,7 +346,9 @@ class RedisLimiter:
 
     When Redis is unreachable, ``fail_mode`` decides: "open" falls back to local limits (decisions marked
     ``degraded``), "closed" raises :class:`LimiterUnavailable`. Requests then skip Redis altogether while a
-    background task pings it every ``retry_interval_s``; when it answers, Redis is used again.
+    background task pings it every ``retry_interval_s``; when it answers, Redis is used again. The
+    ``workers`` of one edge fall back at once, each counting alone: each keeps :func:`local_share` of a key's
+    limits, so that together they admit no more than the limit (two each admitted all of it).
     """
 
     def __init__(
@@ -352,10 +361,12 @@ class RedisLimiter:
         socket_timeout_s: float = 0.25,
         retry_interval_s: float = 1.0,
         max_connections: int = 32,
+        workers: int = 1,
     ) -> None:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be 'open' or 'closed', got {fail_mode!r}")
         self.fail_mode = fail_mode
+        self.workers = workers
         self.key_prefix = key_prefix
         self.window_s = window_s
         self.retry_interval_s = retry_interval_s
@@ -390,9 +401,13 @@ class RedisLimiter:
                 return _decision(spec, tokens, self.window_s, verdict, count, used, reset_s, retry_s, member)
         if self.fail_mode == "closed":
             raise LimiterUnavailable("the rate-limit store (Redis) is unreachable")
-        decision = await self._fallback.admit(key_id, spec, tokens)
+        share = local_share(spec, self.workers)
+        decision = await self._fallback.admit(key_id, share, tokens)
         reservation = _LOCAL + decision.reservation if decision.reservation else None
-        return replace(decision, reservation=reservation, degraded=True)
+        reason = decision.reason
+        if reason and share != spec:  # the numbers in it are this process's part, not the key's limits
+            reason += f" (This process's share of the key's limits, 1/{self.workers}, while Redis is away.)"
+        return replace(decision, reservation=reservation, degraded=True, reason=reason)
 
     async def settle(self, key_id: str, reservation: str, actual_tokens: int) -> None:
         _check_tokens(actual_tokens)

@@ -8,6 +8,7 @@ import logging
 import resource
 import ssl
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
@@ -18,7 +19,7 @@ from edge.billing import PriceTable
 from edge.budget import BudgetBook, SharedBudgets
 from edge.cache_audit import Auditor
 from edge.cache_setup import cache_lifetime, make_cache
-from edge.config import EdgeConfig, FallbackConfig
+from edge.config import EdgeConfig, FallbackConfig, open_named_file, value_problems
 from edge.gate_stage import make_gates
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
 from edge.keys import KeyStore, refresh_keys
@@ -32,7 +33,8 @@ from edge.upstream import UpstreamPool
 from geo.catalog import GeoConfig, check_catalog, edge_place
 from geo.locate import GeoDatabaseError, Location, Locator
 from geo.rightsize import check_aliases
-from nearshore.httpkit import PortInUse, install_uvloop, serve
+from nearshore.httpkit import install_uvloop
+from nearshore.listen import Address, Listener, inherit, listen, serve, server_address, start_sites
 from nearshore.tls import ensure_dev_certificate, server_context
 
 log = logging.getLogger("nearshore.edge")
@@ -71,6 +73,8 @@ def check_fallbacks(fallbacks: FallbackConfig, models: list[str]) -> list[str]:
 
 def check_config(config: EdgeConfig) -> None:
     """Rules a schema cannot say; each message names the key."""
+    if problems := value_problems(config):
+        raise ValueError("; ".join(problems))
     if not config.regions:
         raise ValueError("regions: at least one region is needed ([[regions]] name = ..., url = ...)")
     problems = (
@@ -119,24 +123,30 @@ def _check_prices(config: EdgeConfig) -> None:
 
 def make_limiter(config: EdgeConfig) -> RateLimiter:
     if config.limits.backend == "redis":
-        return RedisLimiter(config.limits.redis_url, fail_mode=config.limits.fail_mode)
+        # Each worker falls back alone while Redis is away: to its share of every key's limits.
+        return RedisLimiter(
+            config.limits.redis_url, fail_mode=config.limits.fail_mode, workers=config.server.workers
+        )
     return MemoryLimiter()
 
 
-def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.Application:
-    """The edge from its config; ``pipeline`` replaces the default stages (tests add one)."""
+def build_edge_app(
+    config: EdgeConfig, pipeline: Pipeline | None = None, metrics: Listener | None = None
+) -> web.Application:
+    """The edge from its config; ``pipeline`` replaces the default stages (tests add one); ``metrics``: the
+    metrics listener already bound (else the app binds ``metrics.port`` when it starts)."""
     check_config(config)
-    for path in (config.keys_db, config.ledger_db):
-        Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
     limiter = make_limiter(config)
-    ledger = Ledger(Path(config.ledger_db).expanduser())
+    ledger = open_named_file("ledger_db", Path(config.ledger_db).expanduser(), Ledger)
+    keys = open_named_file("keys_db", Path(config.keys_db).expanduser(), KeyStore)
+    _warn_without_keys(keys)
     # Edges (and workers) that share limits through Redis share budgets there too.
     budget = (
         SharedBudgets(limiter, BudgetBook(ledger.spent_usd)) if isinstance(limiter, RedisLimiter) else None
     )
     state = EdgeState(
         config=config,
-        keys=KeyStore(Path(config.keys_db).expanduser()),
+        keys=keys,
         limiter=limiter,
         ledger=ledger,
         prices=PriceTable(config.prices),
@@ -165,28 +175,70 @@ def build_edge_app(config: EdgeConfig, pipeline: Pipeline | None = None) -> web.
     app.cleanup_ctx.append(_key_refresher(state.keys, KEY_REFRESH_S))
     app.cleanup_ctx.append(cache_lifetime(state))
     if config.metrics.port:
-        app.cleanup_ctx.append(_metrics_listener(state))
+        app.cleanup_ctx.append(_metrics_listener(state, metrics))
     return app
 
 
-def _metrics_listener(state: EdgeState):
+def _warn_without_keys(keys: KeyStore) -> None:
+    """A store with no usable key (a mistyped keys_db, most often) answers every request 401: say so at
+    start. Not a refusal: keys created after the start work within KEY_REFRESH_S."""
+    if any(not key.revoked for key in keys.list()):
+        return
+    what = "is new and empty" if keys.created else "holds no active key"
+    log.warning(
+        "keys_db: the key store %s %s: every request gets 401 until keys are created "
+        "(nearshore keys create --db %s --tenant NAME)",
+        keys.path,
+        what,
+        keys.path,
+    )
+
+
+def _metrics_listener(state: EdgeState, bound: Listener | None):
     """Serve /metrics (and /health) for the operator on their own listener, loopback by default."""
 
     async def lifetime(_app: web.Application) -> AsyncIterator[None]:
-        m = state.config.metrics
+        listener = bound or listen(metrics_address(state.config))
         runner = web.AppRunner(create_metrics_app(state), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, m.host, m.port, reuse_address=True)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise PortInUse(m.host, m.port, exc, key="metrics.port") from None
-        log.info("metrics on http://%s:%d/metrics", m.host, m.port)
+        await start_sites(runner, listener)
+        log.info("metrics on http://%s:%d/metrics", listener.address.host, listener.port)
         yield
         await runner.cleanup()
 
     return lifetime
+
+
+@dataclass
+class EdgeListeners:
+    """The edge's sockets, bound before it is built: a port that is taken stops the start at once."""
+
+    server: Listener
+    metrics: Listener | None  # None with metrics.port = 0
+
+
+def metrics_address(config: EdgeConfig, worker: int | None = None) -> Address:
+    """The operator's listener; worker ``i`` of ``server.workers`` has ``metrics.port + i`` of its own."""
+    m = config.metrics
+    if worker is None:
+        return Address("metrics.port", m.host, m.port)
+    n = config.server.workers
+    why = f"metrics.port + {worker}, because server.workers = {n}: worker i listens on metrics.port + i"
+    return Address("metrics.port", m.host, m.port + worker, why=why)
+
+
+def open_listeners(
+    config: EdgeConfig, port: int | None, worker: int | None, inherited: dict[str, list[int]]
+) -> EdgeListeners:
+    """Bind the edge's listeners, or take over those its supervisor bound (``inherited``: fds by setting);
+    ``port``: the command line's ``--port``."""
+
+    def one(address: Address) -> Listener:
+        fds = inherited.get(address.setting)
+        return inherit(address, fds) if fds else listen(address)
+
+    server = one(server_address(config.server.host, config.server.port, port))
+    return EdgeListeners(server, one(metrics_address(config, worker)) if config.metrics.port else None)
 
 
 def _key_refresher(keys: KeyStore, interval_s: float):
@@ -219,10 +271,8 @@ def _raise_fd_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def run_edge(
-    app: web.Application, config: EdgeConfig, port: int | None = None, worker: int | None = None
-) -> None:
-    """Serve until SIGTERM; ``worker``: this process is one of ``server.workers`` on the same port."""
+def run_edge(app: web.Application, config: EdgeConfig, listener: Listener, worker: int | None = None) -> None:
+    """Serve on ``listener`` until SIGTERM; ``worker``: one of ``server.workers`` processes sharing it."""
     install_uvloop()
     _raise_fd_limit()
     context = edge_tls_context(config)
@@ -253,5 +303,4 @@ def run_edge(
             ", ".join(f"{r.name} ({', '.join(r.urls())})" for r in config.regions),
         )
 
-    bound = config.server.port if port is None else port
-    asyncio.run(serve(app, host, bound, on_ready=announce, runner=runner, reuse_port=worker is not None))
+    asyncio.run(serve(runner, listener, on_ready=announce))

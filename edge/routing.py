@@ -82,6 +82,15 @@ def _may_fall_back(journey: Journey) -> bool:
     return FALLBACK in journey.request.headers or bool(chains.get(journey.body.model) or journey.other_size)
 
 
+def _explains(journey: Journey) -> bool:
+    """Whether the response says why it went where it did: region names, RTTs and policy names are the
+    operator's to show (``geo.explain``), or a key's whose record allows it; anyone else's ask is ignored."""
+    if journey.state.pool.router.config.explain:
+        return True
+    key = journey.key
+    return key is not None and key.debug and "route" in journey.request.headers.get(DEBUG, "")
+
+
 async def route_stage(journey: Journey) -> Reply | None:
     state, body, call = journey.state, journey.body, journey.call
     assert body is not None and call is not None
@@ -98,8 +107,7 @@ async def route_stage(journey: Journey) -> Reply | None:
     journey.route = route
     state.metrics.routed.labels(route.ranked[0].id).inc()
     journey.route_s = time.perf_counter() - started
-    router = state.pool.router
-    if router.config.explain or "route" in journey.request.headers.get(DEBUG, ""):
+    if _explains(journey):
         explained = route.explain()
         call.client_headers[ROUTE] = explained
         log.info("request %s routed: %s", journey.request_id, explained)

@@ -125,8 +125,8 @@ class GeoConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     fallback_to_embedded: bool = False
     # Peers whose X-Forwarded-For is believed (CIDRs): load balancers, CDNs in front of the edge.
     trusted_proxies: list[str] = field(default_factory=list)
-    # Send x-nearshore-route (the choice and its terms) on every response; clients may also ask with
-    # `x-nearshore-debug: route`.
+    # Send x-nearshore-route (the choice and its terms) on every response; keys created with --debug
+    # may also ask with `x-nearshore-debug: route`.
     explain: bool = False
     residency: list[ResidencyPolicy] = field(default_factory=list)
     health: HealthSettings = field(default_factory=HealthSettings)

@@ -216,7 +216,8 @@ class Launcher:
         # 3. The edge, with a key for the user.
         keys_db = self.run_dir / "keys.sqlite3"
         store = KeyStore(keys_db)
-        api_key, _ = store.create(tenant="lagos-user", tier="demo", rpm=10_000, tpm=10_000_000)
+        # debug: the demo's user may read the route explanation (the scenarios do).
+        api_key, _ = store.create(tenant="lagos-user", tier="demo", rpm=10_000, tpm=10_000_000, debug=True)
         store.close()
         edge_config = self.run_dir / "edge.toml"
         metrics_port = free_port()

@@ -10,6 +10,8 @@ from nearshore.jsonlog import LoggingConfig
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Positive = Annotated[int, Meta(ge=1)]
+# Upper bounds that also refuse inf (msgspec's ge=0 lets it through): past them a value is a typo.
+MAX_KV_CACHE_TOKENS = 1 << 24  # 16.7M tokens: ~50 GB of KV even for the embedded 270M model
 
 
 class ServerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -55,11 +57,12 @@ class EngineConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # Where the torch engine keeps its converted weights ("": ~/.cache/nearshore/torch-weights).
     weights_cache_dir: str = ""
     # 0: one thread per core.
-    n_threads: Annotated[int, Meta(ge=0)] = 0
+    n_threads: Annotated[int, Meta(ge=0, le=1024)] = 0
     # Sequences decoded together in one batch (llama.cpp's n_seq_max).
     max_sequences: Annotated[int, Meta(ge=1, le=256)] = 16
-    # Size of the shared KV pool, in tokens, for all sequences together.
-    kv_cache_tokens: Annotated[int, Meta(ge=256)] = 16384
+    # Size of the shared KV pool, in tokens, for all sequences together. A pool the machine cannot allocate
+    # fails the engine at load: requests get 503, /health says "failed" and why, and the node exits.
+    kv_cache_tokens: Annotated[int, Meta(ge=256, le=MAX_KV_CACHE_TOKENS)] = 16384
     # The most tokens (prompt + completion) one request may use.
     context_window: Annotated[int, Meta(ge=64)] = 4096
     # Tokens in one llama_decode call: the step budget shared by decodes and prefill chunks.
@@ -69,7 +72,7 @@ class EngineConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # While several keys share the node, each step is kept to about this long (its prompt tokens fitted
     # to the node's measured step times), so another key's newcomer waits little for the step in progress;
     # 0: prefill_chunk alone bounds it.
-    shared_step_ms: Annotated[float, Meta(ge=0)] = 40.0
+    shared_step_ms: Annotated[float, Meta(ge=0, le=60_000)] = 40.0
     # Requests allowed to wait for a free sequence; beyond that, 503 with Retry-After.
     max_waiting: Annotated[int, Meta(ge=0)] = 64
     # Completion budget when a chat request names none.
@@ -77,12 +80,12 @@ class EngineConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # Load the model at start ("eager") or on the first request ("lazy").
     load: Literal["eager", "lazy"] = "eager"
     # Unload the model after this many idle seconds (0: never); it reloads on the next request.
-    idle_unload_s: Annotated[float, Meta(ge=0)] = 0.0
+    idle_unload_s: Annotated[float, Meta(ge=0, le=30 * 86400)] = 0.0
     # A failed step fails its batch; this many failed steps in a row and the engine gives up for good:
     # every request gets 503, /health/ready says why, and the process exits non-zero (its supervisor
     # restarts it) after failed_exit_delay_s, so that probes and edges see the reason first.
     max_failed_steps: Positive = 3
-    failed_exit_delay_s: Annotated[float, Meta(ge=0)] = 2.0
+    failed_exit_delay_s: Annotated[float, Meta(ge=0, le=3600)] = 2.0
 
 
 class SafetyConfig(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -15,12 +15,14 @@ import numpy as np
 from regional.config import EngineConfig
 from regional.engine import Logprobs
 from regional.kv_slots import SlotMemory
-from regional.llama_model import ContextSettings, KvCacheFull, LlamaModel
+from regional.llama_model import ContextSettings, KvCacheFull, LlamaError, LlamaModel
 from regional.logprobs import position_logprobs
 from regional.scheduler import KvMemory, Sequence, StepPlan
 from regional.step_engine import StepEngine
 
 log = logging.getLogger("nearshore.engine")
+# How LlamaModel says that llama_init_from_model failed (its allocations, the KV cache first of all).
+CONTEXT_FAILED = "llama.cpp could not create a context"
 
 
 class LlamaCppEngine(StepEngine):
@@ -46,7 +48,16 @@ class LlamaCppEngine(StepEngine):
                 shown[0] = tenth
                 log.info("loading %s: %d%%", os.path.basename(self.model_path), tenth * 10)
 
-        self._model = LlamaModel(self.model_path, self._settings, progress)
+        try:
+            self._model = LlamaModel(self.model_path, self._settings, progress)
+        except LlamaError as exc:
+            if not str(exc).startswith(CONTEXT_FAILED):
+                raise
+            # Nearly always the KV pool: say which setting sized it.
+            raise LlamaError(
+                f"{exc}: the KV cache of engine.kv_cache_tokens = {self.config.kv_cache_tokens} may need "
+                "more memory than this machine has"
+            ) from None
         return self._model
 
     def _close_backend(self) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from nearshore.httpkit import install_uvloop, serve
+from nearshore.httpkit import install_uvloop
+from nearshore.listen import Listener, serve
 from nearshore.tls import server_context
 from regional.app import SERVICE, create_app
 from regional.config import RegionConfig
@@ -84,10 +85,10 @@ def build_region_app(config: RegionConfig) -> web.Application:
     return create_app(config, engine, RegionService(config, engine, safety), embeddings)
 
 
-def run_region(app: web.Application, config: RegionConfig, port: int | None = None) -> None:
+def run_region(app: web.Application, config: RegionConfig, listener: Listener) -> None:
+    """Serve on ``listener`` (bound before the app was built) until SIGTERM or the engine fails for good."""
     install_uvloop()
     host = config.server.host
-    bound_port = config.server.port if port is None else port
     ssl_context = server_ssl_context(config)
     scheme = "https" if ssl_context else "http"
     if config.server.shared_secret and not ssl_context:
@@ -102,15 +103,7 @@ def run_region(app: web.Application, config: RegionConfig, port: int | None = No
     exit_on_failure = ExitOnEngineFailure(config.engine.failed_exit_delay_s)
     app[SERVICE].engine.on_fatal = exit_on_failure
     asyncio.run(
-        serve(
-            app,
-            host,
-            bound_port,
-            on_ready=announce,
-            ssl_context=ssl_context,
-            runner=runner,
-            stop=exit_on_failure.stop,
-        )
+        serve(runner, listener, on_ready=announce, ssl_context=ssl_context, stop=exit_on_failure.stop)
     )
     if exit_on_failure.reason is not None:
         log.critical(

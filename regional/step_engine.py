@@ -77,7 +77,6 @@ class StepEngine:
         self._generated = TokenRate(time.monotonic())  # added to by the worker thread, read by stats()
         self._last_active = time.monotonic()
         self.model_load_s = 0.0
-        self._load_error: str | None = None
         self._idle_task: asyncio.Task | None = None
 
     # --- what a concrete engine supplies ----------------------------------------------------------------
@@ -140,7 +139,7 @@ class StepEngine:
         if self.config.load == "eager":
             self._state = "loading"
             self._eager = asyncio.create_task(self.ready())
-            # A failed load is logged in ready() and shown by /health; requests retry it.
+            # A failed load fails the engine for good (see ready()); /health says why.
             self._eager.add_done_callback(lambda task: task.cancelled() or task.exception())
         if self.config.idle_unload_s > 0:
             self._idle_task = asyncio.create_task(self._unload_when_idle())
@@ -166,10 +165,12 @@ class StepEngine:
             try:
                 self._vocab = await asyncio.to_thread(self._load_backend)
             except Exception as exc:
-                self._state = "failed"
-                self._load_error = str(exc)
-                log.exception("model load failed")
-                raise
+                # What did not load will not load on the next request either (a file, more memory than
+                # the machine has): give up for good, so requests get 503 with the reason, /health says
+                # it, and the node exits for its supervisor, instead of serving 500s while "ok".
+                log.debug("model load failed", exc_info=True)
+                self._fail_engine(f"model load failed: {exc}")
+                raise EngineFailed(self._failure or str(exc)) from None
             self._prompts = PromptTokenizer(self._vocab)
             self.model_load_s = time.perf_counter() - started
             log.info("model %s loaded in %.2fs (%s engine)", self.model_name, self.model_load_s, self.kind)

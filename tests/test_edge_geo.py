@@ -127,7 +127,7 @@ class Served:
 
 
 def _served(edge: Edge, **key_fields: object) -> Served:
-    return Served(edge, edge.new_key(rpm=10**6, tpm=10**9, **key_fields))
+    return Served(edge, edge.new_key(rpm=10**6, tpm=10**9, debug=True, **key_fields))
 
 
 @pytest.fixture(scope="module")
@@ -283,7 +283,7 @@ async def drain(response: aiohttp.ClientResponse) -> list[bytes]:
 
 async def statuses(served: Served) -> dict[str, str]:
     """Each replica's status as the edge's /health shows it."""
-    async with client(served) as s, s.get(served.edge.url + "/health") as r:
+    async with aiohttp.ClientSession() as s, s.get(served.edge.metrics_url + "/health") as r:
         return (await r.json())["regions"]
 
 
@@ -367,8 +367,8 @@ async def test_residency_keeps_an_eu_client_in_the_eu(geo_edge: Served) -> None:
 async def test_a_loading_replica_is_skipped_unless_it_is_the_only_one(pool: Pool) -> None:
     served = pool.served
     edge = served.edge
-    staging = edge.new_key(rpm=10**6, tpm=10**9, tenant="staging-team")
-    solo = edge.new_key(rpm=10**6, tpm=10**9, tenant="solo-team")
+    staging = edge.new_key(rpm=10**6, tpm=10**9, tenant="staging-team", debug=True)
+    solo = edge.new_key(rpm=10**6, tpm=10**9, tenant="solo-team", debug=True)
     health = await statuses(served)
     assert health["staging/0"] == "loading" and health["staging/1"] == "up" and health["solo"] == "loading"
     async with client(served) as s:

@@ -107,6 +107,11 @@ async def test_a_full_disk_under_the_ledger_refuses_new_work_until_space_returns
             assert refused is not None, "a full disk under the ledger went unnoticed"
             status, retry_after, error = refused
             assert status == 503 and retry_after and error["error"]["code"] == "ledger_unavailable"
+            # The load balancer and the operator see it: public /health refuses, the gauge says 0.
+            async with s.get(edge.url + "/health") as r:
+                assert r.status == 503 and (await r.json()) == {"status": "degraded", "reason": "unavailable"}
+            async with aiohttp.ClientSession() as plain, plain.get(edge.metrics_url + "/metrics") as r:
+                assert "nearshore_edge:ledger_accepting 0.0" in await r.text()
             filler.unlink()
             deadline = time.monotonic() + 20
             while (await ask(s, edge, key, 1000))[0] != 200:

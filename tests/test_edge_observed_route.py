@@ -27,7 +27,7 @@ async def test_a_region_slow_in_practice_loses_its_traffic_after_one_answer(tmp_
     geo = {"routing": {"explore_after_s": 3.0}}
     edge = start_edge(tmp_path / "edge", regions, geo=geo, upstream={"health_interval_s": 1.0})
     try:
-        key = edge.new_key(rpm=10_000)
+        key = edge.new_key(rpm=10_000, debug=True)
         body = {
             "model": MODEL,
             "messages": [{"role": "user", "content": "hi"}],

@@ -32,7 +32,7 @@ async def post(s: aiohttp.ClientSession, edge: Edge, key: str, payload: dict = C
 
 
 async def health(edge: Edge) -> dict:
-    async with session(edge) as s, s.get(edge.url + "/health") as r:
+    async with aiohttp.ClientSession() as s, s.get(edge.metrics_url + "/health") as r:  # the details
         return await r.json()
 
 

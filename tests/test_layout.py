@@ -90,8 +90,8 @@ FLAGS = {
     "": ["-v/--verbose"],
     "region": ["--config", "--port", "--log-format"],
     # --worker: set by the supervisor of server.workers
-    "edge": ["--config", "--port", "--log-format", "--worker"],
-    "keys create": ["--tenant", "--tier", "--rpm", "--tpm", "--model", "--budget", "--db"],
+    "edge": ["--config", "--port", "--log-format", "--worker", "--listen-fd"],
+    "keys create": ["--tenant", "--tier", "--rpm", "--tpm", "--model", "--budget", "--debug", "--db"],
     "keys list": ["--db"],
     "keys revoke": ["key_id", "--db"],
     "usage": ["--db", "--since", "--until"],

@@ -114,8 +114,9 @@ def test_malformed_requests_leave_no_secret_in_the_edge_logs(tmp_path: Path):
     logs = {p: p.read_text(errors="replace") for p in tmp_path.rglob("*.log")}
     assert logs
     edge_log = logs[tmp_path / "edge" / "edge.log"]
-    assert edge_log.count("Error handling request") >= len(malformed)  # every input was logged ...
-    assert f"ns-{key.split('-')[1]}-***" in edge_log  # ... with the key's public id kept
+    # Each one line (rate limited), quoting none of the client's bytes, and no traceback.
+    assert edge_log.count("malformed HTTP request from 127.0.0.1") >= min(5, len(malformed))
+    assert "Traceback" not in edge_log
     for path, text in logs.items():
         assert secret not in text, path
         assert shared_secret not in text, path

@@ -242,8 +242,16 @@ def _add(subparsers: argparse._SubParsersAction, command: Command) -> None:
     parser.set_defaults(run=getattr(module, command.run))
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A parser whose errors are one line, naming the command (its usage is one ``--help`` away); its
+    subcommands' parsers are of this class too (argparse makes them of the parent's)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="nearshore",
         description="Edge-aware, geo-distributed LLM serving: edge proxies, regional nodes, "
         "latency emulation.",

@@ -7,41 +7,64 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import sqlite3
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from edge.config import DATA_DIR
+from edge.config import DATA_DIR, open_named_file
 from edge.keys import ApiKey, KeyStore
 from edge.ledger import Ledger, ReportRow
 
 DEFAULT_KEYS_DB = DATA_DIR / "keys.sqlite3"
 DEFAULT_LEDGER_DB = DATA_DIR / "ledger.sqlite3"
+# The most requests or tokens a minute a key may be given: limits are counted in Redis's Lua numbers
+# (doubles, exact to 2**53), and in SQLite's 64-bit integers.
+MAX_PER_MINUTE = 10**15
+_MAX_PER_MINUTE_TEXT = "1e15"
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """A parser whose errors are one line (the usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 # --- keys -------------------------------------------------------------------------------------------------
 
 
 def add_keys_arguments(parser: argparse.ArgumentParser) -> None:
-    commands = parser.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    commands = parser.add_subparsers(
+        dest="keys_command", required=True, metavar="ACTION", parser_class=_OneLineParser
+    )
 
     create = commands.add_parser("create", help="issue a key (its secret is shown once)")
-    create.add_argument("--tenant", required=True, help="who the key bills to")
-    create.add_argument("--tier", default="default", help="rate-limit tier (default: %(default)s)")
-    create.add_argument("--rpm", type=_positive_int, default=60, help="requests per minute (default: 60)")
+    create.add_argument("--tenant", type=_name, required=True, help="who the key bills to")
     create.add_argument(
-        "--tpm", type=_positive_int, default=100_000, help="tokens per minute (default: 100000)"
+        "--tier", type=_name, default="default", help="rate-limit tier (default: %(default)s)"
+    )
+    create.add_argument("--rpm", type=_per_minute, default=60, help="requests per minute (default: 60)")
+    create.add_argument(
+        "--tpm", type=_per_minute, default=100_000, help="tokens per minute (default: 100000)"
     )
     create.add_argument(
         "--model",
         dest="models",
+        type=_name,
         action="append",
         default=[],
         metavar="MODEL",
         help="a model the key may use; repeat for several (default: all models)",
     )
     create.add_argument("--budget", type=_non_negative_float, metavar="USD", help="spending cap in USD")
+    create.add_argument(
+        "--debug",
+        action="store_true",
+        help="the key may ask for the route explanation (x-nearshore-debug: route): regions, RTTs, policies",
+    )
 
     listing = commands.add_parser("list", help="list keys (never their secrets)")
 
@@ -55,8 +78,16 @@ def add_keys_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_keys(args: argparse.Namespace) -> int:
+    try:
+        return _keys(args)
+    except (ValueError, OSError, sqlite3.Error) as exc:  # a value the store refused, a file it cannot use
+        print(f"nearshore keys {args.keys_command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _keys(args: argparse.Namespace) -> int:
     if args.keys_command == "create":
-        store = KeyStore(args.db)
+        store = open_named_file("--db", args.db, KeyStore)
         try:
             plaintext, key = store.create(
                 args.tenant,
@@ -65,6 +96,7 @@ def run_keys(args: argparse.Namespace) -> int:
                 tpm=args.tpm,
                 models=args.models,
                 budget_usd=args.budget,
+                debug=args.debug,
             )
         finally:
             store.close()
@@ -76,7 +108,7 @@ def run_keys(args: argparse.Namespace) -> int:
     if not args.db.exists():
         print(f"nearshore: no key store at {args.db}", file=sys.stderr)
         return 1
-    store = KeyStore(args.db)
+    store = open_named_file("--db", args.db, KeyStore)
     try:
         if args.keys_command == "list":
             print(format_table(_KEY_HEADER, [_key_row(key) for key in store.list()]))
@@ -120,13 +152,21 @@ def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_usage(args: argparse.Namespace) -> int:
+    try:
+        return _usage(args)
+    except (ValueError, OSError, sqlite3.Error) as exc:  # a file that is not a ledger, or cannot be read
+        print(f"nearshore usage: {exc}", file=sys.stderr)
+        return 1
+
+
+def _usage(args: argparse.Namespace) -> int:
     if not args.db.exists():
         print(f"nearshore: no ledger at {args.db}", file=sys.stderr)
         return 1
     since = args.since.timestamp() if args.since else None
     # --until names a day to include: stop at the start of the next one.
     until = (args.until + timedelta(days=1)).timestamp() if args.until else None
-    ledger = Ledger(args.db)
+    ledger = open_named_file("--db", args.db, Ledger)
     try:
         rows = ledger.report(since, until)
     finally:
@@ -168,18 +208,36 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     )
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+def _per_minute(text: str) -> int:
+    """A whole number from 1 to MAX_PER_MINUTE; ``1e6`` is read as 1000000."""
+    try:
+        value = float(text) if any(c in text for c in ".eE") else int(text)
+    except ValueError:
+        value = math.nan
+    if not (isinstance(value, int) or (math.isfinite(value) and value.is_integer())):
+        raise argparse.ArgumentTypeError(f"expected a whole number, not {text!r}")
+    if not 1 <= value <= MAX_PER_MINUTE:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {_MAX_PER_MINUTE_TEXT}, not {text}")
+    return int(value)
 
 
 def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:  # also refuses nan
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):  # nan fails both; inf (or 1e400) would be no cap
+        raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, not {text}")
     return value
+
+
+def _name(text: str) -> str:
+    """A tenant, tier or model name: it shows in tables, logs and the ledger, one line each."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    if not text.isprintable():
+        raise argparse.ArgumentTypeError(f"must be printable, one line: {text!r}")
+    return text
 
 
 def _day(text: str) -> datetime:

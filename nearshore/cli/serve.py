@@ -1,19 +1,22 @@
-"""``nearshore region`` and ``nearshore edge``: load a config, build the service, run it.
+"""``nearshore region`` and ``nearshore edge``: load a config, bind the listeners, build the service, run it.
 
 Kept apart from the services themselves so that building the CLI's parser imports neither llama.cpp nor
-the edge's dependencies.
+the edge's dependencies. The listeners are bound before the service is built (a model loaded, a cache
+opened): a port that cannot be had is permanent, and stops the start at once with one line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from typing import TypeVar
 
 import msgspec
 
 from nearshore import jsonlog, logsafe
 from nearshore.config import ConfigError, load_config
-from nearshore.httpkit import PortInUse
+from nearshore.listen import BindError, inherited_fds, listen, server_address
 
 T = TypeVar("T")
 
@@ -30,38 +33,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
     add_arguments(parser)
-    # Set by the edge's supervisor on each of its server.workers processes (not for people to type).
+    # Set by the edge's supervisor on each of its server.workers processes (not for people to type): the
+    # worker's index, and the listening sockets it inherits (SETTING=FD, one per socket).
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--listen-fd", action="append", default=[], help=argparse.SUPPRESS)
 
 
 def run_region(args: argparse.Namespace) -> int:
     from regional.config import RegionConfig
-    from regional.node import build_region_app, run_region
+    from regional.node import build_region_app, check_config, run_region
 
+    where = args.config or "defaults"
     config = load_config(args.config, RegionConfig)
-    return _run(args, config, build_region_app, run_region, [config.server.shared_secret])
+    config = _start_logging(args, config, [config.server.shared_secret])
+    with _config_errors(where):
+        check_config(config)
+        listener = listen(server_address(config.server.host, config.server.port, args.port))
+        app = build_region_app(config)
+    run_region(app, config, listener)
+    return 0
 
 
 def run_edge(args: argparse.Namespace) -> int:
     from edge.config import EdgeConfig
-    from edge.node import build_edge_app, check_config, run_edge
+    from edge.node import build_edge_app, check_config, open_listeners, run_edge
 
+    where = args.config or "defaults"
     config = load_config(args.config, EdgeConfig)
     if config.server.workers > 1 and args.worker is None:
-        try:
-            check_config(config)
-        except (ValueError, FileNotFoundError) as exc:
-            raise ConfigError(f"{args.config or 'defaults'}: {exc}") from exc
-        from nearshore.cli.workers import supervise
+        from nearshore.cli.workers import bind_for_workers, supervise
 
-        return supervise(args, config.server.workers, config.server.host, config.server.port)
-    if args.worker is not None and config.metrics.port:  # each worker's metrics on a port of its own
-        metrics = msgspec.structs.replace(config.metrics, port=config.metrics.port + args.worker)
-        config = msgspec.structs.replace(config, metrics=metrics)
-    secrets = [config.upstream.shared_secret, config.metrics.token]
-    return _run(
-        args, config, build_edge_app, lambda app, c, port: run_edge(app, c, port, args.worker), secrets
-    )
+        with _config_errors(where):
+            check_config(config)
+            shared = bind_for_workers(config, args.port)  # the supervisor's, handed to each worker
+        return supervise(args, config, shared)
+    config = _start_logging(args, config, [config.upstream.shared_secret, config.metrics.token])
+    with _config_errors(where):
+        check_config(config)
+        listeners = open_listeners(config, args.port, args.worker, inherited_fds(args.listen_fd))
+        app = build_edge_app(config, metrics=listeners.metrics)
+    run_edge(app, config, listeners.server, args.worker)
+    return 0
 
 
 def _with_log_format(args: argparse.Namespace, config: T) -> T:
@@ -72,18 +84,19 @@ def _with_log_format(args: argparse.Namespace, config: T) -> T:
     return config
 
 
-def _run(args: argparse.Namespace, config: object, build, run, secrets: list[str]) -> int:
-    where = args.config or "defaults"
+def _start_logging(args: argparse.Namespace, config: T, secrets: list[str]) -> T:
+    """The config with ``--log-format`` applied, logging set up by it, and ``secrets`` kept out of logs."""
     config = _with_log_format(args, config)
     jsonlog.configure(config.logging.format)  # type: ignore[attr-defined]
     for secret in secrets:  # before anything can log it
         logsafe.register_secret(secret)
+    return config
+
+
+@contextlib.contextmanager
+def _config_errors(where: str) -> Iterator[None]:
+    """A config the service refuses, or a listener that cannot bind, as one ``config error`` line."""
     try:
-        app = build(config)
-    except (ValueError, FileNotFoundError) as exc:
+        yield
+    except (ValueError, FileNotFoundError, BindError) as exc:
         raise ConfigError(f"{where}: {exc}") from exc
-    try:
-        run(app, config, port=args.port)
-    except PortInUse as exc:
-        raise ConfigError(f"{where}: {exc.key}: {exc}") from None
-    return 0

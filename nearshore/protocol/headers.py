@@ -17,7 +17,7 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LOAD = "x-nearshore-load"
 # Why the edge chose the region it did (on request: the edge's `geo.explain` setting or ROUTE_DEBUG).
 ROUTE = "x-nearshore-route"
-# A client asks for the route explanation on its own response with `x-nearshore-debug: route`.
+# A key allowed to (its `debug` flag) asks for the route explanation with `x-nearshore-debug: route`.
 DEBUG = "x-nearshore-debug"
 # `x-nearshore-continue: off`: a stream whose region dies mid-answer ends with an error event instead of
 # being continued by another region.
