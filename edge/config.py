@@ -249,6 +249,13 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
 def value_problems(config: EdgeConfig) -> list[str]:
     """Values that decode but cannot be meant, each naming its key."""
     problems = non_finite_numbers(config)
+    for model, price in config.prices.items():
+        for name in price.__struct_fields__:
+            value = getattr(price, name)
+            if isinstance(value, float | int) and not isinstance(value, bool) and value < 0:
+                problems.append(
+                    f'prices."{model}".{name}: must be >= 0 (USD per million tokens), not {value}'
+                )
     if config.limits.backend == "redis":
         problems += _redis_url_problems(config.limits.redis_url)
     return problems
