@@ -142,10 +142,12 @@ class Prices:
 
     @classmethod
     def from_edge_config(cls, path: Path, model: str) -> Prices:
-        from edge.config import EdgeConfig  # only when asked: the edge's config schema is large
-        from nearshore.config import load_config
+        from edge.config import EdgeConfig, value_problems  # only when asked: the edge's schema is large
+        from nearshore.config import ConfigError, load_config
 
         config = load_config(path, EdgeConfig)
+        if problems := value_problems(config):  # a negative or infinite price, as the edge refuses it
+            raise ConfigError(f"{path}: {'; '.join(problems)}")
         return cls(PriceTable(config.prices), config.cache.price_factor, model)
 
     def cost_usd(self, sample: Sample) -> float:
