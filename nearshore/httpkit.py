@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import re
-import signal
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable
@@ -16,6 +15,8 @@ import msgspec
 from aiohttp import web
 
 from nearshore.bodies import BROKEN_BODY, read_body
+from nearshore.listen import Address, listen
+from nearshore.listen import serve as listen_and_serve
 from nearshore.protocol.errors import (
     INTERNAL,
     UNSUPPORTED_MEDIA_TYPE,
@@ -123,14 +124,6 @@ async def read_json(request: web.Request, decoder: msgspec.json.Decoder[T]) -> T
         raise from_validation_error(exc) from None
 
 
-class PortInUse(OSError):
-    """The address to listen on is taken (or not ours); the CLI reports it as an error in config ``key``."""
-
-    def __init__(self, host: str, port: int, cause: OSError, key: str = "server.port") -> None:
-        super().__init__(f"cannot listen on {host}:{port}: {cause.strerror or cause}")
-        self.key = key
-
-
 def install_uvloop() -> None:
     try:
         import uvloop
@@ -148,29 +141,12 @@ async def serve(
     ssl_context: ssl.SSLContext | None = None,
     runner: web.AppRunner | None = None,
     stop: asyncio.Event | None = None,
-    reuse_port: bool = False,
 ) -> None:
-    """Run ``app`` until SIGTERM or SIGINT, or until ``stop`` is set (HTTPS with ``ssl_context``). The
-    default runner cancels a handler when its client disconnects; pass another to tune the server (the edge
-    does). ``reuse_port``: several processes serve the same port, the kernel spreading connections."""
+    """Run ``app`` on ``host:port`` (``--port``) until SIGTERM or SIGINT, or until ``stop`` is set (HTTPS with
+    ``ssl_context``): bound as the edge and the region bind (:mod:`nearshore.listen`), so a port that cannot
+    be taken is one :class:`~nearshore.listen.BindError` line. The default runner cancels a handler when its
+    client disconnects; pass another to tune the server."""
+    listener = listen(Address("--port", host, port))
     if runner is None:
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True, reuse_port=reuse_port, ssl_context=ssl_context)
-    try:
-        await site.start()
-    except OSError as exc:
-        await runner.cleanup()
-        raise PortInUse(host, port, exc) from None
-    bound = site._server.sockets[0].getsockname()[1] if site._server and site._server.sockets else port
-    if on_ready is not None:
-        on_ready(bound)
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        # Stops accepting, lets in-flight responses finish (up to the shutdown timeout), then cleans up.
-        await runner.cleanup()
+    await listen_and_serve(runner, listener, on_ready=on_ready, ssl_context=ssl_context, stop=stop)

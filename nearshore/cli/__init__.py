@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from nearshore import logsafe
 from nearshore.config import ConfigError
+from nearshore.listen import BindError
 
 
 @dataclass(frozen=True)
@@ -283,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except ConfigError as exc:
         print(f"nearshore: config error: {exc}", file=sys.stderr)
+        return 2
+    except BindError as exc:  # a port that cannot be taken: one line, whichever command listens
+        print(f"nearshore {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
