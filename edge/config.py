@@ -186,6 +186,9 @@ class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     redis_url: str = "redis://127.0.0.1:6379/0"
     # When Redis is unreachable: "open" keeps serving with local limits, "closed" answers 503.
     fail_mode: Literal["open", "closed"] = "open"
+    # Edges sharing this Redis: while it is away each process keeps 1 / (edges x server.workers) of a key's
+    # limits, so that all of them together never pass it.
+    edges: Annotated[int, Meta(ge=1, le=10_000)] = 1
 
 
 class MetricsConfig(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -347,8 +347,9 @@ class RedisLimiter:
     When Redis is unreachable, ``fail_mode`` decides: "open" falls back to local limits (decisions marked
     ``degraded``), "closed" raises :class:`LimiterUnavailable`. Requests then skip Redis altogether while a
     background task pings it every ``retry_interval_s``; when it answers, Redis is used again. The
-    ``workers`` of one edge fall back at once, each counting alone: each keeps :func:`local_share` of a key's
-    limits, so that together they admit no more than the limit (two each admitted all of it).
+    ``workers`` processes sharing the Redis (an edge's workers, times the edges: ``[limits] edges``) fall back
+    at once, each counting alone: each keeps :func:`local_share` of a key's limits, so that together they
+    admit no more than the limit (two each admitted all of it).
     """
 
     def __init__(

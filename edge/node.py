@@ -123,10 +123,9 @@ def _check_prices(config: EdgeConfig) -> None:
 
 def make_limiter(config: EdgeConfig) -> RateLimiter:
     if config.limits.backend == "redis":
-        # Each worker falls back alone while Redis is away: to its share of every key's limits.
-        return RedisLimiter(
-            config.limits.redis_url, fail_mode=config.limits.fail_mode, workers=config.server.workers
-        )
+        # Each process falls back alone while Redis is away: to its share of every key's limits.
+        processes = config.limits.edges * config.server.workers
+        return RedisLimiter(config.limits.redis_url, fail_mode=config.limits.fail_mode, workers=processes)
     return MemoryLimiter()
 
 

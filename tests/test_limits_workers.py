@@ -151,3 +151,14 @@ async def test_two_workers_with_redis_down_pass_at_most_the_keys_limit(tmp_path:
         edge.stop()
         pacer.process.stop()
         redis.stop()
+
+
+def test_edges_sharing_redis_divide_the_local_allowance_too():
+    from edge.config import EdgeConfig, LimitsConfig, ServerConfig
+    from edge.node import make_limiter
+
+    config = EdgeConfig(
+        models=["m"], limits=LimitsConfig(backend="redis", edges=3), server=ServerConfig(workers=2)
+    )
+    limiter = make_limiter(config)
+    assert isinstance(limiter, RedisLimiter) and limiter.workers == 6
