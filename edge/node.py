@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import resource
+import sqlite3
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -119,6 +120,23 @@ def _check_prices(config: EdgeConfig) -> None:
             )
         if problem := price.problem():
             raise ValueError(f'prices."{model}": {problem}')
+
+
+def check_files(config: EdgeConfig) -> None:
+    """The ledger and key store open as the edge will open them, or one line naming the setting: a
+    ``server.workers`` supervisor checks before it starts any worker (else each would print it)."""
+    for key, path in (("ledger_db", config.ledger_db), ("keys_db", config.keys_db)):
+        open_named_file(key, Path(path).expanduser(), _open_sqlite).close()
+
+
+def _open_sqlite(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path)
+    try:
+        db.execute("PRAGMA schema_version")  # a file that is not a database says so here, not at connect
+    except BaseException:
+        db.close()
+        raise
+    return db
 
 
 def make_limiter(config: EdgeConfig) -> RateLimiter:

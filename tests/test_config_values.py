@@ -457,3 +457,18 @@ def test_a_kv_pool_too_big_to_allocate_fails_the_region_with_503_and_says_why(tm
         assert region.proc.wait(timeout=60) == 70  # the node exits for its supervisor
     text = log_path.read_text()
     assert "Traceback" not in text, text
+
+
+def test_a_workers_supervisor_checks_the_ledger_and_key_store_before_any_worker(tmp_path):
+    from edge.node import check_files
+
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    with pytest.raises(
+        ValueError, match=rf"^ledger_db: cannot open {re.escape(str(folder))}: Is a directory"
+    ):
+        check_files(EdgeConfig(models=[MODEL], ledger_db=str(folder), keys_db=str(tmp_path / "keys.sqlite3")))
+    not_a_db = tmp_path / "keys.sqlite3"
+    not_a_db.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(ValueError, match=r"^keys_db: cannot open .*: file is not a database"):
+        check_files(EdgeConfig(models=[MODEL], ledger_db=str(tmp_path / "l.sqlite3"), keys_db=str(not_a_db)))

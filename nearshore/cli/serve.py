@@ -56,7 +56,7 @@ def run_region(args: argparse.Namespace) -> int:
 
 def run_edge(args: argparse.Namespace) -> int:
     from edge.config import EdgeConfig
-    from edge.node import build_edge_app, check_config, open_listeners, run_edge
+    from edge.node import build_edge_app, check_config, check_files, open_listeners, run_edge
 
     where = args.config or "defaults"
     config = load_config(args.config, EdgeConfig)
@@ -65,6 +65,7 @@ def run_edge(args: argparse.Namespace) -> int:
 
         with _config_errors(where):
             check_config(config)
+            check_files(config)  # one line here, not one from each worker
             shared = bind_for_workers(config, args.port)  # the supervisor's, handed to each worker
         return supervise(args, config, shared)
     config = _start_logging(args, config, [config.upstream.shared_secret, config.metrics.token])
