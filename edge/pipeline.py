@@ -1,8 +1,8 @@
 """The edge's journey as named stages, and its one exit.
 
-A request passes through the stages in order (authenticate, parse, admit, [route], [cache], forward,
-relay; see :mod:`edge.stages`); each reads and fills in the :class:`~edge.journey.Journey`, and may end
-it by returning a reply (a cache hit would) or raising an :class:`ApiError`. Whatever happens,
+A request passes through the stages in order (authenticate, parse, rightsize, admit, cache, route, gate,
+forward, relay; see :mod:`edge.stages`); each reads and fills in the :class:`~edge.journey.Journey`, and
+may end it by returning a reply (a cache hit would) or raising an :class:`ApiError`. Whatever happens,
 :func:`run_journey` leaves by one door: it records an outcome if no stage did, runs the cleanups, bills
 the request once (:func:`edge.settle.settle_journey`), and only then sends the answer's last bytes. A new
 concern is a new stage, added with :meth:`Pipeline.with_stage`, without touching the others.

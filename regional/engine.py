@@ -1,7 +1,8 @@
 """The engine interface: what the HTTP layer needs from anything that decodes tokens.
 
-Implementations: :mod:`regional.llama_engine` (llama.cpp on CPUs) and, later, ``gpu/``. The HTTP layer
-knows nothing about which one runs.
+Implementations: :mod:`regional.llama_engine` (llama.cpp, the CPU fallback) and :mod:`regional.torch_engine`
+(the batched engine of ``gpu/``, on CUDA when present, else the CPU). The HTTP layer knows nothing about which
+one runs.
 """
 
 from __future__ import annotations
