@@ -30,6 +30,8 @@ from typing import Literal
 
 import msgspec
 
+from edge.sqlite_columns import add_missing_columns
+
 KEY_PREFIX = "ns-"
 _KEY_ID_HEX = 12
 _SECRET_BYTES = 32
@@ -124,17 +126,6 @@ _INSERT = (
 )
 
 
-def _add_missing_columns(db: sqlite3.Connection) -> None:
-    have = {row[1] for row in db.execute("PRAGMA table_info(api_keys)")}
-    for name, declaration in _ADDED_COLUMNS.items():
-        if name not in have:
-            try:
-                db.execute(f"ALTER TABLE api_keys ADD COLUMN {name} {declaration}")
-            except sqlite3.OperationalError as exc:  # another process added it a moment ago
-                if "duplicate column" not in str(exc):
-                    raise
-
-
 def _row_to_key(row: tuple) -> tuple[ApiKey, str]:
     key_id, digest, tenant, tier, rpm, tpm, models, budget, revoked, created_at, debug = row
     key = ApiKey(
@@ -181,7 +172,7 @@ class KeyStore:
         self._db.execute("PRAGMA busy_timeout = 5000")
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute(_SCHEMA)
-        _add_missing_columns(self._db)
+        add_missing_columns(self._db, "api_keys", _ADDED_COLUMNS)
         self._lock = threading.Lock()  # serializes use of the connection, never taken by authenticate
         # The in-memory copy: key_id -> (record, sha256 hex of the secret). Replaced whole, never mutated,
         # so the request path reads it without a lock.

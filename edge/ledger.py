@@ -32,6 +32,7 @@ from pathlib import Path
 import msgspec
 
 from edge.ledger_spool import Spool
+from edge.sqlite_columns import add_missing_columns
 
 log = logging.getLogger("nearshore.ledger")
 
@@ -152,7 +153,7 @@ class Ledger:
         # The read side: any thread, one query at a time.
         self._reader = _connect(self.path)
         self._reader.executescript(_SCHEMA)
-        _add_missing_columns(self._reader)
+        add_missing_columns(self._reader, "usage", _ADDED_COLUMNS)
         self._read_lock = threading.Lock()
         # The loop's writer waits for the lock only as long as another worker's commit takes: a ledger
         # held longer sends the group to the spool, and the groups after it go there without waiting.
@@ -379,17 +380,6 @@ class Ledger:
             )
             for key_id, tenant, day, requests, prompt, cached, completion, cost in rows
         ]
-
-
-def _add_missing_columns(db: sqlite3.Connection) -> None:
-    have = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
-    for name, declaration in _ADDED_COLUMNS.items():
-        if name not in have:
-            try:
-                db.execute(f"ALTER TABLE usage ADD COLUMN {name} {declaration}")
-            except sqlite3.OperationalError as exc:  # another process added it a moment ago
-                if "duplicate column" not in str(exc):
-                    raise
 
 
 def _insert(db: sqlite3.Connection, records: list[UsageRecord]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 import sqlite3
 import ssl
 import time
@@ -92,6 +93,21 @@ class Edge:
         self.process.stop()
         for p in self.extra:
             p.stop()
+
+
+def two_free_ports() -> int:
+    """A port whose next one is free too: worker i serves its metrics on metrics.port + i (a free port's
+    neighbour may be another test's)."""
+    for _ in range(100):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no two free ports side by side")
 
 
 def start_pacer(folder: Path, name: str = "pacer", **flags: object) -> Pacer:

@@ -7,13 +7,17 @@ region, which are answered on the test's event loop.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+
+from tests.edge_fixtures import Edge, start_edge
 
 # kind ("chat" or "completions"), the request's JSON body, the request -> the answer
 Answerer = Callable[[str, dict[str, Any], web.Request], Awaitable[web.StreamResponse]]
@@ -75,3 +79,17 @@ async def serving(region: FakeRegion) -> AsyncIterator[str]:
         yield str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
+
+
+@asynccontextmanager
+async def edge_over(region: FakeRegion, folder: Path, name: str) -> AsyncIterator[Edge]:
+    """A real edge process (plain HTTP) whose one region, ``name``, is ``region`` serving in this process;
+    probed rarely, so that a test's own requests are what the region sees."""
+    async with serving(region) as url:
+        edge = await asyncio.to_thread(
+            start_edge, folder, [(name, url)], tls={"enabled": False}, upstream={"health_interval_s": 60.0}
+        )
+        try:
+            yield edge
+        finally:
+            await asyncio.to_thread(edge.stop)

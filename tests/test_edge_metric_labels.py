@@ -19,8 +19,8 @@ from aiohttp import web
 from edge.metric_labels import ERROR_CODES, OTHER, error_code_label, model_label
 from nearshore.protocol import errors
 from nearshore.protocol.errors import ErrorKind
-from tests.edge_fixtures import Edge, start_edge
-from tests.fake_region import FakeRegion, serving
+from tests.edge_fixtures import Edge
+from tests.fake_region import FakeRegion, edge_over
 
 MODEL = "gemma-3-270m"
 CODE_BYTES = 4096
@@ -96,15 +96,8 @@ async def noisy(kind: str, body: dict[str, Any], request: web.Request) -> web.St
 
 @pytest.fixture(scope="module")
 async def edge(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
-    async with serving(FakeRegion(noisy)) as url:
-        folder = tmp_path_factory.mktemp("metric-labels")
-        e = await asyncio.to_thread(
-            start_edge, folder, [("noisy", url)], tls={"enabled": False}, upstream={"health_interval_s": 60.0}
-        )
-        try:
-            yield e
-        finally:
-            await asyncio.to_thread(e.stop)
+    async with edge_over(FakeRegion(noisy), tmp_path_factory.mktemp("metric-labels"), "noisy") as e:
+        yield e
 
 
 async def ask(s: aiohttp.ClientSession, edge: Edge, key: str, kind: str, *, stream: bool, model: str = MODEL):

@@ -21,8 +21,8 @@ from aiohttp import web
 from edge.token_count import EstimatingCounter, chat_ceiling, text_ceiling
 from edge.usage_audit import Delivered, UsageBounds, audit_usage
 from nearshore.protocol.schemas import ChatMessage
-from tests.edge_fixtures import Edge, start_edge
-from tests.fake_region import FakeRegion, completion, serving
+from tests.edge_fixtures import Edge
+from tests.fake_region import FakeRegion, completion, edge_over
 
 MODEL = "gemma-3-270m"
 MAX_TOKENS = 64
@@ -83,15 +83,8 @@ async def answer(kind: str, body: dict[str, Any], _request: web.Request) -> web.
 
 @pytest.fixture(scope="module")
 async def edge(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
-    async with serving(FakeRegion(answer)) as url:
-        folder = tmp_path_factory.mktemp("unary-usage")
-        e = await asyncio.to_thread(
-            start_edge, folder, [("fake", url)], tls={"enabled": False}, upstream={"health_interval_s": 60.0}
-        )
-        try:
-            yield e
-        finally:
-            await asyncio.to_thread(e.stop)
+    async with edge_over(FakeRegion(answer), tmp_path_factory.mktemp("unary-usage"), "fake") as e:
+        yield e
 
 
 async def ask(edge: Edge, key: str, kind: str, case: str) -> tuple[int, dict[str, Any], str]:

@@ -17,7 +17,7 @@ import pytest
 
 from edge.config import EdgeConfig
 from edge.node import check_config
-from tests.edge_fixtures import Edge, start_edge, start_pacer
+from tests.edge_fixtures import Edge, start_edge, start_pacer, two_free_ports
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -65,22 +65,6 @@ def served_by_each_worker(edge: Edge) -> list[float]:
     return counts
 
 
-def _two_free_ports() -> int:
-    """A port whose next one is free too (a free port's neighbour may be another test's)."""
-    import socket
-
-    for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two free ports side by side")
-
-
 def _wait_for_both_workers(edge: Edge, timeout_s: float = 30.0) -> None:
     """/health on the shared port answers once one worker listens: wait for the second one's metrics too."""
     import time
@@ -111,7 +95,7 @@ def two_workers(folder: Path, **pacer_flags: object) -> Iterator[Edge]:
             [("r", pacer.url)],
             server={"workers": 2},
             limits={"backend": "redis", "redis_url": redis.url},
-            metrics={"port": _two_free_ports()},  # worker i serves metrics on port + i
+            metrics={"port": two_free_ports()},  # worker i serves metrics on port + i
         )
         try:
             _wait_for_both_workers(edge)

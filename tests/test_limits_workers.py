@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +16,7 @@ import aiohttp
 import pytest
 
 from edge.limits import LimiterUnavailable, LimitSpec, RedisLimiter, local_share
-from tests.edge_fixtures import Edge, start_edge, start_pacer
+from tests.edge_fixtures import Edge, start_edge, start_pacer, two_free_ports
 from tests.redis_server import RedisServer
 
 CHAT = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -67,20 +66,6 @@ async def test_fail_closed_refuses_whatever_the_workers(own_redis: RedisServer):
         assert limiter.backend_up()
     finally:
         await limiter.close()
-
-
-def two_free_ports() -> int:
-    """A port whose next one is free too: worker i serves its metrics on metrics.port + i."""
-    for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two free ports side by side")
 
 
 def worker_metrics_urls(edge: Edge) -> list[str]:
