@@ -9,7 +9,7 @@ The layers run in numpy, or in ONNX Runtime on a graph written from the same wei
 ``backend="auto"`` takes ONNX Runtime when it is installed. Both give sentence-transformers' vectors
 (cosine >= 0.9999999 on the 52 texts of tests/data/minilm_reference.npz).
 
-Measured here (2 shared cores, AMD EPYC, load average 2.2, 1 thread each, ``python -m cache.bench_embedder
+Measured here (2 shared cores, AMD EPYC, load average 2.2, 1 thread each, ``python -m bench.cache.embedder
 --peer-python /tmp/st-venv/bin/python``): one query of 10-30 words alone, p50 / p99 over 200; texts a
 second in batches of 64; and the issue's pairs (12 paraphrases, 12 hard negatives: negation, numbers,
 direction, entities, dates), hits at cosine >= 0.90 as paraphrases / negatives:

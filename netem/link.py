@@ -11,7 +11,7 @@ Faults: ``reset`` cuts every open connection with RST; ``blackhole`` holds all d
 accepted and stall; held data flows again on ``clear``, as TCP would retransmit it); ``slow_close`` delays
 each end of stream by N ms; ``down`` refuses new connections and resets open ones; ``up`` and ``clear``
 undo them. Several links run in one process as a :class:`LinkSet`, changed through netem/control.py;
-``nearshore link`` (nearshore/cli/link.py) runs them from flags or a file (netem/link_config.py).
+``nearshore link`` (cli/link.py) runs them from flags or a file (netem/link_config.py).
 """
 
 from __future__ import annotations

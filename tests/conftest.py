@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nearshore.procs import ManagedProcess, free_port, nearshore_argv
+from harness.procs import ManagedProcess, free_port
+from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps
 
 MODEL = "gemma-3-270m"

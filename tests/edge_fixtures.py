@@ -14,7 +14,8 @@ from pathlib import Path
 
 from edge.keys import KeyStore
 from edge.node import KEY_REFRESH_S
-from nearshore.procs import ManagedProcess, free_port, nearshore_argv
+from harness.procs import ManagedProcess, free_port
+from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps
 
 

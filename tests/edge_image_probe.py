@@ -76,7 +76,7 @@ def main() -> None:
         lambda: report.write_text(json.dumps({"attempts": sorted(attempts), "blocked": sorted(blocked)}))
     )
     sys.meta_path[:] = [Absent(finder, blocked, attempts) for finder in sys.meta_path]
-    from nearshore.cli import main as nearshore
+    from cli import main as nearshore
 
     raise SystemExit(nearshore(argv))
 

@@ -10,7 +10,7 @@ import socket
 import time
 from pathlib import Path
 
-from nearshore.procs import ManagedProcess, ProcessFailed, free_port
+from harness.procs import ManagedProcess, ProcessFailed, free_port
 
 
 class RedisServer:

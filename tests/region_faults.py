@@ -31,7 +31,7 @@ def install() -> None:
 
 def main() -> None:
     install()
-    from nearshore.cli import main as cli_main
+    from cli import main as cli_main
 
     sys.exit(cli_main(["region", *sys.argv[1:]]))
 

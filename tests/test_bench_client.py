@@ -1,4 +1,4 @@
-"""The one streaming client (netem/bench/client.py) and everything that reads streams through it: the
+"""The one streaming client (harness/client.py) and everything that reads streams through it: the
 benchmarks, ``nearshore chat``, the scenarios' phase-by-phase probe and the outage scenario's outcomes."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from netem.bench.client import Stream, parse_server_timing, read_events, stream_once
-from netem.chat import stream_answer
-from netem.launcher import RunningTopology
-from netem.scenarios.probe import probe
-from netem.scenarios.region_outage import Attempt, RegionOutage
+from harness.chat import stream_answer
+from harness.client import Stream, parse_server_timing, read_events, stream_once
+from harness.launcher import RunningTopology
+from harness.scenarios.probe import probe
+from harness.scenarios.region_outage import Attempt, RegionOutage
 from tests.edge_fixtures import Edge, edge_over_pacer, start_pacer
 
 TOKENS = 5

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nearshore.cli.bench import add_edge_arguments, run_edge
+from cli.bench import add_edge_arguments, run_edge
 
 
 @pytest.mark.slow

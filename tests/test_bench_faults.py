@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from netem.bench.faults_cases import (
+from bench.faults.cases import (
     BY_NAME,
     EXPECTED_TEXT,
     TOKENS,
@@ -18,7 +18,7 @@ from netem.bench.faults_cases import (
     read_stream,
     retry_after_s,
 )
-from netem.hostile_answers import WORD
+from harness.standins.hostile_answers import WORD
 
 DEADLINE_S = 30.0
 
@@ -133,8 +133,8 @@ def test_cases_are_picked_by_name_in_the_tables_order():
 
 @pytest.mark.slow
 def test_a_few_cases_through_our_edge(tmp_path: Path):
-    from nearshore.cli.bench import add_faults_arguments
-    from netem.bench import faults
+    from bench.faults import run as faults
+    from cli.bench import add_faults_arguments
 
     parser = argparse.ArgumentParser()
     add_faults_arguments(parser)

@@ -7,9 +7,9 @@ import json
 import random
 from pathlib import Path
 
-from geo.bench_route import CITIES, make_catalog, make_router
+from bench.geo.route import CITIES, make_catalog, make_router
+from cli.bench import add_geo_arguments, run_geo
 from geo.catalog import GeoConfig, check_catalog
-from nearshore.cli.bench import add_geo_arguments, run_geo
 
 
 def test_catalogs_are_real_cities_jittered_and_valid() -> None:

@@ -11,12 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from cache.verify import verify
-from edge.billing import Price, PriceTable
-from netem.bench.client import PromptTokensDetails, Stream, Usage
-from netem.bench.load_arrivals import OpenLoop, coefficient_of_variation, parse_rates
-from netem.bench.load_prompts import TEMPLATES, LengthDist, PromptMix
-from netem.bench.load_soak import (
+from bench.load.arrivals import OpenLoop, coefficient_of_variation, parse_rates
+from bench.load.prompts import TEMPLATES, LengthDist, PromptMix
+from bench.load.soak import (
     ProcessSeries,
     growth_of,
     parse_duration_s,
@@ -24,7 +21,10 @@ from netem.bench.load_soak import (
     pids_from_run,
     slope,
 )
-from netem.bench.load_stats import Latency, Prices, Sample, Slo, error_type, summarize
+from bench.load.step_stats import Latency, Prices, Sample, Slo, error_type, summarize
+from cache.verify import verify
+from edge.billing import Price, PriceTable
+from harness.client import PromptTokensDetails, Stream, Usage
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -226,7 +226,7 @@ def test_pids_from_a_run_folder(tmp_path):
 
 
 def test_the_knee_is_the_highest_rate_where_most_requests_met_the_objectives():
-    from netem.bench.load_run import knees
+    from bench.load.run import knees
 
     def step(endpoint, rate, met):
         good, bad = _sample(ttft_s=0.1), _sample(ttft_s=5.0)

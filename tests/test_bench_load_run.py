@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nearshore.procs import nearshore_argv
+from nearshore.children import nearshore_argv
 from tests.edge_fixtures import start_edge, start_pacer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pytest
 
 from cache import admin
 from cache.store import CacheStore, Entry
-from nearshore.cli import main
+from cli import main
 
 DIM = 8
 HOUR = 3600.0

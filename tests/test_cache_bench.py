@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nearshore.cli import main
+from cli import main
 
 pytestmark = pytest.mark.slow  # loads the embedding model, starts an edge and the pacer
 

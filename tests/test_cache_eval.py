@@ -12,7 +12,7 @@ import pytest
 from cache import answer_compare, evaluate
 from cache.response_cache import CALIBRATION, threshold_for
 from cache.settings import CacheSettings
-from nearshore.cli import main
+from cli import main
 
 pytestmark = pytest.mark.slow  # loads the embedding model
 

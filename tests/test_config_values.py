@@ -16,13 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from cli import build_parser
+from cli.keys import MAX_PER_MINUTE
 from edge.config import EdgeConfig, non_finite_numbers, open_named_file, value_problems
 from edge.keys import KeyStore
 from edge.ledger import Ledger
-from nearshore.cli import build_parser
-from nearshore.cli.keys import MAX_PER_MINUTE
+from harness.procs import ManagedProcess, free_port
+from nearshore.children import nearshore_argv
 from nearshore.config import ConfigError, load_config
-from nearshore.procs import ManagedProcess, free_port, nearshore_argv
 from nearshore.tomlw import dumps
 from regional.config import MAX_KV_CACHE_TOKENS, EngineConfig, RegionConfig
 from regional.engine import EngineFailed

@@ -31,12 +31,12 @@ import pytest
 import yaml
 from aiohttp import web
 
+from cli import build_parser
 from edge.config import EdgeConfig
 from edge.keys import KeyStore
 from edge.node import check_config as check_edge_config
-from nearshore.cli import build_parser
+from harness.procs import ManagedProcess, free_port
 from nearshore.config import load_config
-from nearshore.procs import ManagedProcess, free_port
 from nearshore.tomlw import dumps
 from regional.config import RegionConfig
 from regional.node import check_config as check_region_config
@@ -197,7 +197,7 @@ def test_image_runs_a_real_command_as_non_root_with_a_healthcheck(image: str) ->
 
 
 def test_edge_import_graph_has_no_torch_cupy_or_llama_cpp() -> None:
-    code = "import edge.node, edge.app, nearshore.cli; nearshore.cli.build_parser()"
+    code = "import edge.node, edge.app, cli; cli.build_parser()"
     out = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     )

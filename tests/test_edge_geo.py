@@ -28,7 +28,8 @@ import aiohttp
 import pytest
 
 from geo.places import floor_rtt_ms
-from nearshore.procs import ManagedProcess, free_port, nearshore_argv
+from harness.procs import ManagedProcess, free_port
+from nearshore.children import nearshore_argv
 from nearshore.protocol.sse import iter_data
 from nearshore.tomlw import dumps
 from tests.edge_fixtures import Edge, Pacer, start_edge

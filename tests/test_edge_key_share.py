@@ -18,7 +18,7 @@ from edge.node import build_edge_app
 from edge.pipeline import Stage
 from edge.stages import default_pipeline
 from edge.state import EDGE
-from nearshore.procs import free_port
+from harness.procs import free_port
 from nearshore.protocol.headers import SHARE_KEY
 from tests.edge_fixtures import Pacer, start_pacer
 from tests.test_edge_journey import new_key, serve

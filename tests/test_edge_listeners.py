@@ -19,8 +19,9 @@ import aiohttp
 import pytest
 
 import nearshore.listen
+from harness.procs import free_port
+from nearshore.children import nearshore_argv
 from nearshore.listen import Address, BindError, listen
-from nearshore.procs import free_port, nearshore_argv
 from nearshore.tomlw import dumps
 from tests.conftest import write_region_config
 from tests.edge_fixtures import start_edge, start_pacer

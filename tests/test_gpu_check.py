@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpu.bench_decode import kv_bytes_read, time_decode, weight_bytes
-from nearshore.procs import nearshore_argv
+from bench.gpu.decode import kv_bytes_read, time_decode, weight_bytes
+from nearshore.children import nearshore_argv
 from tests.test_paged_model import tiny_gemma
 
 

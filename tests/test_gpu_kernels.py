@@ -1,7 +1,7 @@
 """The CUDA kernels without a GPU: they compile (NVRTC) and assemble (ptxas) for sm_80 and sm_90 with no
 spills and within shared memory; their launch arithmetic covers the torch path's shapes; the sampling kernel's
 threshold search, replayed in numpy, picks gpu/sampler.py's draw() token; gpu.cuda_kernels never loads CuPy
-where there is no GPU. Their numerics on a device are gpu/gpu_check_kernels.py's job."""
+where there is no GPU. Their numerics on a device are bench/gpu/kernels.py's job."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from bench.gpu.kernels import decode_inputs
 from gpu import cuda_kernels as ck
 from gpu import kernel_build as kb
-from gpu.gpu_check_kernels import decode_inputs
 from gpu.sampler import RowParams, draw, uniform
 
 REPO = Path(__file__).resolve().parents[1]
@@ -311,7 +311,7 @@ def test_the_kernels_threshold_search_picks_draws_token() -> None:
 
 
 def test_the_device_check_says_what_it_needs() -> None:
-    from gpu.gpu_check_kernels import run_kernel_checks
+    from bench.gpu.kernels import run_kernel_checks
 
     if ck.available():
         pytest.skip("a GPU and CuPy are here: run nearshore gpu-check instead")

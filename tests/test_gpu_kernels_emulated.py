@@ -1,7 +1,7 @@
 """The CUDA kernels' own source executed on the CPU (tests/cuda_emulation.py: one thread per CUDA thread,
 launched with gpu/cuda_kernels.py's numbers) against the torch path: paged decode attention against
 gpu/attention.py, fused sampling against gpu/sampler.py's draw(). A GPU still checks them on the device
-(gpu/gpu_check_kernels.py); this catches indexing, barrier and reduction mistakes on every machine."""
+(bench/gpu/kernels.py); this catches indexing, barrier and reduction mistakes on every machine."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import random
 import pytest
 import torch
 
+from bench.gpu.kernels import check_attention, check_sampling, decode_inputs
 from gpu import cuda_kernels as ck
 from gpu.attention import paged_attention
-from gpu.gpu_check_kernels import check_attention, check_sampling, decode_inputs
 from gpu.sampler import RowParams, draw, uniform
 from tests import cuda_emulation as emulated
 
@@ -133,7 +133,7 @@ def test_sampling_kernel_keeps_what_the_filters_keep() -> None:
 
 
 def test_the_device_checks_pass_through_the_emulation() -> None:
-    """gpu/gpu_check_kernels.py's checks, with the emulation standing in for the device: the script's own
+    """bench/gpu/kernels.py's checks, with the emulation standing in for the device: the script's own
     inputs, references and verdicts run here, and fail as they would on a GPU when a kernel is wrong."""
 
     def attention(q, k_cache, v_cache, table, seq_lens, scale, window, *, max_seq_len, num_splits):

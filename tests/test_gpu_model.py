@@ -19,11 +19,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpu.gguf_weights import dequantize_gguf, gguf_sha256, load_weights  # noqa: E402
-from gpu.kv_cache import PagedKvCache, blocks_that_fit, bytes_per_block  # noqa: E402
-from gpu.model import CONFIG_FILE, CausalLM  # noqa: E402
-from gpu.model_config import GLOBAL, SLIDING, ModelConfig, UnsupportedModelError  # noqa: E402
-from gpu.parity import (  # noqa: E402
+from bench.gpu.parity import (  # noqa: E402
     compare_logits,
     compare_sequences,
     dequantized_copy,
@@ -31,6 +27,10 @@ from gpu.parity import (  # noqa: E402
     open_llama,
     torch_logits,
 )
+from gpu.gguf_weights import dequantize_gguf, gguf_sha256, load_weights  # noqa: E402
+from gpu.kv_cache import PagedKvCache, blocks_that_fit, bytes_per_block  # noqa: E402
+from gpu.model import CONFIG_FILE, CausalLM  # noqa: E402
+from gpu.model_config import GLOBAL, SLIDING, ModelConfig, UnsupportedModelError  # noqa: E402
 from tests.gguf_fixtures import write_tiny_gguf  # noqa: E402
 from tests.gpu_paging import BlockBook  # noqa: E402
 

@@ -1,5 +1,5 @@
-"""`nearshore hostile`'s provider faults (netem/hostile_provider.py): each mode's bytes on the wire, the
-mode spec (arguments, one mode per instance), and the test routes /_log and /_control."""
+"""`nearshore hostile`'s provider faults (harness/standins/hostile_provider.py): each mode's bytes on the
+wire, the mode spec (arguments, one mode per instance), and the test routes /_log and /_control."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from netem import hostile_provider
-from netem.hostile import ALL_MODES, MODES, mode_spec
-from netem.hostile_provider import PROVIDER_MODES
-from netem.hostile_server import HostileRegion, HostileSettings
-from netem.hostile_spec import Choice, Spec, SpecError, bind, parse
-from netem.hostile_state import MAX_LOGGED, Memory, Record, RequestLog
+from harness.standins import hostile_provider
+from harness.standins.hostile import ALL_MODES, MODES, mode_spec
+from harness.standins.hostile_provider import PROVIDER_MODES
+from harness.standins.hostile_server import HostileRegion, HostileSettings
+from harness.standins.hostile_spec import Choice, Spec, SpecError, bind, parse
+from harness.standins.hostile_state import MAX_LOGGED, Memory, Record, RequestLog
 from tests.edge_fixtures import Pacer, start_hostile
 
 TOKENS = 8

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from netem import hostile
-from netem.hostile import CUT_JSON, HUGE_EVENT_BYTES, MODES, TOO_MANY_FACTOR
+from harness.standins import hostile
+from harness.standins.hostile import CUT_JSON, HUGE_EVENT_BYTES, MODES, TOO_MANY_FACTOR
 from tests.edge_fixtures import Pacer, start_hostile
 
 TOKENS = 8

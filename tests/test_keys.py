@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from cli.keys import add_keys_arguments, run_keys
 from edge.keys import ApiKey, KeyStore, refresh_keys
-from nearshore.cli.keys import add_keys_arguments, run_keys
 from tests.edge_fixtures import edge_over_pacer
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.keys import add_keys_arguments, run_keys
 from edge.keys import KeyStore
-from nearshore.cli.keys import add_keys_arguments, run_keys
 
 # The table as the first release made it, before the debug column.
 _OLD_SCHEMA = """

@@ -1,5 +1,6 @@
-"""The code's shape, read from its own imports: the CLI sits on top, the base package below everything,
-no file too long, and every command keeps its flags."""
+"""The code's shape, read from its own imports (ARCHITECTURE.md, "Layers"): one order of rooms,
+nearshore < geo, cache, gpu, netem < edge, regional < harness < bench < cli, no import up it, no circle
+between files, no file too long, and every command keeps its flags."""
 
 from __future__ import annotations
 
@@ -9,16 +10,32 @@ from pathlib import Path
 
 import pytest
 
-from nearshore.cli import build_parser
+from cli import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("nearshore", "geo", "cache", "gpu", "regional", "edge", "netem")
+# Each room's rank: a module may import only its own room and lower ranks.
+RANK = {
+    "nearshore": 0,
+    "geo": 1,
+    "cache": 1,
+    "gpu": 1,
+    "netem": 1,
+    "edge": 2,
+    "regional": 2,
+    "harness": 3,
+    "bench": 4,
+    "cli": 5,
+}
+# Rooms of one rank that must not see each other: the edge proxy never loads the model, the region never
+# routes, and the base's command shim (``python -m nearshore``) is the one way down into cli.
+FORBIDDEN = {("edge", "regional"), ("edge", "gpu"), ("regional", "edge")}
+ENTRY_SHIM = "nearshore.__main__"
 MAX_LINES = 500
 
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for package in PACKAGES:
+    for package in RANK:
         for path in sorted((REPO / package).rglob("*.py")):
             found[".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")] = path
     return found
@@ -34,31 +51,73 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
-def _is_command(module: str) -> bool:
-    return module == "nearshore.cli" or module.startswith("nearshore.cli.") or module == "nearshore.__main__"
-
-
-def test_the_base_package_imports_nothing_above_it():
-    """nearshore (config, protocol, helpers) is the bottom layer: no edge, regional, netem, nor a command."""
-    wrong = {
-        (module, name)
-        for module, path in _modules().items()
-        if module.split(".")[0] == "nearshore" and not _is_command(module)
-        for name in _imports(path)
-        if name.split(".")[0] in PACKAGES[1:] or _is_command(name)
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {
+        module: {n for n in _imports(path) if n in modules and n != module}
+        for module, path in modules.items()
     }
+
+
+def test_every_import_runs_down_the_layers():
+    wrong = []
+    for module, targets in _graph().items():
+        room = module.split(".")[0]
+        for target in targets:
+            other = target.split(".")[0]
+            if module == ENTRY_SHIM and other == "cli":
+                continue
+            if (room, other) in FORBIDDEN or RANK[other] > RANK[room]:
+                wrong.append(f"{module} imports {target}")
     assert not wrong
 
 
-def test_only_the_cli_imports_command_modules():
-    wrong = {
-        (module, name)
-        for module, path in _modules().items()
-        if not _is_command(module)
-        for name in _imports(path)
-        if _is_command(name)
-    }
-    assert not wrong
+def test_no_circle_between_files():
+    graph, circles = _graph(), []
+    # Tarjan's strongly connected components, iteratively.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    assert not circles
+
+
+def test_the_rooms_are_the_ones_the_architecture_names():
+    """Every top-level Python package is one of the ranked rooms (or the tests)."""
+    packages = {p.parent.name for p in REPO.glob("*/*.py") if not p.parent.name.startswith(".")} - {"tests"}
+    assert packages == set(RANK)
 
 
 def test_links_and_their_control_api_import_one_way():
@@ -235,4 +294,4 @@ def test_every_command_keeps_its_flags():
 @pytest.mark.parametrize("argv", [["bench", "edge", "--concurrency", "1,10", "--rps-rates", ""], ["link"]])
 def test_a_command_line_reaches_its_runner(argv: list[str]):
     args = build_parser().parse_args(argv)
-    assert args.run.__module__.startswith("nearshore.cli.")
+    assert args.run.__module__.startswith("cli.")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from cli.keys import add_usage_arguments, run_usage
 from edge.billing import Price, PriceTable
 from edge.ledger import Ledger, ReportRow, UsageRecord
-from nearshore.cli.keys import add_usage_arguments, run_usage
 
 REPO = Path(__file__).resolve().parents[1]
 DAY1 = datetime(2026, 3, 1, tzinfo=UTC).timestamp()

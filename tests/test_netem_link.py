@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from nearshore.cli.link import links_from_args
+from cli.link import links_from_args
 from nearshore.config import ConfigError
 from netem.control import create_control_app
 from netem.fidelity import fidelity_check
@@ -472,7 +472,7 @@ def test_links_from_a_config_file(tmp_path):
 async def test_link_command_prints_ready_and_serves():
     async with server(echo) as port:
         code = (
-            "import argparse, sys; from nearshore.cli.link import add_arguments, main; "
+            "import argparse, sys; from cli.link import add_arguments, main; "
             "p = argparse.ArgumentParser(); add_arguments(p); sys.exit(main(p.parse_args()))"
         )
         argv = [sys.executable, "-c", code, "--link", f"metro=127.0.0.1:0->127.0.0.1:{port}@lagos-metro"]

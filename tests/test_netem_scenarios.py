@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from netem.scenarios import SCENARIOS
-from netem.scenarios.traffic import (
+from harness.scenarios import SCENARIOS
+from harness.scenarios.traffic import (
     CUT_MID_STREAM,
     FAILED_BEFORE_FIRST_BYTE,
     OK,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.topology import load_topology
 from nearshore.config import ConfigError
 from netem.profiles import load_profile
-from netem.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 

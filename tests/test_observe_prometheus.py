@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from edge.metrics_catalog import EDGE_METRICS
-from netem.launcher import Launcher, RegionEndpoints, RunningTopology
-from netem.scrape_targets import CONFIGS, write_prometheus_folder
-from netem.topology import load_topology
+from harness.launcher import Launcher, RegionEndpoints, RunningTopology
+from harness.scrape_targets import CONFIGS, write_prometheus_folder
+from harness.topology import load_topology
 from regional.metrics_catalog import REGION_METRICS
 from tests.test_observe_metrics import check_exposition
 

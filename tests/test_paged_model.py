@@ -13,11 +13,11 @@ import math
 
 import torch
 
+from bench.gpu.crosstalk import check_crosstalk
 from gpu.kv_blocks import KvBlockManager
 from gpu.kv_cache import block_manager_for
 from gpu.model import CausalLM
 from gpu.model_config import GLOBAL, SLIDING, ModelConfig
-from regional.gpu_crosstalk import check_crosstalk
 
 BLOCK_SIZE = 4
 HEAD_DIM = 8

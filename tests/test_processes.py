@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from nearshore.procs import ManagedProcess, free_port, nearshore_argv
-from netem.leftovers import RunRecord, start_time, stop_orphans
+from harness.leftovers import RunRecord, start_time, stop_orphans
+from harness.procs import ManagedProcess, free_port
+from nearshore.children import nearshore_argv
 
 pytestmark = pytest.mark.slow
 

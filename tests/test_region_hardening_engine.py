@@ -11,7 +11,7 @@ import sys
 import aiohttp
 import pytest
 
-from nearshore.procs import ManagedProcess, free_port
+from harness.procs import ManagedProcess, free_port
 from nearshore.protocol.sse import iter_data
 from regional.config import EngineConfig
 from regional.engine import EngineFailed, GenerationRequest, SamplingParams

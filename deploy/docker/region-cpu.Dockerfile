@@ -41,6 +41,9 @@ COPY cache ./cache
 COPY regional ./regional
 COPY gpu ./gpu
 COPY netem ./netem
+COPY harness ./harness
+COPY bench ./bench
+COPY cli ./cli
 # Only the wheel built above: never one from an index built for other CPU flags.
 RUN pip install --no-index --find-links /wheels --no-deps "llama-cpp-python==${LLAMA_CPP_VERSION}" \
     && pip install --find-links /wheels -e '.[region]' \

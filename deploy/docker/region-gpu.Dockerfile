@@ -44,6 +44,9 @@ COPY cache ./cache
 COPY regional ./regional
 COPY gpu ./gpu
 COPY netem ./netem
+COPY harness ./harness
+COPY bench ./bench
+COPY cli ./cli
 # [gpu] = [torch] + cupy-cuda12x: torch's Linux wheel from PyPI brings its own CUDA libraries.
 RUN pip install --no-index --find-links /wheels --no-deps "llama-cpp-python==${LLAMA_CPP_VERSION}" \
     && pip install --find-links /wheels -e '.[region,gpu]' \

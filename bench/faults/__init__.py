@@ -1,0 +1,1 @@
+"""``nearshore bench faults``: a misbehaving provider, case by case, through our edge and LiteLLM."""

@@ -1,0 +1,1 @@
+"""``nearshore bench geo``: locating a client and choosing a route, per call."""

@@ -1,0 +1,1 @@
+"""``nearshore gpu-check``: kernels against references, parity with llama.cpp, cross-talk, decode timing."""

@@ -1,0 +1,184 @@
+"""``nearshore bench region``: concurrent streaming load on a regional node, beside llama-cpp-python's server.
+
+Both servers get the same model file, thread count and prompts (pre-rendered in the Gemma turn format and
+sent to ``/v1/completions``, so both see identical tokens), greedy decoding and the same token budget.
+They run one after the other, never at once, so they do not compete for the cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from bench import peers
+from bench.peers import Endpoint
+from harness.client import Stream, stream_once
+from harness.stats import percentile
+from nearshore.protocol.chat_format import gemma_turns
+from nearshore.protocol.schemas import ChatMessage
+
+QUESTIONS = [
+    "Explain why the sky is blue.",
+    "Write a short story about a lighthouse keeper.",
+    "List some tips for learning a new language.",
+    "Describe the water cycle.",
+    "What makes a good cup of coffee?",
+    "Summarise the history of the bicycle.",
+    "Explain how a refrigerator works.",
+    "Write a poem about the ocean at night.",
+    "Give advice to someone starting their first job.",
+    "Describe a busy market in Lagos.",
+    "How do airplanes stay in the air?",
+    "Explain what a neural network is.",
+    "Write a letter to a friend about a trip.",
+    "What are the benefits of walking every day?",
+    "Describe how bread is made.",
+    "Explain the rules of football to a child.",
+]
+# The peer's defaults add repeat_penalty 1.1, top_k 40, top_p 0.95, min_p 0.05: turn them off.
+PEER_GREEDY = {"repeat_penalty": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+
+
+@dataclass(frozen=True)
+class RegionBench:
+    """The run's settings (the command's flags)."""
+
+    concurrency: str  # stream counts, comma-separated
+    max_tokens: int  # tokens per stream
+    threads: int  # llama.cpp threads, both servers
+    model_path: str  # GGUF file ("": the embedded model)
+    no_peer: bool  # skip llama-cpp-python's server
+    json: str | None  # also write the results here
+    logs: str  # folder for server logs ("": a temp folder)
+    engine: str = "llama.cpp"  # "gpu": the torch engine too, beside the llama.cpp engine
+
+
+@dataclass
+class LevelResult:
+    server: str
+    concurrency: int
+    wall_s: float
+    streams: list[Stream]
+
+    @property
+    def ok(self) -> list[Stream]:
+        return [s for s in self.streams if not s.error]
+
+    def summary(self) -> dict[str, float]:
+        ttfts = [s.ttft_s for s in self.ok]
+        gaps = [g for s in self.ok for g in s.gaps_s]
+        tokens = sum(s.tokens for s in self.ok)
+        return {
+            "ttft_p50_ms": percentile(ttfts, 50) * 1000,
+            "ttft_p99_ms": percentile(ttfts, 99) * 1000,
+            "itl_p50_ms": percentile(gaps, 50) * 1000,
+            "itl_p99_ms": percentile(gaps, 99) * 1000,
+            "tokens": tokens,
+            "tok_per_s": tokens / self.wall_s if self.wall_s else 0.0,
+            "errors": len(self.streams) - len(self.ok),
+        }
+
+
+def _body(index: int, max_tokens: int, extra: dict) -> bytes:
+    question = QUESTIONS[index % len(QUESTIONS)]
+    prompt = gemma_turns([ChatMessage(role="user", content=question)])
+    payload = {"model": peers.MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+    return json.dumps({**payload, "stream": True, **extra}).encode()
+
+
+async def drive(server: Endpoint, concurrency: int, max_tokens: int, extra: dict) -> LevelResult:
+    """``concurrency`` streams at once, one per question in turn."""
+    streams = [Stream() for _ in range(concurrency)]
+    url = server.url + "/v1/completions"
+    timeout = aiohttp.ClientTimeout(total=1800)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        started = time.perf_counter()
+        await asyncio.gather(
+            *(
+                stream_once(session, url, _body(i, max_tokens, extra), server.headers, stream)
+                for i, stream in enumerate(streams)
+            )
+        )
+        wall = time.perf_counter() - started
+    return LevelResult(server.name, concurrency, wall, streams)
+
+
+def run(bench: RegionBench) -> list[LevelResult]:
+    """Each server in turn over every level; print the table; return every level's streams."""
+    from regional.model_store import resolve_model_path  # the region extra: only this command needs it
+
+    levels = [int(x) for x in bench.concurrency.split(",") if x]
+    model_path = str(resolve_model_path(bench.model_path))
+    logs = Path(bench.logs or tempfile.mkdtemp(prefix="nearshore-bench-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    sequences = max(16, max(levels))
+    servers: list[tuple[Callable[[], Endpoint], dict]] = [
+        (lambda: peers.start_region(logs, model_path, bench.threads, sequences), {})
+    ]
+    if bench.engine == "gpu":
+        servers.append((lambda: peers.start_region(logs, model_path, bench.threads, sequences, "gpu"), {}))
+    if not bench.no_peer:
+        servers.append((lambda: peers.start_llama_cpp_server(logs, model_path, bench.threads), PEER_GREEDY))
+    results: list[LevelResult] = []
+    for start, extra in servers:
+        results += _run_server(start(), levels, bench.max_tokens, extra)
+    _print_table(results, levels)
+    if bench.json:
+        rows = [{"server": r.server, "concurrency": r.concurrency, **r.summary()} for r in results]
+        Path(bench.json).write_text(json.dumps(rows, indent=2))
+    print(f"server logs: {logs}")
+    return results
+
+
+def _run_server(server: Endpoint, levels: list[int], max_tokens: int, extra: dict) -> list[LevelResult]:
+    out = []
+    try:
+        asyncio.run(drive(server, 1, 4, extra))  # warm-up
+        for level in levels:
+            result = asyncio.run(drive(server, level, max_tokens, extra))
+            out.append(result)
+            s = result.summary()
+            print(
+                f"  {server.name:>18} x{level:<3} {s['tok_per_s']:7.1f} tok/s  "
+                f"ttft p99 {s['ttft_p99_ms']:8.0f} ms",
+                flush=True,
+            )
+    finally:
+        server.stop()
+    return out
+
+
+def _print_table(results: list[LevelResult], levels: list[int]) -> None:
+    header = (
+        f"{'server':>18} {'streams':>7} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'ITL p50':>8} {'ITL p99':>8} {'tok/s':>7} {'err':>3}"
+    )
+    print("\n" + header + "\n" + "-" * len(header))
+    by_key = {(r.server, r.concurrency): r.summary() for r in results}
+    for r in results:
+        s = by_key[(r.server, r.concurrency)]
+        print(
+            f"{r.server:>18} {r.concurrency:>7} {s['ttft_p50_ms']:8.0f}ms {s['ttft_p99_ms']:8.0f}ms "
+            f"{s['itl_p50_ms']:6.1f}ms {s['itl_p99_ms']:6.1f}ms {s['tok_per_s']:7.1f} {s['errors']:>3}"
+        )
+    for level in levels:
+        gpu, ours = by_key.get(("nearshore-gpu", level)), by_key.get(("nearshore", level))
+        if gpu and ours and ours["tok_per_s"] and gpu["ttft_p99_ms"]:
+            print(
+                f"x{level}: the torch engine's throughput {gpu['tok_per_s'] / ours['tok_per_s']:.2f}x the "
+                f"llama.cpp engine's; TTFT p99 {gpu['ttft_p99_ms'] / ours['ttft_p99_ms']:.1f}x its"
+            )
+    for level in levels:
+        ours, peer = by_key.get(("nearshore", level)), by_key.get(("llama_cpp.server", level))
+        if ours and peer and peer["tok_per_s"] and ours["ttft_p99_ms"]:
+            print(
+                f"x{level}: throughput {ours['tok_per_s'] / peer['tok_per_s']:.2f}x the peer's; "
+                f"TTFT p99 {peer['ttft_p99_ms'] / ours['ttft_p99_ms']:.1f}x lower"
+            )

@@ -1,0 +1,116 @@
+"""Start Nearshore processes (and peers) for demos, benchmarks and tests; stop them without orphans.
+
+Children die with their supervisor: each runs in its own session (so ``stop`` can end its whole process
+group) and, on Linux, asks the kernel for SIGTERM when its parent dies, so a supervisor killed with
+SIGKILL (``nearshore up``, a test runner) leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from nearshore.children import die_with_parent
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ProcessFailed(RuntimeError):
+    pass
+
+
+class ManagedProcess:
+    """A child process in its own process group, logging to a file, stopped on exit."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,  # its own process group, for stop()
+            preexec_fn=die_with_parent(),
+        )
+        log.close()
+        return self
+
+    def restart(self) -> ManagedProcess:
+        """Start it again after it exited: the same argv, environment and log file (appended to, after a
+        line that marks the restart, so the log reads as one history)."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError(f"{self.name} is still running (pid {self.proc.pid})")
+        reason = exit_reason(self.proc.returncode) if self.proc is not None else "never started"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("a") as log:
+            log.write(f"--- nearshore: restarting {self.name} (it {reason}) ---\n")
+        return self.start()
+
+    def wait_http(self, url: str, timeout_s: float = 120.0, context: ssl.SSLContext | None = None) -> None:
+        """Wait until ``url`` answers 200; fail early, with the log's tail, if the process dies."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                raise ProcessFailed(f"{self.name} exited early:\n{self.log_tail()}")
+            with (
+                contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, OSError),
+                urllib.request.urlopen(url, timeout=2, context=context) as response,
+            ):
+                if response.status == 200:
+                    return
+            time.sleep(0.1)
+        raise ProcessFailed(f"{self.name} not ready at {url} after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def __enter__(self) -> ManagedProcess:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+
+def exit_reason(returncode: int) -> str:
+    """How a child ended, in words: ``exited with code 3``, ``was killed by SIGKILL`` (Popen reports a
+    signal as a negative return code)."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"was killed by signal {-returncode}"
