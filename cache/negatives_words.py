@@ -1,7 +1,7 @@
 """The hard-negative generator's word tables (cache/negatives.py), kept apart from the verifier's.
 
 Nothing here may be imported by the verifier (cache/verify.py): a negative that the verifier catches only
-because it lists the very word the generator put in would prove nothing. ``tests/test_cache_negatives.py``
+because it lists the very word the generator put in would prove nothing. ``tests/cache/test_negatives.py``
 checks that the two sets of tables stay apart where it matters, and cache-eval reports which negatives were
 caught by a word the verifier lists and which by its general rule.
 

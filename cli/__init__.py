@@ -1,9 +1,9 @@
 """The ``nearshore`` command: one table of subcommands, each a module with an argument adder and a runner.
 
 The command modules (this package) sit above every layer (ARCHITECTURE.md, "Layers"): they may import
-anything, and nothing imports them, so the base package ``nearshore`` stays below all the rest. Building the parser
-imports each command module; a command that needs a heavy service (the region's llama.cpp) imports it in
-its runner.
+anything, and nothing imports them, so the base package ``nearshore`` stays below all the rest. Building
+the parser imports each command module; a command that needs a heavy service (the region's llama.cpp)
+imports it in its runner.
 """
 
 from __future__ import annotations

@@ -1,0 +1,141 @@
+"""The routing scenarios (issue 9): their figures on made-up traffic, and degraded-link and region-outage run
+from the CLI on the real Lagos topology (three regional nodes on the embedded model, emulated links, an
+edge), shortened."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.scenarios import SCENARIOS
+from harness.scenarios.traffic import (
+    CUT_MID_STREAM,
+    FAILED_BEFORE_FIRST_BYTE,
+    OK,
+    Attempt,
+    flaps,
+    moved_after_s,
+    per_region,
+    percentile_ms,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _attempts(*served: tuple[float, str], outcome: str = OK) -> list[Attempt]:
+    return [Attempt(started=t, region=r, outcome=outcome) for t, r in served]
+
+
+def test_moved_is_the_first_request_after_the_last_one_in_the_wrong_place():
+    traffic = _attempts((10.2, "london"), (10.5, "london"), (11.0, "johannesburg"), (11.4, "johannesburg"))
+    assert moved_after_s(traffic, 10.0, lambda r: r != "london") == pytest.approx(1.0)
+    # A request back in the wrong place later resets it: traffic was not there for good until after it.
+    traffic += _attempts((12.0, "london"), (12.5, "virginia"))
+    assert moved_after_s(traffic, 10.0, lambda r: r != "london") == pytest.approx(2.5)
+    # Never got there; and already there from the first request.
+    assert moved_after_s(_attempts((10.1, "london")), 10.0, lambda r: r != "london") is None
+    assert moved_after_s(_attempts((10.1, "virginia")), 10.0, lambda r: r != "london") == pytest.approx(0.1)
+
+
+def test_requests_that_failed_before_their_first_byte_were_served_nowhere():
+    traffic = _attempts((1.0, "london"), (2.0, "johannesburg"))
+    traffic += _attempts((3.0, "london"), outcome=FAILED_BEFORE_FIRST_BYTE)
+    traffic += _attempts((4.0, "johannesburg"), outcome=CUT_MID_STREAM)
+    assert per_region(traffic) == {"johannesburg": 2, "london": 1}
+    assert moved_after_s(traffic, 0.0, lambda r: r != "london") == pytest.approx(2.0)
+    assert flaps("johannesburg", traffic) == 2  # j -> l -> j: two changes, none needed
+
+
+def test_flaps_are_region_changes_beyond_the_one_a_phase_needs():
+    steady = _attempts((1.0, "johannesburg"), (2.0, "johannesburg"))
+    assert flaps("london", steady) == 0  # one change, and it was needed
+    assert flaps("johannesburg", steady) == 0
+    back_and_forth = _attempts((1.0, "johannesburg"), (2.0, "london"), (3.0, "johannesburg"))
+    assert flaps("london", back_and_forth) == 2
+    # Counted in the order the requests were sent, not the order they are listed.
+    assert flaps("london", list(reversed(steady + _attempts((0.5, "virginia"))))) == 1
+    assert flaps("", []) == 0
+
+
+def test_percentiles_by_nearest_rank_in_milliseconds():
+    values = [0.1, 0.2, 0.3, 0.4]
+    assert percentile_ms(values, 50) == pytest.approx(200)
+    assert percentile_ms(values, 95) == pytest.approx(400)
+    assert percentile_ms([], 50) != percentile_ms([], 50)  # NaN
+
+
+def test_every_scenario_says_how_often_the_edge_probes():
+    assert set(SCENARIOS) >= {"lagos-ttft", "region-outage", "degraded-link"}
+    assert SCENARIOS["degraded-link"].health_interval_s <= 1.0
+    assert SCENARIOS["region-outage"].health_interval_s <= 1.0
+
+
+def _scenario(name: str, out: Path, *args: str, timeout_s: float) -> tuple[dict, float]:
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "nearshore", "scenario", name, "--out", str(out), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (out / f"{name}.png").stat().st_size > 10_000
+    return json.loads((out / f"{name}.json").read_text())["data"], time.monotonic() - started
+
+
+def test_an_unknown_phase_is_refused_naming_the_flag(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "nearshore", "scenario", "degraded-link", "--phases", "spike,eclipse"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "--phases" in result.stderr and "eclipse" in result.stderr
+
+
+@pytest.mark.slow
+def test_degraded_link_moves_traffic_away_from_london_and_back(tmp_path):
+    """A +200 ms spike on Lagos-London sends new requests elsewhere within seconds; once the link is itself
+    again they come back; nothing fails before its first byte and nothing flaps."""
+    data, took_s = _scenario(
+        "degraded-link", tmp_path, "--phase-s", "3", "--phases", "baseline,spike,calm", timeout_s=150
+    )
+    baseline, spike, calm = data["phases"]
+    assert data["target"] == "london"
+    assert list(baseline["per_region"]) == ["london"], baseline
+    # Away during the spike, within seconds (one probe to see it, hold_s to be sure), and staying away.
+    assert spike["moved_s"] is not None and spike["moved_s"] < 10, spike
+    assert set(spike["per_region"]) - {"london"}, spike
+    # Back once the link recovered (the round-trip average must come down first), and staying there.
+    assert calm["moved_s"] is not None, calm
+    last = [a for a in data["attempts"] if a["outcome"] != FAILED_BEFORE_FIRST_BYTE][-3:]
+    assert {a["region"] for a in last} == {"london"}, last
+    assert data["failed_before_first_byte"] == 0, data["phases"]
+    assert data["flaps"] == 0, data["phases"]
+    assert took_s < 90, f"took {took_s:.0f}s"
+
+
+@pytest.mark.slow
+def test_region_outage_takes_the_dead_region_out_and_lets_it_back_in(tmp_path):
+    """London is killed under load and restarted: the edge takes it out within seconds, no request that had
+    not started fails, and once the node is back the edge routes to it again."""
+    data, took_s = _scenario("region-outage", tmp_path, "--phase-s", "2", timeout_s=150)
+    assert data["victim"] == "london"
+    assert data["failed_before_first_byte"] == 0, data["phases"]
+    assert data["ejected_after_s"] is not None and data["ejected_after_s"] < 5, data
+    assert data["moved_after_s"] is not None and data["moved_after_s"] < 5, data
+    after_kill = data["phases"][1]["per_region"]
+    assert after_kill and "london" not in after_kill, data["phases"]
+    assert data["routable_again_after_s"] is not None, data
+    assert data["traffic_back_after_s"] is not None, data
+    # Every stream under way at the kill either finished (continued elsewhere) or was counted as cut.
+    assert data["continued"] + data["cut_mid_stream"] == data["in_flight_at_kill"]
+    assert took_s < 90, f"took {took_s:.0f}s"
