@@ -25,6 +25,7 @@ import aiohttp
 from bench import peers
 from bench.peers import Endpoint
 from harness.standins.hostile import MODES
+from harness.stats import percentile
 from nearshore.protocol.headers import CLIENT_REQUEST_ID
 
 # Modes that answer correctly are left out: they measure nothing here.
@@ -104,12 +105,6 @@ async def _load(edge: EdgeUnderTest, modes: list[str | None], seconds: float, co
         await watcher
 
 
-def _rank(values: list[float], q: float) -> float:
-    """The value at rank ``q`` (no interpolation: a latency somebody saw); NaN when empty."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 def _ledger_check(edge: EdgeUnderTest) -> str:
     """'ok' when every request has exactly one row with sane counts, else what is wrong."""
     time.sleep(0.5)  # the last rows commit just after their answers
@@ -171,7 +166,7 @@ def run(bench: HostileBench) -> list[EdgeUnderTest]:
     for edge in results:
         print(
             f"{edge.name.removeprefix('edge-') + ' region':<18}{len(edge.client_ids):>9}"
-            f"{_rank(edge.health_ms, 0.5):>10.1f}ms{_rank(edge.health_ms, 0.99):>6.1f}ms"
+            f"{percentile(edge.health_ms, 50):>10.1f}ms{percentile(edge.health_ms, 99):>6.1f}ms"
             f"{max(edge.health_ms, default=0):>6.1f}ms{max(edge.rss_mb, default=0):>7.0f}MB"
             f"  {_ledger_check(edge)}"
         )

@@ -1,1 +1,1 @@
-"""Geo routing: GeoIP, region catalog, latency model, routing policies, health (see DESIGN.md, step 3)."""
+"""Geo routing: GeoIP, region catalog, latency model, routing policies, health (ARCHITECTURE.md, "route")."""

@@ -1,4 +1,4 @@
-"""The routing decision: which replicas may serve a request, in which order (DESIGN.md step 3).
+"""The routing decision: which replicas may serve a request, in which order (ARCHITECTURE.md, "route").
 
 Filter: serves the model, allowed by residency, probed up and not ejected, not loading (while another can
 serve), not over its in-flight capacity (while another is not). Score, in milliseconds of expected time to

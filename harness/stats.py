@@ -1,16 +1,20 @@
-"""Small statistics the benchmarks share."""
+"""The one percentile every figure uses: the benchmarks', the scenarios' and the load generator's.
+
+Linear interpolation between the nearest ranks (numpy's default, and what ``statistics.median`` gives at
+50), so a p95 in one report means what it means in another.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable
 
 
-def percentile(values: Sequence[float], p: float) -> float:
+def percentile(values: Iterable[float], p: float) -> float:
     """The p-th percentile, linearly interpolated between the nearest ranks; NaN when empty."""
-    if not values:
+    ordered = sorted(float(v) for v in values)
+    if not ordered:
         return math.nan
-    ordered = sorted(values)
     rank = (len(ordered) - 1) * p / 100
     low = math.floor(rank)
     high = min(low + 1, len(ordered) - 1)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,6 +120,20 @@ def test_the_rooms_are_the_ones_the_architecture_names():
     """Every top-level Python package is one of the ranked rooms (or the tests)."""
     packages = {p.parent.name for p in REPO.glob("*/*.py") if not p.parent.name.startswith(".")} - {"tests"}
     assert packages == set(RANK)
+
+
+def test_the_readme_map_matches_the_tree():
+    """A newcomer's map: the README's "Where things are" lists each top-level folder once, in one line, and
+    no folder the tree lacks."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Where things are\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- `([\w.-]+)/`: \S", section, flags=re.M)
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    folders = {
+        line.split("/")[0] for line in tracked.splitlines() if "/" in line and not line.startswith(".")
+    }
+    assert len(listed) == len(set(listed))
+    assert set(listed) == folders
 
 
 def test_links_and_their_control_api_import_one_way():

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from cache.embedder import embedded_model_dir, limit_blas_threads, load_embedder, onnxruntime_available
+from harness.stats import percentile
 
 PEERS = ("st", "onnx", "onnx-int8", "static")
 PEERS_SCRIPT = Path(__file__).with_name("bench_embedder_peers.py")
@@ -171,8 +172,8 @@ def summarise(raw: dict[str, object], reference: np.ndarray | None) -> Result:
     return Result(
         backend=str(raw["backend"]),
         load_s=round(float(raw["load_s"]), 3),
-        single_p50_ms=round(float(np.percentile(single, 50)), 2),
-        single_p99_ms=round(float(np.percentile(single, 99)), 2),
+        single_p50_ms=round(percentile(single, 50), 2),
+        single_p99_ms=round(percentile(single, 99), 2),
         batch_texts_per_s=round(float(raw["batch_texts_per_s"]), 1),
         paraphrase_cos_min=round(float(para.min()), 3),
         paraphrase_cos_mean=round(float(para.mean()), 3),

@@ -20,6 +20,7 @@ import numpy as np
 from cache import ivf
 from cache.response_cache import threshold_for
 from cache.settings import CacheSettings
+from harness.stats import percentile
 
 NEAR_QUERIES = 300
 BUILD_THREADS = 2
@@ -29,10 +30,9 @@ HNSW_EF_SEARCH = 64
 
 
 def percentiles(times_ms: list[float], name: str) -> dict:
-    values = np.asarray(times_ms, dtype=np.float64)
     return {
-        f"{name}_p50_ms": round(float(np.percentile(values, 50)), 3),
-        f"{name}_p99_ms": round(float(np.percentile(values, 99)), 3),
+        f"{name}_p50_ms": round(percentile(times_ms, 50), 3),
+        f"{name}_p99_ms": round(percentile(times_ms, 99), 3),
     }
 
 

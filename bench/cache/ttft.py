@@ -27,6 +27,7 @@ from bench import peers
 from bench.cache.lookup import BENCH_MAX_TOKENS, BENCH_MODEL
 from bench.edge.request import session_for
 from harness.client import Stream, stream_once
+from harness.stats import percentile
 
 LAGOS_LONDON_RTT_MS = 100.0  # configs/netem/lagos-london.toml
 
@@ -68,9 +69,9 @@ def _summary(streams: list[Stream]) -> dict:
         "requests": len(streams),
         "errors": len(streams) - len(ok),
         "answered_by_cache": sum(1 for s in ok if not s.region),
-        "ttft_p50_ms": round(float(np.percentile(ttft_ms, 50)), 2),
-        "ttft_p99_ms": round(float(np.percentile(ttft_ms, 99)), 2),
-        "cache_dur_p50_ms": round(float(np.percentile(cache_ms, 50)), 2) if cache_ms else None,
+        "ttft_p50_ms": round(percentile(ttft_ms, 50), 2),
+        "ttft_p99_ms": round(percentile(ttft_ms, 99), 2),
+        "cache_dur_p50_ms": round(percentile(cache_ms, 50), 2) if cache_ms else None,
     }
 
 
@@ -118,7 +119,7 @@ async def _huge_question_cpu(
     return {
         "bytes": len(text.encode()),
         "repeats": HUGE_REPEATS,
-        **{label: round(float(np.median(values)), 3) for label, values in seconds.items()},
+        **{label: round(percentile(values, 50), 3) for label, values in seconds.items()},
     }
 
 

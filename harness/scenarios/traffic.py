@@ -27,6 +27,7 @@ import msgspec
 
 from harness.client import Stream, read_events, read_head
 from harness.launcher import RunningTopology
+from harness.stats import percentile
 from nearshore import tls
 from nearshore.protocol.headers import DEBUG, ROUTE
 
@@ -190,11 +191,8 @@ async def until(condition: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def percentile_ms(values_s: Sequence[float], q: float) -> float:
-    """The q-th percentile (nearest rank) in milliseconds; NaN for no values."""
-    if not values_s:
-        return math.nan
-    ordered = sorted(values_s)
-    return 1000 * ordered[min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))]
+    """The q-th percentile (harness/stats.py's one definition) of seconds, in milliseconds; NaN for none."""
+    return 1000 * percentile(values_s, q)
 
 
 def in_window(attempts: Sequence[Attempt], start: float, end: float) -> list[Attempt]:

@@ -62,10 +62,10 @@ def test_flaps_are_region_changes_beyond_the_one_a_phase_needs():
     assert flaps("", []) == 0
 
 
-def test_percentiles_by_nearest_rank_in_milliseconds():
+def test_percentiles_in_milliseconds_by_the_one_definition():
     values = [0.1, 0.2, 0.3, 0.4]
-    assert percentile_ms(values, 50) == pytest.approx(200)
-    assert percentile_ms(values, 95) == pytest.approx(400)
+    assert percentile_ms(values, 50) == pytest.approx(250)
+    assert percentile_ms(values, 95) == pytest.approx(385)
     assert percentile_ms([], 50) != percentile_ms([], 50)  # NaN
 
 
