@@ -35,7 +35,7 @@ from nearshore.tomlw import dumps
 
 MODEL = "gemma-3-270m"
 JSON = {"Content-Type": "application/json"}
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass

@@ -35,7 +35,7 @@ from cache.embedder import embedded_model_dir, limit_blas_threads, load_embedder
 from harness.stats import percentile
 
 PEERS = ("st", "onnx", "onnx-int8", "static")
-PEERS_SCRIPT = Path(__file__).with_name("bench_embedder_peers.py")
+PEERS_SCRIPT = Path(__file__).with_name("embedder_peers.py")
 
 # Typical chat questions, 10-30 words each.
 QUERIES = [

@@ -9,7 +9,7 @@ output. Backends:
     onnx-int8   the same export, dynamically quantised to int8 by onnxruntime.quantization
     static      tokenlearn-static-model from PyPI: a static (Model2Vec-style) 64-dim model in the wheel
 
-Usage (by the driver): PEER_PYTHON bench_embedder_peers.py BACKEND MODEL_FOLDER WORK_FOLDER < job.json
+Usage (by the driver): PEER_PYTHON embedder_peers.py BACKEND MODEL_FOLDER WORK_FOLDER < job.json
 """
 
 from __future__ import annotations

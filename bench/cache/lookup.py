@@ -44,7 +44,7 @@ from cache.store import CacheStore, Entry
 from cache.verify import verify
 from nearshore.protocol.schemas import ChatCompletionRequest, ChatMessage
 
-PAIRS = Path(__file__).resolve().parent / "data" / "pairs.jsonl"
+PAIRS = Path(__file__).resolve().parents[2] / "cache" / "data" / "pairs.jsonl"
 BENCH_MODEL = "gemma-3-270m"  # the request the TTFT part sends: its partition is the one filled here
 BENCH_TENANT_SCOPE = "tenant:bench"
 BENCH_MAX_TOKENS = 8
