@@ -1,0 +1,93 @@
+"""The request rules no schema can say (nearshore/protocol/checks.py), on bodies decoded as the edge and the
+region decode them: one choice only, stream_options only with a stream, top_logprobs only with logprobs,
+max_tokens 0 only with echo; each refusal an OpenAI-shaped 400 naming its ``param``."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from nearshore.protocol.checks import check_supported
+from nearshore.protocol.errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER, ApiError
+from nearshore.protocol.schemas import chat_request_decoder, completion_request_decoder
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields):
+    return chat_request_decoder.decode(msgspec.json.encode({"model": "m", "messages": MESSAGES, **fields}))
+
+
+def completion(**fields):
+    return completion_request_decoder.decode(msgspec.json.encode({"model": "m", "prompt": "hi", **fields}))
+
+
+def refusal(body) -> ApiError:
+    with pytest.raises(ApiError) as caught:
+        check_supported(body)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        chat(),
+        chat(n=1, stream=True, stream_options={"include_usage": True}),
+        chat(logprobs=True, top_logprobs=5),
+        chat(logprobs=True),
+        chat(logprobs=False),
+        completion(),
+        completion(max_tokens=0, echo=True),
+        completion(max_tokens=1),
+        completion(logprobs=3, echo=True, max_tokens=0),
+        completion(stream=True, stream_options={"include_usage": False}),
+    ],
+)
+def test_supported_requests_pass(body):
+    assert check_supported(body) is None
+
+
+@pytest.mark.parametrize("make", [chat, completion])
+def test_more_than_one_choice_is_an_unsupported_parameter(make):
+    error = refusal(make(n=2))
+    assert error.kind is UNSUPPORTED_PARAMETER and error.status == 400 and error.param == "n"
+    assert "n=1" in error.message
+    envelope = msgspec.json.decode(error.to_json())
+    assert envelope["error"] == {
+        "message": "Only n=1 is supported: send one request per choice.",
+        "type": "invalid_request_error",
+        "param": "n",
+        "code": "unsupported_parameter",
+    }
+
+
+@pytest.mark.parametrize("make", [chat, completion])
+def test_stream_options_without_a_stream_is_refused(make):
+    for body in (make(stream_options={"include_usage": True}), make(stream=False, stream_options={})):
+        error = refusal(body)
+        assert error.kind is INVALID_REQUEST and error.param == "stream_options"
+        assert error.message == "stream_options is only allowed with stream=true."
+
+
+@pytest.mark.parametrize("logprobs", [None, False])
+def test_top_logprobs_without_logprobs_is_refused_in_chat(logprobs):
+    fields = {"top_logprobs": 2} if logprobs is None else {"top_logprobs": 2, "logprobs": logprobs}
+    error = refusal(chat(**fields))
+    assert error.kind is INVALID_REQUEST and error.param == "top_logprobs" and error.status == 400
+
+
+def test_top_logprobs_zero_still_needs_logprobs():
+    assert refusal(chat(top_logprobs=0)).param == "top_logprobs"
+    assert check_supported(chat(top_logprobs=0, logprobs=True)) is None
+
+
+def test_max_tokens_zero_without_echo_is_refused_for_completions():
+    error = refusal(completion(max_tokens=0))
+    assert error.kind is INVALID_REQUEST and error.param == "max_tokens"
+    assert "echo=true" in error.message
+    assert refusal(completion(max_tokens=0, echo=False)).param == "max_tokens"
+
+
+def test_the_first_rule_broken_is_the_one_named():
+    assert refusal(chat(n=3, stream_options={}, top_logprobs=1)).param == "n"
+    assert refusal(completion(stream_options={}, max_tokens=0)).param == "stream_options"
