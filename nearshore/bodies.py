@@ -68,8 +68,11 @@ async def _inflate(request: web.Request, encoding: str, limit_bytes: int) -> byt
                 inflater = zlib.decompressobj(_window_bits(encoding, chunk))
             pending = chunk
             while pending:
-                if inflater.eof:  # bytes after the end of the compressed stream
-                    raise _not_encoded_as(encoding)
+                if inflater.eof:  # bytes after the end of a compressed stream
+                    if encoding == "deflate":
+                        raise _not_encoded_as(encoding)
+                    # gzip allows several members one after another (RFC 1952): inflate the next.
+                    inflater = zlib.decompressobj(_window_bits(encoding, pending))
                 # Never inflate more than one byte past the limit: that byte is enough to refuse.
                 body += inflater.decompress(pending, limit_bytes + 1 - len(body))
                 if len(body) > limit_bytes:

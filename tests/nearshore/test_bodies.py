@@ -181,13 +181,13 @@ async def test_on_aiohttps_default_a_bomb_is_a_413(inflating):
     assert (await post(inflating, gzip.compress(b"\0" * 100_000), "gzip"))[0] == 413
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a gzip body of several members (valid per RFC 1952; gzip.decompress and aiohttp's own "
-    "inflater read it whole) is refused as 'not valid gzip data': _inflate treats the next member as "
-    "bytes after the end of the stream",
-)
 async def test_a_gzip_body_of_several_members_is_read_whole(raw):
     body = gzip.compress(b"hello ") + gzip.compress(b"world")
     assert gzip.decompress(body) == b"hello world"
     assert (await post(raw, body, "gzip"))[:2] == (200, b"hello world")
+
+
+async def test_bytes_after_a_deflate_stream_are_refused(raw):
+    body = zlib.compress(b"hello") + b"tail"
+    status, _ = (await post(raw, body, "deflate"))[:2]
+    assert status == 400
