@@ -87,6 +87,7 @@ def _fold(word: str) -> str:
 def _words(text: str) -> list[str]:
     """Casefolded words with contractions expanded and accents folded; "," marks a phrase boundary."""
     text = unicodedata.normalize("NFKC", text).casefold().replace("’", "'").replace("‘", "'")
+    text = _CHAT_SPELLINGS.sub(lambda m: vw.CONTRACTIONS[m.group()], text)
     out: list[str] = []
     for m in _TOKEN.finditer(text):
         kind, value = m.lastgroup, m.group()
@@ -104,6 +105,14 @@ def _words(text: str) -> list[str]:
 
 
 _CHAT_DIGITS = {"2": "to", "4": "for"}
+# Chat spellings with digits ("b4", "2day"): read whole, before the tokenizer splits letters from digits.
+_CHAT_SPELLINGS = re.compile(
+    r"(?<![\w'])(?:"
+    + "|".join(
+        sorted((re.escape(w) for w in vw.CONTRACTIONS if any(c.isdigit() for c in w)), key=len, reverse=True)
+    )
+    + r")(?![\w'])"
+)
 
 
 def _chat_digits(words: list[str]) -> list[str]:
@@ -378,6 +387,7 @@ def _language(text: str, words: list[str]) -> str:
     """A script other than Latin names itself; in Latin script, the language with the most of its common
     words (Pidgin: any word only Pidgin has), English unless another has more and two or more (or one,
     and accented letters or no English word); four words or more with none listed: "unknown"."""
+    text = unicodedata.normalize("NFKC", text)  # full-width Latin (an East Asian keyboard's) is Latin
     scripts = (
         set()
         if text.isascii()

@@ -30,6 +30,9 @@ def _groups(table: str) -> dict[str, str]:
     for group in table.split(";"):
         words = group.split()
         for word in words:
+            # A word in two groups would silently take the later head and stop reading as the first.
+            if word in out and out[word] != words[0]:
+                raise ValueError(f"{word!r} is in two groups ({out[word]!r} and {words[0]!r})")
             out[word] = words[0]
     return out
 
@@ -162,16 +165,16 @@ REWRITES: tuple[tuple[str, str], ...] = (
 )
 
 SYNONYMS: dict[str, str] = _groups(
-    "buy purchase; car automobile; phone cellphone smartphone handset; begin start commence;"
+    "buy purchase; car automobile voiture auto; phone cellphone smartphone handset; begin start commence;"
     "big large; fast quick quickly rapid rapidly; cheap inexpensive affordable; reduce lower decrease;"
     "child kid pikin; doctor physician; film movie; remove eliminate delete erase; fix repair;"
     "restart reboot; install setup; cook prepare make; help assist; symptom sign; cost price;"
     "maize corn; pawpaw papaya; groundnut peanut; petrol gasoline; lorry truck; flat apartment;"
     "holiday vacation; television tv; okay ok; because cuz bc; eat chop; mum mom mother mama;"
-    "dad father papa; photo picture; ill sick; job work; home house; rubbish garbage trash;"
-    "autumn fall; nappy diaper; exam examination; picture pic; someone somebody; benefit advantage;"
+    "dad father papa; photo picture pic; ill sick; job work; home house; rubbish garbage trash;"
+    "autumn fall; nappy diaper; exam examination; someone somebody; benefit advantage;"
     # French
-    "symptome signe; reduire diminuer baisser; commencer debuter; voiture auto automobile;"
+    "symptome signe; reduire diminuer baisser; commencer debuter;"
     "moyen facon maniere; avantage bienfait; cultiver planter; prix cout; ecrire rediger;"
     "preparer faire cuisiner;"
     "enfant gosse; medecin docteur; telephone tel"

@@ -199,39 +199,18 @@ def test_the_french_stemmer_cuts_plurals_and_a_final_e_only():
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: 'automobile' is in two SYNONYMS groups (car, voiture); the French one wins, so an English "
-    "automobile reads as 'voitur' and never as car",
-)
 def test_automobile_is_a_car_in_english():
     assert same("How do I buy a car?", "How do I buy an automobile?")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: 'picture' is in two SYNONYMS groups (photo picture; picture pic); the later wins, so photo "
-    "and picture no longer read alike",
-)
 def test_a_photo_is_a_picture():
     assert same("How do I crop a photo?", "How do I crop a picture?")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the tokenizer splits letters from digits before CONTRACTIONS is looked up, so its chat "
-    "spellings with digits (b4, 2day, gr8, sum1, 2moro, ...) are never read: b4 reads 'b', '4'",
-)
 def test_chat_spellings_with_digits_read_as_their_words():
     assert same("see you b4 lunch", "see you before lunch")
     assert same("what is the weather 2day", "what is the weather today")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the words are NFKC-normalised but the language is named from the raw text, so full-width "
-    "Latin letters (an East Asian keyboard's) name a script of their own, 'script:FULLWIDTH', and the "
-    "verifier refuses the pair as another language",
-)
 def test_full_width_latin_is_english():
     assert canon("Ｈｏｗ ｄｏ Ｉ ｃｏｏｋ ｒｉｃｅ?").language == "en"
