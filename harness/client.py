@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import msgspec
 
+from nearshore.protocol import sse
 from nearshore.protocol.headers import CACHE, REGION, SERVER_TIMING
 
 
@@ -111,16 +112,14 @@ async def read_events(
     """Read an SSE body to ``[DONE]``, timing each content event from ``started`` (a perf_counter time);
     ``on_text`` sees each event's text as it arrives. An error event, or fewer content events than
     ``expected_tokens``, is the stream's error."""
-    buffer = b""
+    parser = sse.SseParser()
     async for piece in body:
         now = time.perf_counter() - started
-        buffer += piece.replace(b"\r\n", b"\n") if b"\r" in piece else piece
-        *events, buffer = buffer.split(b"\n\n")
-        for raw in events:
-            data = b"\n".join(line[5:].lstrip() for line in raw.split(b"\n") if line.startswith(b"data:"))
+        for data in parser.feed(piece):
+            data = data.lstrip()
             if not data:
-                continue  # a comment (keep-alive)
-            if data == b"[DONE]":
+                continue  # an empty event
+            if data == sse.DONE_DATA:
                 stream.e2e_s = now
                 short = expected_tokens is not None and stream.tokens != expected_tokens
                 stream.error = f"{stream.tokens} of {expected_tokens} tokens" if short else ""
@@ -142,6 +141,7 @@ async def read_events(
                 stream.gaps_s.append(now - stream.last_token_s)
             stream.last_token_s = now
             stream.tokens += 1
+    # An event the body cut off before its blank line is not whole (as the SSE spec reads it): not read.
     stream.error = "the stream ended without [DONE]"
 
 

@@ -12,20 +12,13 @@ from aiohttp import web
 
 from nearshore.httpkit import Handler, metrics_response, openai_errors, read_json, request_id_of, request_ids
 from nearshore.protocol import sse
+from nearshore.protocol.answers import ChatAnswer, TextAnswer
 from nearshore.protocol.errors import INVALID_API_KEY, ApiError
 from nearshore.protocol.headers import EDGE_SECRET, SHARE_KEY
 from nearshore.protocol.schemas import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatDelta,
-    ChatLogprobs,
-    Completion,
-    CompletionChoice,
     CompletionRequest,
+    FinishReason,
     ModelCard,
     ModelList,
     chat_request_decoder,
@@ -144,20 +137,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     prepared = await service.prepare_chat(body, request_id_of(request), timings)
     prepared.share_key = share_key_of(request)
     generation = request[GENERATION] = service.run(prepared, timings)
-    ids = _ids(request, "chatcmpl")
+    answer = ChatAnswer.for_request(prepared.request_id, _answer_model(service, body))
     names = service.token_names if prepared.logprobs is not None else None
     if body.stream:
-        return await _stream(request, generation, _ChatChunks(ids, body.wants_usage_chunk(), names))
+        return await _stream(request, generation, _ChatChunks(answer, body.wants_usage_chunk(), names))
     text, finish, scored = await _collect(generation)
     logprobs = chat_logprobs(scored, names) if names is not None else None
-    answer = ChatCompletion(
-        id=ids.id,
-        created=ids.created,
-        model=body.model,
-        choices=[ChatChoice(0, AssistantMessage(text), finish, logprobs)],
-        usage=generation.usage,
-    )
-    return _json(answer, timings)
+    return _json(answer.whole(text, finish, generation.usage, logprobs), timings)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -167,21 +153,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     prepared = await service.prepare_completion(body, request_id_of(request), timings)
     prepared.share_key = share_key_of(request)
     generation = request[GENERATION] = service.run(prepared, timings)
-    ids = _ids(request, "cmpl")
+    answer = TextAnswer.for_request(prepared.request_id, _answer_model(service, body))
     writer = CompletionLogprobsWriter(service.token_names) if prepared.logprobs is not None else None
     if body.stream:
-        chunks = _CompletionChunks(ids, body.wants_usage_chunk(), prepared.prompt_text, writer)
+        chunks = _CompletionChunks(answer, body.wants_usage_chunk(), prepared.prompt_text, writer)
         return await _stream(request, generation, chunks)
     text, finish, scored = await _collect(generation)
     logprobs = writer.render([*(generation.prompt_logprobs or []), *scored]) if writer else None
-    answer = Completion(
-        id=ids.id,
-        created=ids.created,
-        model=body.model,
-        choices=[CompletionChoice(0, prepared.prompt_text + text, finish, logprobs)],
-        usage=generation.usage,
-    )
-    return _json(answer, timings)
+    return _json(answer.whole(prepared.prompt_text + text, finish, generation.usage, logprobs), timings)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -230,15 +209,10 @@ async def metrics(request: web.Request) -> web.Response:
 # --- answers -----------------------------------------------------------------------------------------
 
 
-class _Ids:
-    def __init__(self, id: str, created: int, model: str) -> None:
-        self.id, self.created, self.model = id, created, model
-
-
-def _ids(request: web.Request, prefix: str) -> _Ids:
-    return _Ids(
-        f"{prefix}-{request_id_of(request)}", int(time.time()), request.app[SERVICE].config.model.name
-    )
+def _answer_model(service: RegionService, body: ChatCompletionRequest | CompletionRequest) -> str:
+    """The model an answer names: a whole one, the name the client asked by (an alias, perhaps); a stream's
+    chunks, the node's own name."""
+    return service.config.model.name if body.stream else body.model
 
 
 async def _collect(generation: Generation) -> tuple[str, str, list[Logprobs]]:
@@ -261,56 +235,47 @@ def _json(answer: object, timings: Timings) -> web.Response:
 
 
 class _ChatChunks:
-    def __init__(self, ids: _Ids, include_usage: bool, names: TokenNames | None) -> None:
-        self.ids, self.include_usage, self.names = ids, include_usage, names
+    """A chat stream's events, with the log-probabilities of its tokens when asked for."""
 
-    def chunk(
-        self, delta: ChatDelta, finish: str | None = None, logprobs: ChatLogprobs | None = None
-    ) -> bytes:
-        i = self.ids
-        choice = ChatChunkChoice(0, delta, finish, logprobs)
-        return sse.event(ChatCompletionChunk(i.id, i.created, i.model, [choice]))
+    def __init__(self, answer: ChatAnswer, include_usage: bool, names: TokenNames | None) -> None:
+        self.answer, self.include_usage, self.names = answer, include_usage, names
 
     def first(self, _generation: Generation) -> bytes:
-        return self.chunk(ChatDelta(role="assistant", content=""))
+        return sse.event(self.answer.opener())
 
     def text(self, text: str, scored: list[Logprobs]) -> bytes:
         logprobs = chat_logprobs(scored, self.names) if self.names is not None else None
-        return self.chunk(ChatDelta(content=text), logprobs=logprobs)
+        return sse.event(self.answer.content(text, logprobs))
 
-    def end(self, finish: str) -> bytes:
-        return self.chunk(ChatDelta(), finish)
+    def end(self, finish: FinishReason) -> bytes:
+        return sse.event(self.answer.finish(finish))
 
     def usage(self, generation: Generation) -> bytes:
-        i = self.ids
-        return sse.event(ChatCompletionChunk(i.id, i.created, i.model, [], usage=generation.usage))
+        return sse.event(self.answer.usage(generation.usage))
 
 
 class _CompletionChunks:
-    def __init__(
-        self, ids: _Ids, include_usage: bool, echo: str, writer: CompletionLogprobsWriter | None
-    ) -> None:
-        self.ids, self.include_usage, self.echo, self.writer = ids, include_usage, echo, writer
+    """A text completion stream's events: the echoed prompt first (when asked), log-probabilities in
+    the legacy shape, their ``text_offset`` running on across chunks."""
 
-    def _chunk(self, text: str, finish: str | None, scored: list[Logprobs] | None = None) -> bytes:
-        i = self.ids
-        logprobs = self.writer.render(scored) if self.writer is not None and scored is not None else None
-        choice = CompletionChoice(0, text, finish, logprobs)
-        return sse.event(Completion(i.id, i.created, i.model, [choice]))
+    def __init__(
+        self, answer: TextAnswer, include_usage: bool, echo: str, writer: CompletionLogprobsWriter | None
+    ) -> None:
+        self.answer, self.include_usage, self.echo, self.writer = answer, include_usage, echo, writer
 
     def first(self, generation: Generation) -> bytes:
         # The echoed prompt, with its tokens' log-probabilities (known once the prompt has run).
-        return self._chunk(self.echo, None, generation.prompt_logprobs or []) if self.echo else b""
+        return self.text(self.echo, generation.prompt_logprobs or []) if self.echo else b""
 
     def text(self, text: str, scored: list[Logprobs]) -> bytes:
-        return self._chunk(text, None, scored)
+        logprobs = self.writer.render(scored) if self.writer is not None else None
+        return sse.event(self.answer.content(text, logprobs))
 
-    def end(self, finish: str) -> bytes:
-        return self._chunk("", finish)
+    def end(self, finish: FinishReason) -> bytes:
+        return sse.event(self.answer.finish(finish))
 
     def usage(self, generation: Generation) -> bytes:
-        i = self.ids
-        return sse.event(Completion(i.id, i.created, i.model, [], usage=generation.usage))
+        return sse.event(self.answer.usage(generation.usage))
 
 
 async def _stream(

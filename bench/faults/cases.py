@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from harness.standins.hostile_answers import WORD
+from nearshore.protocol import sse
 
 MODEL = "gemma-3-270m"
 FALLBACK = "long-context-model"
@@ -151,14 +152,14 @@ def read_stream(body: bytes) -> StreamRead:
     """The answer an SSE body carries, read as a client SDK reads it (comments and blank lines skipped)."""
     text, content, errors, bad, after = [], 0, [], 0, 0
     done = False
-    for block in body.replace(b"\r\n", b"\n").split(b"\n\n"):
-        data = b"\n".join(line[5:].strip() for line in block.split(b"\n") if line.startswith(b"data:"))
+    for data in sse.parse(body):  # an unfinished last event included
+        data = data.strip()
         if not data:
             continue
         if done:
             after += 1
             continue
-        if data == b"[DONE]":
+        if data == sse.DONE_DATA:
             done = True
             continue
         try:

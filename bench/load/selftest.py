@@ -10,29 +10,25 @@ measures near this ceiling measures the client, not the server.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from aiohttp import web
 
 from harness.procs import ManagedProcess, free_port
+from nearshore.protocol import sse
+from nearshore.protocol.answers import ChatAnswer
+from nearshore.protocol.schemas import Usage
 
 TOKENS = 16
 
 
 def _answer(tokens: int) -> bytes:
     """The whole SSE body, built once: a role event, ``tokens`` content events, usage, [DONE]."""
-
-    def event(payload: dict) -> bytes:
-        return b"data: " + json.dumps(payload).encode() + b"\n\n"
-
-    chunk = {"id": "self", "object": "chat.completion.chunk", "model": "self-test"}
-    parts = [event({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant"}}]})]
-    parts += [event({**chunk, "choices": [{"index": 0, "delta": {"content": " tok"}}]})] * tokens
-    usage = {"prompt_tokens": 10, "completion_tokens": tokens, "total_tokens": 10 + tokens}
-    parts.append(event({**chunk, "choices": [], "usage": usage}))
-    return b"".join(parts) + b"data: [DONE]\n\n"
+    answer = ChatAnswer("self", "self-test")
+    token = sse.event(answer.content(" tok"))
+    usage = sse.event(answer.usage(Usage.of(10, tokens)))
+    return sse.event(answer.opener()) + token * tokens + usage + sse.DONE
 
 
 def create_app(tokens: int) -> web.Application:

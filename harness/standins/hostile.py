@@ -74,6 +74,7 @@ HUGE_EVENT_BYTES = 8 * 1024 * 1024
 TOO_MANY_FACTOR = 50
 DRIP_INTERVAL_S = 1.0
 CUT_JSON = b'{"id": "x", "choi'
+TEXT_MARK = "<text>"  # where an answer's text sits in its JSON
 HTML = b"<!DOCTYPE html><html><head><title>Gateway</title></head><body><h1>Please sign in</h1></body></html>"
 GARBAGE = b"<<upstream exploded>> \x00\xff{not json"
 
@@ -122,7 +123,9 @@ async def _too_many_tokens(ex: Exchange) -> None:
 
 async def _endless_body(ex: Exchange) -> None:
     await ex.open_chunked(JSON)
-    await ex.send(chunk(f'{{"id":"{ex.answer.id}","choices":[{{"index":0,"text":"'.encode()))
+    # The correct answer up to where its text begins, then text that never ends.
+    head = ex.answer.unary(TEXT_MARK, usage(PROMPT_TOKENS, 0))
+    await ex.send(chunk(head[: head.index(TEXT_MARK.encode())]))
     filler = chunk(FILLER)
     while True:
         await ex.send(filler)

@@ -17,19 +17,14 @@ import msgspec
 from aiohttp import web
 
 from nearshore.protocol import sse
+from nearshore.protocol.answers import Answer, answer_for
 from nearshore.protocol.errors import MODEL_NOT_FOUND, ApiError
 from nearshore.protocol.headers import LOAD
 from nearshore.protocol.load import LoadReport, LoadState, format_load
-from nearshore.protocol.schemas import (
-    ChatChunkChoice,
-    ChatCompletionChunk,
-    ChatDelta,
-    Completion,
-    CompletionChoice,
-    Usage,
-)
+from nearshore.protocol.schemas import Usage, json_encoder
 
 WORD = " token"
+PROMPT_TOKENS = 10  # every prompt, as the pacer counts it
 
 
 class PacerSettings:
@@ -134,43 +129,18 @@ async def _answer_paced(request: web.Request, settings: PacerSettings) -> web.St
     # As the region: max_completion_tokens, when sent, is the limit (OpenAI's newer name wins).
     asked = body.get("max_completion_tokens") or body.get("max_tokens")
     n = min(settings.tokens, int(asked or settings.tokens))
-    prompt_tokens = 10
-    usage = Usage.of(prompt_tokens, n)
+    usage = Usage.of(PROMPT_TOKENS, n)
     rid = request.headers.get("x-request-id", "pacer")
     if not body.get("stream"):
-        text = WORD * n
-        if chat:
-            payload = {
-                "id": f"chatcmpl-{rid}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model"),
-                "choices": [
-                    {
-                        "index": 0,
-                        "finish_reason": "length",
-                        "message": {"role": "assistant", "content": text},
-                        "logprobs": None,
-                    }
-                ],
-            }
-        else:
-            payload = {
-                "id": f"cmpl-{rid}",
-                "object": "text_completion",
-                "created": int(time.time()),
-                "model": body.get("model"),
-                "choices": [{"index": 0, "text": text, "finish_reason": "length", "logprobs": None}],
-            }
-        payload["usage"] = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": n,
-            "total_tokens": n + prompt_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0},
-        }
+        answer = answer_for(chat, rid, body.get("model"))  # a request without a model gets null, as before
         await asyncio.sleep(settings.interval_s * n)
-        return web.json_response(payload, headers={"Server-Timing": "pacer;dur=0"})
-    chunks = _chunks(chat, rid, body.get("model", ""), n, usage)
+        return web.Response(
+            body=json_encoder.encode(answer.whole(WORD * n, "length", usage)),
+            content_type="application/json",
+            charset="utf-8",
+            headers={"Server-Timing": "pacer;dur=0"},
+        )
+    chunks = _chunks(answer_for(chat, rid, body.get("model", "")), n, usage)
     include_usage = (body.get("stream_options") or {}).get("include_usage", False)
     response = web.StreamResponse(headers={**sse.HEADERS, "Server-Timing": "queue;dur=0, prefill;dur=0"})
     await asyncio.sleep(settings.interval_s)  # "prefill": the first token takes one interval too
@@ -200,26 +170,12 @@ class _Chunks:
         self.tokens, self.end, self.usage = tokens, end, usage
 
 
-def _chunks(chat: bool, rid: str, model: str, n: int, usage: Usage) -> _Chunks:
-    created = int(time.time())
-    if chat:
-        cid = f"chatcmpl-{rid}"
-
-        def chunk(delta: ChatDelta, finish: str | None = None) -> bytes:
-            return sse.event(ChatCompletionChunk(cid, created, model, [ChatChunkChoice(0, delta, finish)]))
-
-        first = chunk(ChatDelta(role="assistant", content=""))
-        token = chunk(ChatDelta(content=WORD))
-        tokens = [first + token] + [token] * (n - 1) if n else [first]
-        return _Chunks(
-            tokens,
-            chunk(ChatDelta(), "length"),
-            sse.event(ChatCompletionChunk(cid, created, model, [], usage=usage)),
-        )
-    cid = f"cmpl-{rid}"
-    token = sse.event(Completion(cid, created, model, [CompletionChoice(0, WORD, None)]))
-    return _Chunks(
-        [token] * n,
-        sse.event(Completion(cid, created, model, [CompletionChoice(0, "", "length")])),
-        sse.event(Completion(cid, created, model, [], usage=usage)),
-    )
+def _chunks(answer: Answer, n: int, usage: Usage) -> _Chunks:
+    """Every event of a stream of ``n`` tokens, encoded once (one token event, reused). A chat stream's
+    role opener is written with its first token, so it takes no interval of its own."""
+    token = sse.event(answer.content(WORD))
+    tokens = [token] * n
+    if (opener := answer.opener()) is not None:
+        first = sse.event(opener)
+        tokens = [first + token, *tokens[1:]] if n else [first]
+    return _Chunks(tokens, sse.event(answer.finish("length")), sse.event(answer.usage(usage)))
