@@ -1,1 +1,1 @@
-"""The edge proxy: TLS, API keys, rate limits, streaming relay, billing (see DESIGN.md, step 1, 4 and 7)."""
+"""The edge proxy: TLS, API keys, rate limits, streaming relay, billing (see ARCHITECTURE.md)."""

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from edge.attempts import Attempts, Target
 from edge.fallbacks import context_models, fallback_models, targets
 from edge.journey import Journey
-from edge.relay import Opened
+from edge.opened import Opened
 from edge.upstream import Upstream
 from nearshore.protocol.headers import MODEL
 
@@ -26,7 +26,8 @@ async def ask_regions(
     """The first answer head from the request's model or its fallbacks (:class:`Refused` for a 4xx the
     client gets; :class:`ApiError` when none answered). ``tried`` are not asked again."""
     state, call, admission, body = journey.state, journey.call, journey.admission, journey.body
-    assert call is not None and admission is not None and body is not None and journey.deadline is not None
+    forwarded, routed = journey.forwarded, journey.routed
+    assert call is not None and admission is not None and body is not None and forwarded.deadline is not None
     chain = fallback_models(journey) if chain is None else chain
 
     def untried(found: list[Target]) -> list[Target]:
@@ -34,12 +35,12 @@ async def ask_regions(
             target.upstreams = [u for u in target.upstreams if u not in tried]
         return found
 
-    order = [] if journey.unrouted else state.pool.ordered(journey.route)
-    first = Target(body.model, [u for u in order if u not in tried], call.body, journey.unrouted)
+    order = [] if routed.unrouted else state.pool.ordered(routed.route)
+    first = Target(body.model, [u for u in order if u not in tried], call.body, routed.unrouted)
     attempts = Attempts(
-        state.pool, state.config.upstream, state.metrics, journey.deadline, admission.prompt_estimate
+        state.pool, state.config.upstream, state.metrics, forwarded.deadline, admission.prompt_estimate
     )
-    attempts.made = journey.attempts  # max_attempts bounds the request, however many times it asks
+    attempts.made = forwarded.attempts  # max_attempts bounds the request, however many times it asks
     try:
         return await attempts.open(
             first,
@@ -50,13 +51,13 @@ async def ask_regions(
             timeout_s,
         )
     finally:
-        journey.attempts = attempts.made
+        forwarded.attempts = attempts.made
 
 
 def fell_back(journey: Journey, model: str) -> None:
     """A fallback model serves the request: the answer, its headers and its bill name it."""
     assert journey.body is not None and journey.call is not None
-    journey.served_model = model
-    journey.call.client_headers[MODEL] = model
+    journey.forwarded.served_model = model
+    journey.call = journey.call.with_client_header(MODEL, model)
     journey.state.metrics.fallbacks.labels(journey.body.model, model).inc()
     log.info("request %s: %s could not answer; %s does", journey.request_id, journey.body.model, model)

@@ -28,9 +28,9 @@ from edge.answer import UpstreamFault, read_refusal
 from edge.config import UpstreamConfig
 from edge.h1 import MalformedResponse, Response
 from edge.metrics import EdgeMetrics
-from edge.relay import Opened, UpstreamTiming
+from edge.opened import Opened, UpstreamTiming
 from edge.retry import Deadline, backoff_s, parse_retry_after
-from edge.upstream import UPSTREAM_ERRORS, Upstream, UpstreamPool
+from edge.upstream import UPSTREAM_ERRORS, Slot, Upstream, UpstreamPool
 from nearshore.protocol.errors import (
     UPSTREAM_RATE_LIMITED,
     UPSTREAM_TIMEOUT,
@@ -63,6 +63,10 @@ class Refused(Exception):
     def __init__(self, error: ApiError, passed_on: bool, opened: Opened) -> None:
         super().__init__(error.message)
         self.error, self.passed_on, self.opened = error, passed_on, opened
+
+    def release(self) -> None:
+        """Give back the connection and the slot of the replica whose refusal was read."""
+        self.opened.release()
 
 
 @dataclass(slots=True)
@@ -127,7 +131,7 @@ class Attempts:
                     chain = context()
                     if chain:
                         self.skipped.append(f"{target.model}: the prompt is longer than its context")
-                        release_refused(refused)
+                        refused.release()
                         queue, more = chain, None
                         continue
                 raise
@@ -202,7 +206,7 @@ class Attempts:
         limit = self.deadline.cap(timeout_s)
         timing = UpstreamTiming(forwarded_at=time.perf_counter())
         try:
-            response = await _post(upstream, path, headers, target.body, limit)
+            response, slot = await _post(upstream, path, headers, target.body, limit)
         except TimeoutError:
             self._timeouts += 1
             self._deadline_hit = self._deadline_hit or limit < timeout_s
@@ -219,20 +223,26 @@ class Attempts:
         timing.first_byte_s = time.perf_counter() - timing.forwarded_at
         timing.connect_s = response.connect_s
         timing.region_timing = response.headers.get(SERVER_TIMING.lower(), "")[:512]
-        opened = Opened(upstream, response, timing, self.skipped, target.model, target.body)
+        opened = Opened(upstream, response, timing, slot, self.skipped, target.model, target.body)
         if response.status == 200:
             self.pool.answered(upstream, response, timing.first_byte_s, self.prompt_tokens)
             return opened, None
         if response.status not in RETRYABLE:
             upstream.replica.health.request_succeeded()  # it is up: the request is what it refused
-            error, passed_on = await read_refusal(response)
-            raise Refused(error, passed_on, opened)
-        return None, await self._retryable(upstream, response)
+            try:
+                error, passed_on = await read_refusal(response)
+            except BaseException:  # (cancelled while reading it) no refusal to release: give it back here
+                opened.release()
+                raise
+            raise Refused(error, passed_on, opened)  # its slot is held until the refusal is released
+        return None, await self._retryable(upstream, response, slot)
 
-    async def _retryable(self, upstream: Upstream, response: Response) -> float:
+    async def _retryable(self, upstream: Upstream, response: Response, slot: Slot) -> float:
         """A 429 or 5xx: note it, and say when the replica may be asked again."""
-        detail = await _peek(response)
-        upstream.replica.inflight -= 1
+        try:
+            detail = await _peek(response)
+        finally:
+            slot.release()
         self.pool.refused(upstream, response)  # a refusal carries the region's load too (a full queue)
         status = response.status
         now = time.monotonic()
@@ -289,22 +299,15 @@ class Attempts:
 
 async def _post(
     upstream: Upstream, path: str, headers: dict[str, str], body: bytes, timeout_s: float
-) -> Response:
-    """The request, counted in the replica's in-flight while the region queues and serves it (the caller
-    releases an answered one when it is done with it)."""
-    replica = upstream.replica
-    replica.inflight += 1
+) -> tuple[Response, Slot]:
+    """The request, with the slot that counts it in the replica's in-flight while the region queues and
+    serves it (the caller releases an answered one when it is done with it)."""
+    slot = upstream.take_slot()
     try:
-        return await upstream.pool.request("POST", path, headers, body, timeout_s)
+        return await upstream.pool.request("POST", path, headers, body, timeout_s), slot
     except BaseException:
-        replica.inflight -= 1
+        slot.release()
         raise
-
-
-def release_refused(refused: Refused) -> None:
-    """Give back the connection and the slot of a replica whose refusal was read."""
-    refused.opened.response.close()
-    refused.opened.upstream.replica.inflight -= 1
 
 
 async def _peek(response: Response) -> str:

@@ -1,4 +1,4 @@
-"""Prices per model and the cost of one request (DESIGN.md, step 7)."""
+"""Prices per model and the cost of one request (see ARCHITECTURE.md, the settle step)."""
 
 from __future__ import annotations
 

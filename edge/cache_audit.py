@@ -28,11 +28,11 @@ from cache.audit import Mode
 from cache.embedder_pool import OutOfScope
 from cache.response_cache import Hit, ResponseCache
 from edge.answer import MAX_TOKEN_TEXT_BYTES, UpstreamFault, read_bounded
-from edge.attempts import Refused, release_refused
+from edge.attempts import Refused
 from edge.billing import PriceTable
 from edge.config import EdgeConfig
 from edge.metrics import EdgeMetrics
-from edge.relay import Opened
+from edge.opened import Opened
 from edge.upstream import UPSTREAM_ERRORS
 from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError
@@ -87,10 +87,9 @@ class Auditor:
                 try:
                     text, usage = await self._read(opened, request, settings.audit_timeout_s)
                 finally:
-                    opened.response.close()  # pooled again if read to its end
-                    opened.upstream.replica.inflight -= 1
+                    opened.release()  # pooled again if read to its end
         except Refused as refused:  # the region refused the question: nothing to judge the entry by
-            release_refused(refused)
+            refused.release()
             self.metrics.cache_audits.labels("sampled", "failed").inc()
             return
         except (

@@ -10,7 +10,7 @@ import time
 from aiohttp import web
 
 from cache.response_cache import Hit
-from edge.journey import Journey
+from edge.journey import CacheUse, Journey
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
 from nearshore.protocol.headers import CACHE, CACHE_SIMILARITY, SERVER_TIMING
@@ -41,6 +41,9 @@ class CachedReply:
     def __init__(self, journey: Journey, hit: Hit) -> None:
         self.journey = journey
         self.hit = hit
+        # A stream's client side that the forward stage started (handed over when a semantic hit wins the
+        # race: a heartbeat may have committed it); None: the hit answers on a response of its own.
+        self.client: web.StreamResponse | None = None
 
     def taken(self, lookup_s: float) -> None:
         journey, entry = self.journey, self.hit.entry
@@ -48,9 +51,8 @@ class CachedReply:
         assert admission is not None
         usage = Usage.of(admission.prompt_estimate, entry.completion_tokens)
         journey.answered(json_encoder.encode(usage))
-        journey.cache_status = self.hit.kind
-        journey.cache_s = lookup_s
-        journey.relayed_events = entry.completion_tokens if journey.body and journey.body.stream else None
+        journey.cache = CacheUse(self.hit.kind, lookup_s)
+        journey.relayed.events = entry.completion_tokens if journey.body and journey.body.stream else None
 
     def _headers(self, audited: AuditedUsage | None) -> dict[str, str]:
         journey = self.journey
@@ -59,7 +61,7 @@ class CachedReply:
         headers[CACHE] = "HIT" if self.hit.kind == "exact" else "SEMANTIC"
         headers[CACHE_SIMILARITY] = f"{self.hit.similarity:.4f}"
         edge_ms = (time.perf_counter() - journey.started) * 1000
-        headers[SERVER_TIMING] = f"edge;dur={edge_ms:.2f}, cache;dur={journey.cache_s * 1000:.2f}"
+        headers[SERVER_TIMING] = f"edge;dur={edge_ms:.2f}, cache;dur={journey.cache.lookup_s * 1000:.2f}"
         return headers
 
     def _usage(self, audited: AuditedUsage | None) -> Usage:
@@ -77,25 +79,15 @@ class CachedReply:
         usage = self._usage(audited)
         finish = entry.finish_reason if entry.finish_reason in ("stop", "length") else "stop"
         if not body.stream:
-            if journey.kind == "chat":
-                answer = ChatCompletion(
-                    f"chatcmpl-{rid}", created, body.model,
-                    [ChatChoice(0, AssistantMessage(entry.text), finish)], usage,
-                )  # fmt: skip
-            else:
-                answer = Completion(
-                    f"cmpl-{rid}", created, body.model, [CompletionChoice(0, entry.text, finish)], usage
-                )
             return web.Response(
-                body=json_encoder.encode(answer),
+                body=answer_body(journey.kind, rid, created, body.model, entry.text, finish, usage),
                 content_type="application/json",
                 headers=self._headers(audited),
             )
-        events = self._events(rid, created, body.model, finish, usage, body.wants_usage_chunk())
-        stream = journey.stream
-        client: web.StreamResponse = getattr(stream, "client", None) or web.StreamResponse(
-            headers=sse.HEADERS
+        events = stream_events(
+            journey.kind, rid, created, body.model, entry.text, finish, usage, body.wants_usage_chunk()
         )
+        client = self.client if self.client is not None else web.StreamResponse(headers=sse.HEADERS)
         if not client.prepared:
             client.headers.update(self._headers(audited))
             await client.prepare(journey.request)
@@ -105,29 +97,42 @@ class CachedReply:
         await client.write_eof()
         return client
 
-    def _events(
-        self, rid: str, created: int, model: str, finish: str, usage: Usage, with_usage: bool
-    ) -> list[bytes]:
-        text = self.hit.entry.text
-        if self.journey.kind == "chat":
-            cid = f"chatcmpl-{rid}"
 
-            def chunk(delta: ChatDelta, reason: str | None = None) -> bytes:
-                return sse.event(
-                    ChatCompletionChunk(cid, created, model, [ChatChunkChoice(0, delta, reason)])
-                )
+# The OpenAI shapes of a cached answer, one function each (so the shared builders can stand in for them).
 
-            events = [chunk(ChatDelta(role="assistant", content=""))]
-            events += [chunk(ChatDelta(content=p)) for p in pieces(text)]
-            events.append(chunk(ChatDelta(), finish))
-            if with_usage:
-                events.append(sse.event(ChatCompletionChunk(cid, created, model, [], usage=usage)))
-            return events
-        cid = f"cmpl-{rid}"
-        events = [
-            sse.event(Completion(cid, created, model, [CompletionChoice(0, p, None)])) for p in pieces(text)
-        ]
-        events.append(sse.event(Completion(cid, created, model, [CompletionChoice(0, "", finish)])))
+
+def answer_body(kind: str, rid: str, created: int, model: str, text: str, finish: str, usage: Usage) -> bytes:
+    """The unary answer's JSON, as the region would have sent it."""
+    if kind == "chat":
+        answer = ChatCompletion(
+            f"chatcmpl-{rid}", created, model, [ChatChoice(0, AssistantMessage(text), finish)], usage
+        )
+    else:
+        answer = Completion(f"cmpl-{rid}", created, model, [CompletionChoice(0, text, finish)], usage)
+    return json_encoder.encode(answer)
+
+
+def stream_events(
+    kind: str, rid: str, created: int, model: str, text: str, finish: str, usage: Usage, with_usage: bool
+) -> list[bytes]:
+    """The stream's SSE events, as the region would have sent them (without ``[DONE]``)."""
+    if kind == "chat":
+        cid = f"chatcmpl-{rid}"
+
+        def chunk(delta: ChatDelta, reason: str | None = None) -> bytes:
+            return sse.event(ChatCompletionChunk(cid, created, model, [ChatChunkChoice(0, delta, reason)]))
+
+        events = [chunk(ChatDelta(role="assistant", content=""))]
+        events += [chunk(ChatDelta(content=p)) for p in pieces(text)]
+        events.append(chunk(ChatDelta(), finish))
         if with_usage:
-            events.append(sse.event(Completion(cid, created, model, [], usage=usage)))
+            events.append(sse.event(ChatCompletionChunk(cid, created, model, [], usage=usage)))
         return events
+    cid = f"cmpl-{rid}"
+    events = [
+        sse.event(Completion(cid, created, model, [CompletionChoice(0, p, None)])) for p in pieces(text)
+    ]
+    events.append(sse.event(Completion(cid, created, model, [CompletionChoice(0, "", finish)])))
+    if with_usage:
+        events.append(sse.event(Completion(cid, created, model, [], usage=usage)))
+    return events

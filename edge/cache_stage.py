@@ -1,9 +1,11 @@
 """The cache stage (after admission, before routing): answer repeated questions at the edge.
 
-An exact hit (a SQLite read) answers at once. Otherwise the request goes on to its region while the
-semantic lookup (embedding off the event loop, then the verifier) races the region's first byte: a hit that
-comes first answers and the region's request is cancelled (never billed as served, its slot freed); a miss
-costs the request nothing. A complete, successful answer is stored afterwards, off the request's path.
+An exact hit (a SQLite read) answers at once. Otherwise the stage returns the semantic lookup (embedding
+off the event loop, then the verifier) as a :class:`~edge.journey.Racing` reply, which the forward stage
+races against the region's first byte: a hit that comes first answers and the region's request is
+cancelled (never billed as served, its slot freed); a miss costs the request nothing. A complete,
+successful answer (the relay's :class:`~edge.journey.WholeAnswer`) is stored afterwards, off the request's
+path.
 
 Policy: only temperature-0 requests are cached (``cache.any_temperature_tenants`` widen it), each scope's
 answers for its own requests (``cache.scope``: the tenant, the key, or the key's end user);
@@ -21,6 +23,8 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from aiohttp import web
+
 from cache.audit import Mode
 from cache.keys import CacheKey, cache_key
 from cache.response_cache import Hit, Lookup, ResponseCache
@@ -28,9 +32,9 @@ from cache.store import Entry
 from cache.verify import semantic_allowed
 from edge.cache_audit import Audited
 from edge.cache_reply import CachedReply
-from edge.journey import Journey, Reply
+from edge.journey import CacheUse, Journey, Racing, Reply
 from edge.keys import ApiKey
-from edge.relay import Opened
+from edge.opened import Opened
 from edge.routing import client_where
 from edge.usage_audit import audit_usage
 from nearshore.protocol.headers import CACHE
@@ -86,7 +90,7 @@ def scope_of(scope: str, shared: bool, key: ApiKey, user: str | None) -> str:
     return f"tenant:{key.tenant}"
 
 
-async def cache_stage(journey: Journey) -> Reply | None:
+async def cache_stage(journey: Journey) -> Reply | Racing | None:
     cache = journey.state.cache
     if cache is None:
         return None
@@ -95,10 +99,11 @@ async def cache_stage(journey: Journey) -> Reply | None:
     if key is None:
         return None
     assert journey.call is not None
-    journey.cache_status = "miss"
-    journey.call.client_headers[CACHE] = "MISS"
+    journey.cache = CacheUse("miss")
+    journey.call = journey.call.with_client_header(CACHE, "MISS")
     metrics = journey.state.metrics
     lookup: asyncio.Task[Lookup] | None = None
+    racing: Racing | None = None
     settings = journey.state.config.cache
     regions = _embedding_scope(journey) if settings.embed == "region" else None
     audited = _audited(journey, key, regions)
@@ -112,12 +117,12 @@ async def cache_stage(journey: Journey) -> Reply | None:
             return reply
         if settings.semantic and semantic_allowed(key.query):
             lookup = asyncio.create_task(cache.semantic(key, regions))
-            journey.preempt = asyncio.create_task(_semantic(journey, lookup, directives, started, audited))
+            racing = Racing(asyncio.create_task(_semantic(journey, lookup, directives, started, audited)))
         else:
             metrics.cache_lookups.labels("miss").inc()
     if directives.write:
         journey.cleanups.append(_store_later(journey, cache, key, lookup, directives, audited))
-    return None
+    return racing  # the forward stage races it against the region
 
 
 def _audited(journey: Journey, key: CacheKey, regions: frozenset[str] | None) -> Audited:
@@ -155,15 +160,17 @@ async def _semantic(
 
 
 class _Preempting(CachedReply):
-    """A semantic hit: recorded on the journey only if it wins the race (forward calls ``won``); an
-    audited one keeps the region's request, to judge its answer in the background."""
+    """A semantic hit: recorded on the journey only if it wins the race (forward calls ``won``, with the
+    stream's client side it started); an audited one keeps the region's request, to judge its answer in
+    the background."""
 
     def __init__(self, journey: Journey, hit: Hit, lookup_s: float, audited: Audited) -> None:
         super().__init__(journey, hit)
         self.lookup_s = lookup_s
         self.audited = audited
 
-    def won(self, upstream: asyncio.Future[Opened]) -> bool:
+    def won(self, upstream: asyncio.Future[Opened], client: web.StreamResponse | None) -> bool:
+        self.client = client
         self.taken(self.lookup_s)
         state = self.journey.state
         book = state.cache.audit if state.cache is not None else None
@@ -184,9 +191,10 @@ def _store_later(
 ):
     async def store() -> None:
         settings = journey.state.config.cache
-        ok = journey.status == "ok" and journey.cache_status == "miss" and journey.answer_text
+        answer = journey.relayed.answer  # the region's answer, if it reached the client whole
+        ok = journey.outcome.status == "ok" and journey.cache.status == "miss" and answer and answer.text
         allowed = ("stop", "length") if settings.store_truncated else ("stop",)
-        if not ok or journey.finish_reason not in allowed or journey.body is None:
+        if not ok or answer is None or answer.finish_reason not in allowed or journey.body is None:
             if lookup is not None and not lookup.done():
                 lookup.cancel()
             return
@@ -196,9 +204,9 @@ def _store_later(
             partition=key.partition,
             query=key.query,
             kind=journey.kind,
-            text=journey.answer_text,
-            finish_reason=journey.finish_reason,
-            completion_tokens=journey.relayed_events or _billed_completion_tokens(journey),
+            text=answer.text,
+            finish_reason=answer.finish_reason,
+            completion_tokens=journey.relayed.events or _billed_completion_tokens(journey),
             model=journey.body.model,
             created_s=now,
             expires_s=now + ttl,
@@ -225,4 +233,5 @@ def _store_later(
 def _billed_completion_tokens(journey: Journey) -> int:
     """The completion as it is billed (the region's figure, checked against what was delivered): a region
     that lied about its usage must not have its lie stored and billed again on every hit."""
-    return audit_usage(journey.usage, journey.bounds, journey.produced).usage.completion_tokens
+    outcome = journey.outcome
+    return audit_usage(outcome.usage, journey.bounds, outcome.produced).usage.completion_tokens

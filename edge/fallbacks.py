@@ -30,7 +30,8 @@ def fallback_models(journey: Journey) -> list[str]:
         configured = config.fallbacks.models.get(body.model)
         if configured is not None:
             return list(configured)
-        return [journey.other_size] if journey.other_size else []
+        other = journey.sizing.other_size
+        return [other] if other else []
     tiers = config.fallbacks.header_tiers
     if "*" not in tiers and key.tier not in tiers:
         raise ApiError(

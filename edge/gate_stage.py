@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from edge.config import PoolsConfig
-from edge.journey import Journey, Reply
+from edge.journey import Gated, Journey, Reply
 from edge.key_share import KeyShares
 from edge.pool_gate import PoolGate
 from geo.route import Replica
@@ -35,8 +35,9 @@ def make_gates(config: PoolsConfig, replicas: Sequence[Replica]) -> dict[str, Po
 
 def pool_of(journey: Journey) -> str:
     """The chosen replicas' pool; without a route stage, the pool of the first replica serving the model."""
-    if journey.route is not None and journey.route.ranked:
-        return journey.route.ranked[0].spec.pool
+    route = journey.routed.route
+    if route is not None and route.ranked:
+        return route.ranked[0].spec.pool
     model = journey.body.model if journey.body is not None else ""
     serving = [r for r in journey.state.pool.router.replicas if model in r.models]
     return serving[0].spec.pool if serving else "large"
@@ -48,12 +49,12 @@ async def gate_stage(journey: Journey) -> Reply | None:
     gate = state.gates.get(pool_of(journey))
     if gate is None:
         return None
-    if gate.shares is not None:
-        await _take_share(journey, gate.shares)
+    share_s = await _take_share(journey, gate.shares) if gate.shares is not None else 0.0
     if gate.max_inflight <= 0:
+        journey.gated = Gated(share_s)
         return None
     waited_s = await gate.acquire(key.tier)
-    journey.queue_s += waited_s
+    journey.gated = Gated(share_s + waited_s)
     state.metrics.pool_queue.labels(gate.name).observe(waited_s)
 
     async def release() -> None:
@@ -63,8 +64,9 @@ async def gate_stage(journey: Journey) -> Reply | None:
     return None
 
 
-async def _take_share(journey: Journey, shares: KeyShares) -> None:
-    """The key's share for this request's tokens (prompt estimate + max_tokens), given back at the exit."""
+async def _take_share(journey: Journey, shares: KeyShares) -> float:
+    """The key's share for this request's tokens (prompt estimate + max_tokens), given back at the exit;
+    how long it waited for it."""
     state, key, admission = journey.state, journey.key, journey.admission
     assert key is not None and admission is not None
     tokens = admission.prompt_estimate + admission.max_tokens
@@ -74,10 +76,10 @@ async def _take_share(journey: Journey, shares: KeyShares) -> None:
         if exc.kind is CONCURRENCY_LIMITED:
             state.metrics.rate_limited.labels("key_share").inc()
         raise
-    journey.queue_s += waited_s
     state.metrics.key_share_wait.labels(shares.pool).observe(waited_s)
 
     async def release() -> None:
         shares.release(key.key_id, tokens)
 
     journey.cleanups.append(release)
+    return waited_s

@@ -1,13 +1,18 @@
 """One request's record as it moves through the edge's stages (:mod:`edge.pipeline`).
 
-Stages fill it in (who asked, what, what was reserved, which region answered) and record the outcome on it;
-the pipeline's one exit bills from it (:mod:`edge.settle`). Values flow through it as fields, never through
+The arrival (who asked, when, with which ids) is fixed when the journey starts; after that each stage owns
+one small record that it produces and later stages read (authenticate the key, parse the body, rightsize
+its :class:`Sizing`, admit its :class:`Admission` and :class:`Call`, cache its :class:`CacheUse`, route its
+:class:`Routed`, gate its :class:`Gated`, forward its :class:`Forwarded`, relay its :class:`Relayed`,
+continue its :class:`Continued`), and whichever stage ends the request records its :class:`Outcome`. The
+pipeline's one exit bills from it (:mod:`edge.settle`). Values flow through it as fields, never through
 module-level context.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -17,9 +22,11 @@ from aiohttp import web
 from edge.budget import Hold
 from edge.keys import ApiKey
 from edge.limits import Decision
-from edge.relay import Opened
+from edge.opened import Opened
 from edge.retry import Deadline
+from edge.sse_relay import StreamOutcome
 from edge.state import EdgeState
+from edge.upstream import Upstream
 from edge.usage_audit import AuditedUsage, Delivered, UsageBounds
 from geo.route import Route
 from nearshore.protocol.errors import ApiError
@@ -30,6 +37,47 @@ Kind = Literal["chat", "completions", "embeddings"]
 Status = Literal["ok", "error", "aborted"]
 Body = ChatCompletionRequest | CompletionRequest | EmbeddingRequest
 CLIENT_LEFT = 499  # nginx's code for a client that closed the connection before the answer
+
+
+class Reply(Protocol):
+    """What a stage hands back to end the journey: its ``finish`` sends the answer's last part once the
+    request is billed (a unary body, or a stream's usage chunk, error event and ``[DONE]``)."""
+
+    async def finish(self, audited: AuditedUsage | None) -> web.StreamResponse: ...
+
+
+class Preempting(Reply, Protocol):
+    """A reply that raced the region's answer; ``won`` records it on the journey once it wins (answering on
+    ``client``, the stream's side the forward stage already started, if any), and says whether it takes the
+    region's request in hand (an audit lets it finish in the background), else the request is cancelled."""
+
+    def won(self, upstream: asyncio.Future[Opened], client: web.StreamResponse | None) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Racing:
+    """A reply on its way that may answer before the region does (the response cache's semantic lookup). A
+    stage returns it instead of ending the journey; the pipeline hands it to the stage that asks the region,
+    which races it: ``pending`` ends with the reply that answers instead, or None (the region answers)."""
+
+    pending: asyncio.Task[Preempting | None]
+
+
+class StreamSide(Reply, Protocol):
+    """A stream's client side, started by the forward stage before the region answers."""
+
+    @property
+    def first_write_at(self) -> float:
+        """When content first reached the client (perf_counter; 0: none yet)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """The rightsize stage's choice for a size alias (empty for a model asked by name)."""
+
+    chosen_model: str = ""  # for x-nearshore-model
+    other_size: str = ""  # the alias's other model: its fallback when no chain is configured
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +93,8 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """What goes to the region, and the headers every answer to the client carries."""
+    """What goes to the region, and the headers every answer to the client carries. A later stage that adds
+    a client header replaces the journey's call with :meth:`with_client_header`; nothing writes into it."""
 
     path: str
     body: bytes
@@ -54,24 +103,100 @@ class Call:
     echo: bool = False  # /v1/completions with echo: the first streamed text is the prompt
     keep_usage: bool = False  # the client asked for the usage chunk
 
+    def with_client_header(self, name: str, value: str) -> Call:
+        return dataclasses.replace(self, client_headers={**self.client_headers, name: value})
 
-class Reply(Protocol):
-    """What a stage hands back to end the journey: its ``finish`` sends the answer's last part once the
-    request is billed (a unary body, or a stream's usage chunk, error event and ``[DONE]``)."""
-
-    async def finish(self, audited: AuditedUsage | None) -> web.StreamResponse: ...
+    def without_client_header(self, name: str) -> Call:
+        headers = {k: v for k, v in self.client_headers.items() if k != name}
+        return dataclasses.replace(self, client_headers=headers)
 
 
-class Preempting(Reply, Protocol):
-    """A reply that raced the region's answer; ``won`` records it on the journey once it wins, and says
-    whether it takes the region's request in hand (an audit lets it finish in the background), else the
-    request is cancelled."""
+@dataclass(frozen=True, slots=True)
+class CacheUse:
+    """What the response cache did for the request (the ledger's ``cache_status``)."""
 
-    def won(self, upstream: asyncio.Future[Opened]) -> bool: ...
+    status: str = "bypass"  # "bypass" (not looked up) | "miss" | "exact" | "semantic"
+    lookup_s: float = 0.0  # the lookup that answered (Server-Timing cache;dur)
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """The route stage's order (no route stage: every routable replica, config order)."""
+
+    route: Route | None = None
+    unrouted: str = ""  # why no replica may serve the model asked for (its fallbacks may)
+    route_s: float = 0.0  # the route stage's time (Server-Timing route;dur)
+
+
+@dataclass(frozen=True, slots=True)
+class Gated:
+    queue_s: float = 0.0  # waited for the key's share and a slot in the pool (Server-Timing edge-queue;dur)
+
+
+@dataclass(slots=True)
+class Forwarded:
+    """The forward stage's side: the region that answers (and the continuation, which forwards again)."""
+
+    deadline: Deadline | None = None  # when the whole request must be done (upstream.request_deadline_s)
+    opened: Opened | None = None  # the region's answer, once its head arrived
+    stream: StreamSide | None = None  # a stream's client side
+    region: str = ""
+    served_model: str = ""  # the model that answered, when a fallback did (else the body's)
+    attempts: int = 0  # requests sent to regions for it (failover, retries, fallbacks, continuations)
+
+
+@dataclass(frozen=True, slots=True)
+class WholeAnswer:
+    """The region's answer as it reached the client, whole: what the response cache may store."""
+
+    text: str
+    finish_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CutShort:
+    """A stream its region ended with a failure: the relay's report, for the continue stage to act on."""
+
+    opened: Opened  # the region that failed it
+    outcome: StreamOutcome  # how it ended, and the text the client already has
+    tried: tuple[Upstream, ...]  # the replicas that failed this stream
+
+
+@dataclass(slots=True)
+class Relayed:
+    """What reached the client (the relay's, or a cache hit's, which delivers too)."""
+
+    events: int | None = None  # streams: content events that reached the client
+    delivered: Delivered | None = None  # unary answers: the text that reached the client, in tokens
+    answer: WholeAnswer | None = None  # set once an answer reached the client whole
+    bad_events: int = 0  # stream events from a region that did not parse (skipped)
+    cut: CutShort | None = None  # a stream cut by its region, handed to the continue stage
+
+
+@dataclass(slots=True)
+class Continued:
+    """The continue stage's: another region took the stream over."""
+
+    count: int = 0  # how many times another replica took the answer over
+    from_region: str = ""  # the region that died mid-answer, when another finished the stream
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How the request ended, as the stages record it; until then it counts as left by its client."""
+
+    status: Status = "aborted"
+    http_status: int = CLIENT_LEFT
+    error_code: str = ""
+    usage: bytes | None = None  # the region's usage JSON, unchecked
+    produced: bool = False  # an answer, or a streamed token, came back
+    refused: bool = False  # the region refused the request itself (a 4xx)
+    recorded: bool = False  # an outcome was recorded
 
 
 @dataclass(slots=True, eq=False)
 class Journey:
+    # The arrival (edge/app.py).
     request: web.Request
     state: EdgeState
     kind: Kind
@@ -80,71 +205,49 @@ class Journey:
     client_request_id: str = ""
     trace: TraceContext | None = None  # the caller's W3C trace (or one the edge started)
     span_id: str = ""  # the edge's span: the parent id the region receives
-    key: ApiKey | None = None
-    body: Body | None = None
-    admission: Admission | None = None
-    call: Call | None = None
-    route: Route | None = None  # the router's order (no route stage: every routable replica, config order)
-    unrouted: str = ""  # why no replica may serve the model asked for (its fallbacks may)
-    route_s: float = 0.0  # the route stage's time (Server-Timing route;dur)
-    queue_s: float = 0.0  # waited for a slot in the pool (Server-Timing edge-queue;dur)
-    opened: Opened | None = None  # the region's answer, once its head arrived
-    stream: Reply | None = None  # a stream's client side, from the forward stage on
-    region: str = ""
-    chosen_model: str = ""  # a size alias's choice, for x-nearshore-model
-    other_size: str = ""  # the alias's other model: its fallback when no chain is configured
-    # A stage may race the region: if this task ends first with a reply, the region's request is cancelled
-    # and that reply answers (the response cache's semantic lookup).
-    preempt: asyncio.Task[Preempting | None] | None = None
-    cache_status: str = "bypass"  # "miss" | "exact" | "semantic" | "bypass" (the ledger's cache_status)
-    cache_s: float = 0.0  # the cache lookup's time (Server-Timing cache;dur)
-    # The answer as the region gave it (its text and how it ended), for the response cache.
-    answer_text: str = ""
-    finish_reason: str = ""
-    continued_from: str = ""  # the region that died mid-answer, when another finished the stream
-    continuations: int = 0  # streams: how many times another replica took the answer over
-    deadline: Deadline | None = None  # when the whole request must be done (upstream.request_deadline_s)
-    served_model: str = ""  # the model that answered, when a fallback did (else the body's)
-    attempts: int = 0  # requests sent to regions for it (failover, retries, fallbacks, continuations)
-    bad_events: int = 0  # stream events from a region that did not parse (skipped)
-    # The outcome, as the stages record it; until then the request counts as left by its client.
-    status: Status = "aborted"
-    http_status: int = CLIENT_LEFT
-    error_code: str = ""
-    usage: bytes | None = None  # the region's usage JSON, unchecked
-    billed: Usage | None = None  # the usage as settled (checked), for the request's log line
-    produced: bool = False  # an answer, or a streamed token, came back
-    relayed_events: int | None = None  # streams: content events that reached the client
-    delivered: Delivered | None = None  # unary answers: the text that reached the client, in tokens
-    refused: bool = False  # the region refused the request itself (a 4xx)
-    recorded: bool = False  # an outcome was recorded
-    settled: bool = False
+    # One record per stage, in the order they run.
+    key: ApiKey | None = None  # authenticate
+    body: Body | None = None  # parse (rightsize narrows a size alias to its model)
+    sizing: Sizing = Sizing()  # rightsize
+    admission: Admission | None = None  # admit
+    call: Call | None = None  # admit
+    cache: CacheUse = CacheUse()  # cache
+    routed: Routed = Routed()  # route
+    gated: Gated = Gated()  # gate
+    forwarded: Forwarded = field(default_factory=Forwarded)  # forward
+    relayed: Relayed = field(default_factory=Relayed)  # relay
+    continued: Continued = field(default_factory=Continued)  # continue
+    outcome: Outcome = field(default_factory=Outcome)  # whichever stage ends it
+    billed: Usage | None = None  # settle: the usage as settled (checked), once billed
     # Run at the exit whatever happened (stop a stream's watchdog, release an unread answer).
     cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     def answered(self, usage: bytes | None) -> None:
-        self.status, self.http_status, self.usage, self.produced = "ok", 200, usage, True
-        self.recorded = True
+        o = self.outcome
+        o.status, o.http_status, o.usage, o.produced = "ok", 200, usage, True
+        o.recorded = True
 
     def failed(self, error: ApiError, *, refused: bool = False) -> None:
-        self.status, self.http_status = "error", error.status
-        self.error_code = error.kind.code or error.kind.type
-        self.refused = refused
-        self.recorded = True
+        o = self.outcome
+        o.status, o.http_status = "error", error.status
+        o.error_code = error.kind.code or error.kind.type
+        o.refused = refused
+        o.recorded = True
 
     def left(self) -> None:
-        self.status, self.http_status, self.error_code = "aborted", CLIENT_LEFT, ""
-        self.recorded = True
+        o = self.outcome
+        o.status, o.http_status, o.error_code = "aborted", CLIENT_LEFT, ""
+        o.recorded = True
 
     @property
     def model(self) -> str:
         """The model that serves (or served) the request: a fallback's, else the one asked for."""
-        return self.served_model or (self.body.model if self.body is not None else "")
+        return self.forwarded.served_model or (self.body.model if self.body is not None else "")
 
     @property
     def bounds(self) -> UsageBounds:
         a = self.admission
         assert a is not None
         return UsageBounds(
-            a.prompt_ceiling, a.prompt_estimate, a.max_tokens, self.relayed_events, self.delivered
+            a.prompt_ceiling, a.prompt_estimate, a.max_tokens, self.relayed.events, self.relayed.delivered
         )

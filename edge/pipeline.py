@@ -1,11 +1,14 @@
 """The edge's journey as named stages, and its one exit.
 
 A request passes through the stages in order (authenticate, parse, rightsize, admit, cache, route, gate,
-forward, relay; see :mod:`edge.stages`); each reads and fills in the :class:`~edge.journey.Journey`, and
-may end it by returning a reply (a cache hit would) or raising an :class:`ApiError`. Whatever happens,
-:func:`run_journey` leaves by one door: it records an outcome if no stage did, runs the cleanups, bills
-the request once (:func:`edge.settle.settle_journey`), and only then sends the answer's last bytes. A new
-concern is a new stage, added with :meth:`Pipeline.with_stage`, without touching the others.
+forward, relay, continue; see :mod:`edge.stages`); each reads the records of the stages before it on the
+:class:`~edge.journey.Journey` and produces its own, and may end it by returning a reply (a cache hit
+would) or raising an :class:`ApiError`. A stage may instead return a :class:`~edge.journey.Racing` reply
+(one on its way, that may answer before the region does): the pipeline hands it to the next stage that
+``races``, as an argument. Whatever happens, :func:`run_journey` leaves by one door: it records an outcome
+if no stage did, runs the cleanups, bills the request once (:func:`edge.settle.settle_journey`), and only
+then sends the answer's last bytes. A new concern is a new stage, added with :meth:`Pipeline.with_stage`,
+without touching the others.
 """
 
 from __future__ import annotations
@@ -14,22 +17,26 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from aiohttp import web
 
-from edge.journey import Journey, Reply
+from edge.journey import Journey, Racing, Reply
 from edge.settle import settle_journey
 from nearshore.protocol.errors import INTERNAL, ApiError
 
 log = logging.getLogger("nearshore.edge")
 
-Step = Callable[[Journey], Awaitable[Reply | None]]
+Step = Callable[[Journey], Awaitable[Reply | Racing | None]]
+# A stage that races: it gets the racing reply an earlier stage returned (None when none did).
+RacingStep = Callable[[Journey, Racing | None], Awaitable[Reply | None]]
 
 
 @dataclass(frozen=True, slots=True)
 class Stage:
     name: str
-    run: Step
+    run: Step | RacingStep
+    races: bool = False  # run(journey, racing): it asks the region, racing an earlier stage's reply
 
 
 class Pipeline:
@@ -54,29 +61,23 @@ class Pipeline:
 
 async def run_journey(pipeline: Pipeline, journey: Journey) -> web.StreamResponse:
     state = journey.state
-    reply: Reply | None = None
     try:
-        for stage in pipeline.stages:
-            reply = await stage.run(journey)
-            if reply is not None:
-                break
-        else:
-            raise RuntimeError(f"no stage answered ({pipeline.names})")
+        reply = await _run_stages(pipeline, journey)
     except asyncio.CancelledError:
         # The client left. Its row is written although this task is being cancelled.
-        if not journey.recorded:
+        if not journey.outcome.recorded:
             journey.left()
         await _clean_up(journey)
         state.in_background(settle_journey(journey))
         raise
     except ApiError as exc:
-        if not journey.recorded:
+        if not journey.outcome.recorded:
             journey.failed(exc)
         await _clean_up(journey)
         await settle_journey(journey)
         raise
     except Exception:
-        if not journey.recorded:
+        if not journey.outcome.recorded:
             journey.failed(ApiError(INTERNAL, "internal error"))
         await _clean_up(journey)
         await settle_journey(journey)
@@ -85,6 +86,22 @@ async def run_journey(pipeline: Pipeline, journey: Journey) -> web.StreamRespons
     # The one exit: the ledger row is committed before the answer's end, so a client that saw it was billed.
     audited = await settle_journey(journey)
     return await reply.finish(audited)
+
+
+async def _run_stages(pipeline: Pipeline, journey: Journey) -> Reply:
+    """The stages in order, up to the first that answers; a racing reply goes to the next stage that races."""
+    racing: Racing | None = None
+    for stage in pipeline.stages:
+        if stage.races:
+            result = await cast(RacingStep, stage.run)(journey, racing)
+            racing = None
+        else:
+            result = await cast(Step, stage.run)(journey)
+        if isinstance(result, Racing):
+            racing = result
+        elif result is not None:
+            return result
+    raise RuntimeError(f"no stage answered ({pipeline.names})")
 
 
 async def _clean_up(journey: Journey) -> None:

@@ -1,481 +1,235 @@
-"""The checked SSE relay of one region's stream to the client, and its watchdog.
+"""The relay stage: bring the answer the forward stage opened to the client, and record how it ended.
 
-Nothing here buffers a stream: the region's bytes are checked and written to the client as they arrive, from
-the connection's own ``data_received`` (no coroutine wakes per event), and a client that reads slowly pauses
-the region's connection until it drains. Nothing here trusts the region either: one event may be at most
-``max_event_bytes``, the whole stream at most its byte budget, and it may carry at most ``max_tokens``
-content events; an event that does not parse is skipped, up to ``max_bad_events``; the first content token
-must come by its deadline (``ttft_timeout_s`` after asking), then an event at least every
-``stall_timeout_s``, and all of it before the request's deadline. A region that breaks a rule is stopped
-there and the client is told with a typed error event. A stream that says how it finished
-(``finish_reason``) and then ends, or sends its usage, is whole even without ``[DONE]``.
+A unary answer is read with its bounds and checked; one whose body fails after its head is not the client's
+answer yet, so the forward stage asks another replica or fallback. A stream is copied event by event as it
+arrives (:class:`edge.sse_relay.SseRelay`) on the request's clock; one that its region ended with a
+failure is reported as cut (``journey.relayed.cut``: what the client has, who failed it) and the continue
+stage (:mod:`edge.resume`) takes it from there. The reply's ``finish`` sends the last part once the
+journey is billed. What reached the client is noted on ``journey.relayed``, an answer that arrived whole
+as a :class:`~edge.journey.WholeAnswer` (what the response cache stores).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import msgspec
 from aiohttp import web
 
-from edge.answer import NO_USAGE, UpstreamFault, passed_on, usage_bytes
-from edge.h1 import MalformedResponse, Response
+from edge.answer import (
+    MAX_TOKEN_TEXT_BYTES,
+    Answer,
+    UpstreamFault,
+    check_answer,
+    check_embeddings,
+    read_bounded,
+    read_refusal,
+    with_usage,
+)
+from edge.forward import ask_again
+from edge.h1 import Response
+from edge.journey import CutShort, Journey, Reply, WholeAnswer
+from edge.opened import Opened
+from edge.response_budget import response_budget
+from edge.sse_relay import SseRelay, StreamClock, StreamOutcome
+from edge.stream_reply import StreamReply, failed_before_first_byte
 from edge.upstream import Upstream
-from nearshore.protocol import sse
-from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, ApiError, ErrorBody
+from edge.usage_audit import AuditedUsage, Delivered
+from nearshore.protocol.headers import REGION, SERVER_TIMING
+from nearshore.protocol.schemas import CompletionRequest, EmbeddingRequest
 
-# After [DONE], the rest of the response (the chunked terminator) returns the connection to its pool; a
-# region that stalls there loses the connection after this long.
-_TAIL_S = 1.0
-# Past this much unsent to the client, the region's connection is paused until the client drains.
-_CLIENT_HIGH_WATER = 64 * 1024
+# Its lines kept the logger they had when the relay lived in edge/forward.py.
+log = logging.getLogger("nearshore.edge.forward")
+
+Step = Callable[[], Awaitable[Reply | None]]
 
 
-@dataclass(slots=True)
-class UpstreamTiming:
-    forwarded_at: float = 0.0
-    route_s: float = 0.0
-    queue_s: float = 0.0
-    connect_s: float = 0.0
-    first_byte_s: float = 0.0
-    region_timing: str = ""
+async def relay(journey: Journey) -> Reply | None:
+    stream = journey.forwarded.stream
+    if isinstance(stream, StreamReply):
+        return await _relay_stream(journey, stream)
+    return await _read_unary(journey)
 
-    def header(self, edge_s: float) -> str:
-        parts = [
-            f"edge;dur={edge_s * 1000:.2f}",
-            f"route;dur={self.route_s * 1000:.3f}",
-            f"edge-queue;dur={self.queue_s * 1000:.2f}",
-            f"upstream-connect;dur={self.connect_s * 1000:.2f}",
-            f"upstream-ttfb;dur={self.first_byte_s * 1000:.1f}",
-        ]
-        if self.region_timing:
-            parts.append(self.region_timing)
-        return ", ".join(parts)
+
+# --- unary ---------------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
-class Opened:
-    upstream: Upstream
-    response: Response
-    timing: UpstreamTiming
-    skipped: list[str] = field(default_factory=list)
-    model: str = ""  # the model it was asked for (a fallback's, when one serves)
-    body: bytes = b""  # what it was sent
+class UnaryReply:
+    answer: Answer
+    headers: dict[str, str]
+
+    async def finish(self, audited: AuditedUsage | None) -> web.Response:
+        body = self.answer.body
+        if audited is not None and audited.anomalies:
+            body = with_usage(body, audited.usage)
+        return web.Response(body=body, content_type="application/json", headers=self.headers)
 
 
-@dataclass(frozen=True, slots=True)
-class StreamLimits:
-    max_event_bytes: int
-    max_stream_bytes: int
-    max_content_events: int
-    max_bad_events: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class StreamClock:
-    """When a stream must show progress, on the monotonic clock: its first content token by
-    ``first_token_by``, then an event at least every ``stall_s``, all of it by ``deadline_at``."""
-
-    first_token_by: float
-    stall_s: float
-    deadline_at: float
-    ttft_s: float  # what first_token_by was counted from, for the message
-
-    def overdue(self, now: float, content_events: int, last_event_at: float) -> tuple[str, bool]:
-        """Why the stream is late now ("" if it is not), and whether that ends the request."""
-        if now >= self.deadline_at:
-            return "the request's deadline passed", True
-        if content_events == 0:
-            if now >= self.first_token_by:
-                return f"no first token within {self.ttft_s:g}s", False
-        elif now - last_event_at >= self.stall_s:
-            return f"no event from the region for {self.stall_s:g}s", False
-        return "", False
-
-
-@dataclass(slots=True)
-class StreamOutcome:
-    usage: bytes | None = None  # the region's usage JSON, to audit
-    usage_event: bytes | None = None  # the usage chunk's JSON, for a client that asked for it
-    content_events: int = 0
-    text: list[str] = field(default_factory=list)  # the content relayed, piece by piece (to continue it)
-    finish_reason: str = ""  # as the region's last choice said
-    failure: ApiError | None = None  # what the client is told at the end (the region's error, or the edge's)
-    fault: bool = False  # the edge stopped the stream because the region broke a rule
-    done: bool = False
-    bad_events: int = 0  # events that did not parse, skipped
-    expired: bool = False  # the request's deadline passed: nothing may continue it
-
-
-class UpstreamIdle(Exception):
-    def __init__(self, message: str, expired: bool = False) -> None:
-        super().__init__(message)
-        self.expired = expired
-
-
-class _Delta(msgspec.Struct):
-    role: str | None = None
-    content: str | None = None
-
-
-class _Choice(msgspec.Struct):
-    delta: _Delta | None = None
-    text: str | None = None
-    finish_reason: str | None = None
-
-
-class _Chunk(msgspec.Struct):
-    choices: list[_Choice] = []
-    usage: msgspec.Raw = NO_USAGE
-    error: ErrorBody | None = None
-
-
-_chunk_decoder = msgspec.json.Decoder(_Chunk)
-
-
-class SseRelay:
-    """Copies one upstream SSE stream to the client as it arrives: whatever whole events one read brings
-    go out in one write (so nothing waits for a later event, and nothing is split).
-
-    It is the region's response's body sink: :meth:`data` runs inside the connection's ``data_received``.
-    The edge always asks the region for a usage chunk; it is held back here (the caller sends the checked
-    figure to a client that asked). Upstream comments are dropped (the edge sends its own heartbeats),
-    ``[DONE]`` is held back too: the caller writes it after the usage record is committed.
-    """
-
-    def __init__(
-        self, request: web.Request, client: web.StreamResponse, limits: StreamLimits, echo: bool = False
-    ) -> None:
-        self.request = request
-        self.client = client
-        self.limits = limits
-        self.last_write = time.monotonic()
-        self.write_started = 0.0  # set while the client has not taken what was written
-        self.read_started = 0.0  # set while waiting for the region
-        self.first_write_at = 0.0
-        self.outcome = StreamOutcome()  # updated as events pass, so a stream cut short knows what it relayed
-        self._echo_pending = echo  # /v1/completions with echo: the first text event is the prompt
-        self._upstream: Response | None = None
-        self._pending = b""
-        self._total = 0
-        self._chunked = True
-        self._ended: asyncio.Future[None] | None = None
-        self._draining: asyncio.Task | None = None
-        self._broken: BaseException | None = None  # the client's side broke while we wrote
-        self._resumed = False  # a second region continues the answer: its role event is not sent again
-        self._body_ended = False  # the region's body ended (cleanly or not): nothing more to read
-        self.clock: StreamClock | None = None  # armed by the caller before each relay
-        self.last_event_at = 0.0
-
-    @property
-    def client_broke(self) -> bool:
-        return self._broken is not None
-
-    def resume(self) -> None:
-        """Ready to relay a second region's continuation of the same answer: what was relayed stays
-        counted; a half-received event of the dead stream is dropped; the end is the new stream's."""
-        outcome = self.outcome
-        outcome.failure, outcome.fault, outcome.done = None, False, False
-        outcome.usage = outcome.usage_event = None
-        outcome.finish_reason = ""
-        self._pending = b""
-        self._resumed = outcome.content_events > 0 or self.first_write_at > 0
-        self._total = 0
-
-    def overdue(self, now: float) -> tuple[str, bool]:
-        if self.clock is None:
-            return "", False
-        return self.clock.overdue(now, self.outcome.content_events, self.last_event_at)
-
-    async def write(self, data: bytes, *, content: bool = True) -> None:
-        """Write through aiohttp (heartbeats, the end of the stream), waiting for the client to take it."""
-        self.write_started = time.monotonic()
-        await self.client.write(data)
-        self.last_write = time.monotonic()
-        self.write_started = 0.0
-        if content and not self.first_write_at:
-            self.first_write_at = time.perf_counter()
-
-    def stall(self, why: str, expired: bool = False) -> None:
-        """Called by the watchdog: the region is late (``why``); end the relay with that error."""
-        if self._upstream is not None and self.read_started:
-            self._upstream.abort(UpstreamIdle(why, expired))
-
-    async def relay(self, upstream: Response) -> StreamOutcome:
-        self._upstream = upstream
-        self._body_ended = False
-        self.last_event_at = time.monotonic()
-        self._ended = asyncio.get_running_loop().create_future()
-        # The head has gone (HTTP/1.1 clients get chunked framing; 1.0 ones a body that ends with the socket).
-        self._chunked = self.client.headers.get("Transfer-Encoding", "").lower() == "chunked"
-        self.read_started = time.monotonic()
-        upstream.push_to(self)
+async def _read_unary(journey: Journey) -> Reply:
+    """The region's whole answer, checked. One whose body fails after its head (late, cut, not the
+    answer's shape) is not the client's answer yet: another replica or fallback is asked, within the
+    request's attempts and deadline."""
+    state, admission = journey.state, journey.admission
+    assert admission is not None and journey.call is not None and journey.forwarded.deadline is not None
+    tried: list[Upstream] = []
+    while True:
+        opened = journey.forwarded.opened
+        assert opened is not None
+        upstream = opened.response
+        if upstream.status != 200:
+            error, refused = await read_refusal(upstream)
+            return failed_before_first_byte(journey, None, error, refused)
         try:
-            await self._ended
-        finally:
-            self.read_started = 0.0
-            self._upstream = None
-            if self._draining is not None and not self._draining.done():
-                self._draining.cancel()
-        if self._broken is not None:
-            raise self._broken
-        if self.outcome.done and not self._body_ended:
-            # Read to the end (the chunked terminator may trail [DONE] across a network), so the connection
-            # returns to its pool and the next user pays no handshake; a region that stalls there loses it.
-            await upstream.finish(_TAIL_S)
-        else:
-            upstream.close()
-        return self.outcome
+            answer = await _checked_unary(journey, upstream)
+            break
+        except UpstreamFault as fault:
+            tried.append(opened.upstream)
+            state.pool.failed(opened.upstream, f"its answer: {fault.error.message}"[:300])
+            if not await ask_again(journey, tried, fault):
+                return failed_before_first_byte(journey, None, fault.error)
+    journey.answered(answer.usage)
+    journey.relayed.answer = WholeAnswer(answer.text, answer.finish_reason)
+    if answer.texts:  # (an embeddings answer has none: its usage is prompt tokens only)
+        journey.relayed.delivered = _delivered(journey, answer.texts)
+    edge_s = opened.timing.forwarded_at - journey.started
+    call = journey.call  # as the forward stage left it: a fallback that answered names itself
+    headers = {
+        **call.client_headers,
+        REGION: journey.forwarded.region,
+        SERVER_TIMING: opened.timing.header(edge_s),
+    }
+    state.metrics.e2e.observe(time.perf_counter() - journey.started)
+    return UnaryReply(answer, headers)
 
-    # --- the body sink, called from the region connection's data_received ---------------------------------
 
-    def data(self, chunk: bytes) -> None:
-        outcome, limits = self.outcome, self.limits
-        if outcome.done or outcome.fault or self._broken:
-            return
-        self.read_started = time.monotonic()
-        self._total += len(chunk)
-        if self._total > limits.max_stream_bytes:
-            return self._stop(f"the region's stream passed {limits.max_stream_bytes} bytes")
-        pending = self._pending + chunk if self._pending else chunk
-        if b"\n\n" in pending:
-            *events, pending = pending.split(b"\n\n")
-            forward = [kept for e in events if (kept := self._keep(e)) is not None]
-            if forward:
-                self._send(b"\n\n".join(forward) + b"\n\n")
-        self._pending = pending
-        if len(pending) > limits.max_event_bytes:
-            return self._stop(f"the region sent an event larger than {limits.max_event_bytes} bytes")
-        if outcome.done or outcome.fault:
-            self._finish()
+async def _checked_unary(journey: Journey, upstream: Response) -> Answer:
+    up, admission, call = journey.state.config.upstream, journey.admission, journey.call
+    deadline = journey.forwarded.deadline
+    assert admission is not None and call is not None and deadline is not None
+    budget = response_budget(journey)
+    # An embeddings answer's bound is its own (checked against max_embeddings_bytes before sending).
+    max_bytes = budget if isinstance(journey.body, EmbeddingRequest) else min(up.max_unary_bytes, budget)
+    body = await read_bounded(upstream, max_bytes, deadline.cap(up.stall_timeout_s) or 0.001)
+    # No tokenizer spells a token in more bytes than this; completions with echo carry the prompt too.
+    max_text = admission.max_tokens * MAX_TOKEN_TEXT_BYTES + (admission.prompt_ceiling if call.echo else 0)
+    if isinstance(journey.body, EmbeddingRequest):
+        return check_embeddings(upstream, body, len(journey.body.texts()))
+    return check_answer(journey.kind, upstream, body, max_text)
 
-    def end(self) -> None:
-        """The region's body ended cleanly: with how it finished said, the answer is whole ([DONE] or not)."""
-        self._body_ended = True
-        outcome = self.outcome
-        if not (outcome.done or outcome.failure or outcome.fault):
-            if outcome.finish_reason or self._all_tokens():
-                outcome.done = True
-            else:
-                outcome.failure = ApiError(
-                    UPSTREAM_UNAVAILABLE, "The region failed mid-stream: it closed the stream early."
-                )
-        self._finish()
 
-    def error(self, exc: BaseException) -> None:
-        self._body_ended = True
-        outcome = self.outcome
-        if outcome.done or outcome.fault:
-            pass
-        elif not outcome.failure and (
-            (outcome.finish_reason and outcome.usage is not None) or self._all_tokens()
-        ):
-            outcome.done = True  # it said how it finished and what it cost, or it sent every token asked
-        elif isinstance(exc, UpstreamIdle):
-            outcome.fault, outcome.expired = True, exc.expired
-            when = "before its first token" if outcome.content_events == 0 else "mid-stream"
-            outcome.failure = ApiError(UPSTREAM_TIMEOUT, f"The region stalled {when}: {exc}.")
-        elif isinstance(exc, MalformedResponse):
-            self._fault(f"its stream is not HTTP ({exc})")
-        elif not outcome.done and not outcome.failure:
-            broke = f"The region failed mid-stream: its stream broke ({type(exc).__name__})."
-            outcome.failure = ApiError(UPSTREAM_UNAVAILABLE, broke)
-        self._finish()
+def _delivered(journey: Journey, texts: tuple[str, ...]) -> Delivered:
+    """The answer's text as the client gets it, in completion tokens: counted as the edge counts prompts
+    (edge/token_count.py), and the fewest it can be. An echoed prompt is not the answer's."""
+    body, counter = journey.body, journey.state.counter
+    echoed = body.prompt_text() if isinstance(body, CompletionRequest) and body.echo else ""
+    answers = [t.removeprefix(echoed) for t in texts]
+    floor = sum(math.ceil(len(t.encode()) / MAX_TOKEN_TEXT_BYTES) for t in answers)
+    tokens = sum(counter.count_text(t) for t in answers if t)
+    return Delivered(max(tokens, floor), floor)
 
-    def _all_tokens(self) -> bool:
-        """Every token asked for was relayed: however the stream ended, the answer is whole (``length``)."""
-        outcome = self.outcome
-        if outcome.content_events < self.limits.max_content_events:
-            return False
-        outcome.finish_reason = outcome.finish_reason or "length"
-        return True
 
-    def _finish(self) -> None:
-        if self._ended is not None and not self._ended.done():
-            self._ended.set_result(None)
+# --- streams -------------------------------------------------------------------------------------------
 
-    def _stop(self, message: str) -> None:
-        self._fault(message)
-        self._finish()
 
-    def _fault(self, message: str) -> None:
-        self.outcome.fault = True
-        self.outcome.failure = UpstreamFault.bad(f"The region's stream was stopped: {message}.").error
+async def _relay_stream(journey: Journey, stream: StreamReply) -> Reply | None:
+    opened = journey.forwarded.opened
+    assert opened is not None
 
-    def _send(self, data: bytes) -> None:
-        """Write to the client's transport now, framed as aiohttp's chunked writer would."""
-        transport = self.request.transport
-        if transport is None or transport.is_closing():
-            self._broken = ConnectionResetError("the client went away")
-            return self._finish()
-        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
-        if not self.first_write_at:
-            self.first_write_at = time.perf_counter()
-        if transport.get_write_buffer_size() > _CLIENT_HIGH_WATER:
-            self._wait_for_client()
-        else:
-            self.last_write = time.monotonic()
-
-    def _wait_for_client(self) -> None:
-        """The client is slower than the region: pause the region until the client drains (or the watchdog
-        cuts it off after write_timeout_s)."""
-        if self._upstream is None or (self._draining is not None and not self._draining.done()):
-            return
-        self.write_started = time.monotonic()
-        self._upstream.pause()
-        self._draining = asyncio.get_running_loop().create_task(self._drain())
-
-    async def _drain(self) -> None:
-        writer = self.client._payload_writer  # aiohttp's writer: its drain waits on the transport's pause
-        try:
-            if writer is not None:
-                await writer.drain()
-        except (ConnectionError, RuntimeError) as exc:
-            self._broken = exc
-            self._finish()
-            return
-        self.write_started = 0.0
-        self.last_write = time.monotonic()
-        if self._upstream is not None:
-            self._upstream.resume()
-
-    def _keep(self, event: bytes) -> bytes | None:
-        """Check the event and note what it says; what goes to the client now (None: nothing)."""
-        outcome = self.outcome
-        if not event or outcome.done or outcome.fault:
+    async def first() -> Reply | None:
+        upstream = opened.response
+        if upstream.status != 200:
+            error, refused = await read_refusal(upstream)
+            return failed_before_first_byte(journey, stream, error, refused)
+        if upstream.content_type != "text/event-stream":
+            fault = UpstreamFault.bad(f"the region answered a stream with {upstream.content_type!r}")
+            return failed_before_first_byte(journey, stream, fault.error)
+        await stream.commit(opened)
+        outcome = await relay_from(journey, stream.relay, opened)
+        if stream.relay.first_write_at:
+            journey.state.metrics.ttft.observe(stream.relay.first_write_at - journey.started)
+        if outcome.failure is not None:  # cut: the continue stage decides whether another region goes on
+            journey.relayed.cut = CutShort(opened, outcome, (opened.upstream,))
             return None
-        if event.startswith(b":"):
-            return None
-        if event.startswith(b"data:") and b"\n" not in event:
-            payload = event[5:].strip()
-        else:
-            payload = self._data_of(event)
-            if payload is None:
-                return None
-            event = b"data: " + payload
-        self.last_event_at = time.monotonic()
-        if payload == b"[DONE]":
-            if outcome.bad_events and not outcome.finish_reason:  # what it skipped may have been the answer
-                self._fault(f"{outcome.bad_events} events that did not parse, and no finish_reason")
-                return None
-            outcome.done = True
-            return None
-        try:
-            chunk = _chunk_decoder.decode(payload)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            return self._bad("an event that is not a completion chunk")
-        if chunk.error is not None:
-            outcome.failure = passed_on(chunk.error, 502)
-            return None
-        if (usage := usage_bytes(chunk.usage)) is not None:
-            outcome.usage = usage
-            if not chunk.choices:
-                outcome.usage_event = payload
-                return None
-        if not chunk.choices:
-            return self._bad("a chunk with neither choices nor usage")
-        if len(chunk.choices) > 1:
-            self._fault("more than the one choice asked for (n=1)")
-            return None
-        choice = chunk.choices[0]
-        text = choice.delta.content if choice.delta is not None else choice.text
-        if text:
-            if self._echo_pending:
-                self._echo_pending = False
-            elif outcome.content_events >= self.limits.max_content_events:
-                self._fault(f"more than max_tokens ({self.limits.max_content_events}) tokens")
-                return None
-            else:
-                outcome.content_events += 1
-                outcome.text.append(text)
-        elif self._resumed and choice.delta is not None and choice.delta.role is not None:
-            return None  # the client had the role from the first region
-        if choice.finish_reason:
-            outcome.finish_reason = choice.finish_reason
-        return event
+        return end_stream(journey, stream, outcome)
 
-    def _data_of(self, event: bytes) -> bytes | None:
-        """An event of several lines (SSE fields): its data lines joined; ``event:``, ``id:``, ``retry:``
-        and comments are the region's own business. None when it holds no data (skipped)."""
-        data: list[bytes] = []
-        for line in event.split(b"\n"):
-            if line.startswith(b"data:"):
-                data.append(line[5:].lstrip(b" "))
-            elif not line.startswith((b":", b"event:", b"id:", b"retry:")) and line.strip():
-                self._bad("an event line that is not an SSE field")
-                return None
-        return b"\n".join(data).strip() if data else None
-
-    def _bad(self, what: str) -> None:
-        """One event that does not parse is skipped; past max_bad_events the stream is broken."""
-        self.outcome.bad_events += 1
-        if self.outcome.bad_events > self.limits.max_bad_events:
-            self._fault(f"{what} (one of {self.outcome.bad_events} that did not parse)")
-        return None
+    return await relay_guarded(journey, stream, first)
 
 
-class StreamWatchdog:
-    """One timer per stream, instead of a task and a timeout per write or read.
+async def relay_from(journey: Journey, relay: SseRelay, opened: Opened) -> StreamOutcome:
+    """Relay ``opened``'s stream on the request's clock: its first token within ttft_timeout_s of asking
+    it, then no stall longer than stall_timeout_s, all before the deadline."""
+    up, deadline = journey.state.config.upstream, journey.forwarded.deadline
+    assert deadline is not None
+    asked_at = time.monotonic() - (time.perf_counter() - opened.timing.forwarded_at)
+    relay.clock = StreamClock(
+        asked_at + up.ttft_timeout_s, up.stall_timeout_s, deadline.at, up.ttft_timeout_s
+    )
+    return await relay.relay(opened.response)
 
-    When nothing has gone to the client for ``heartbeat_s``, it sends an SSE comment (the first one
-    commits the response if the region has not answered yet), so idle hops stay open during a long
-    prefill. When the client has not taken a write for ``write_timeout_s``, it cuts the client off: the
-    handler then ends, which cancels the upstream request. When the region is late by the relay's clock
-    (its first token, a stall, the request's deadline), it ends the relay with an error.
-    """
 
-    def __init__(
-        self,
-        relay: SseRelay,
-        heartbeat_s: float,
-        write_timeout_s: float,
-        commit: Callable[[], Awaitable[None]],
-        cut_off: Callable[[], None],
-        tick_s: float,
-    ) -> None:
-        self.relay = relay
-        self.heartbeat_s = heartbeat_s
-        self.write_timeout_s = write_timeout_s
-        self.commit = commit
-        self.cut_off = cut_off
-        self.tick_s = min(heartbeat_s / 2, write_timeout_s / 2, tick_s)
-        self._loop = asyncio.get_running_loop()
-        self._timer: asyncio.TimerHandle | None = None
-        self._beat: asyncio.Task | None = None
+async def relay_guarded(journey: Journey, stream: StreamReply, step: Step) -> Reply | None:
+    """Run ``step``, which relays ``stream``, as the client may break it. Unless the step hands the stream
+    on (None: the continue stage takes it), what was relayed is noted on the journey however it ends."""
+    state = journey.state
+    handed_on = False
+    try:
+        reply = await step()
+        handed_on = reply is None
+        return reply
+    except (ConnectionError, TimeoutError):
+        # The client stopped reading (write timeout) or its socket broke: it is cut off, billed what it got.
+        journey.left()
+        stream.cut = True
+        state.in_background(state.pool.replenish(_answering(journey)))
+        return stream
+    except asyncio.CancelledError:
+        # The client left: leaving the relay closed the upstream request, so the region aborts.
+        state.in_background(state.pool.replenish(_answering(journey)))
+        raise
+    finally:
+        if not handed_on:
+            _note_relayed(journey, stream.relay.outcome)
 
-    def start(self) -> None:
-        self._timer = self._loop.call_later(self.tick_s, self._check)
 
-    def _check(self) -> None:
-        now = time.monotonic()
-        relay = self.relay
-        if relay.write_started and now - relay.write_started >= self.write_timeout_s:
-            self._timer = None
-            self.cut_off()
-            return
-        if relay.read_started and not relay.write_started:
-            why, expired = relay.overdue(now)
-            if why:
-                relay.stall(why, expired)
-        idle = not relay.write_started and now - relay.last_write >= self.heartbeat_s
-        if idle and (self._beat is None or self._beat.done()):
-            self._beat = self._loop.create_task(self._heartbeat())
-        self._timer = self._loop.call_later(self.tick_s, self._check)
+def end_stream(journey: Journey, stream: StreamReply, outcome: StreamOutcome) -> Reply:
+    """Record how the stream ended: answered (its text whole), or failed (an error event tells the client)."""
+    if outcome.bad_events:
+        _count_bad_events(journey, outcome)
+    if outcome.failure is not None:
+        journey.failed(outcome.failure)
+        stream.failure = outcome.failure
+    else:
+        journey.answered(outcome.usage)
+        journey.relayed.answer = WholeAnswer("".join(outcome.text), outcome.finish_reason)
+    return stream
 
-    async def _heartbeat(self) -> None:
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            await self.commit()
-            await self.relay.write(sse.comment("keep-alive"), content=False)
 
-    async def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._beat is not None and not self._beat.done():
-            self._beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beat
+def _answering(journey: Journey) -> Upstream:
+    opened = journey.forwarded.opened
+    assert opened is not None
+    return opened.upstream
+
+
+def _note_relayed(journey: Journey, outcome: StreamOutcome) -> None:
+    journey.relayed.events = outcome.content_events
+    recorded = journey.outcome
+    recorded.produced = recorded.produced or outcome.content_events > 0
+    if recorded.usage is None:
+        recorded.usage = outcome.usage
+
+
+def _count_bad_events(journey: Journey, outcome: StreamOutcome) -> None:
+    region = journey.forwarded.region
+    journey.relayed.bad_events = outcome.bad_events
+    journey.state.metrics.bad_events.labels(region or "none").inc(outcome.bad_events)
+    log.warning(
+        "request %s: %s sent %d stream events that do not parse (skipped)",
+        journey.request_id,
+        region,
+        outcome.bad_events,
+    )

@@ -12,7 +12,6 @@ import logging
 import time
 from typing import Any
 
-from edge.forward import StreamReply
 from edge.journey import Journey
 from nearshore import jsonlog
 
@@ -25,6 +24,7 @@ def _ms(seconds: float) -> float:
 
 def journey_fields(journey: Journey, ended_at: float) -> dict[str, Any]:
     key, body, billed = journey.key, journey.body, journey.billed
+    outcome, forwarded = journey.outcome, journey.forwarded
     fields: dict[str, Any] = {
         "process": "edge",
         "request_id": journey.request_id,
@@ -35,24 +35,24 @@ def journey_fields(journey: Journey, ended_at: float) -> dict[str, Any]:
         "key_id": key.key_id if key else None,
         "kind": journey.kind,
         "model": body.model if body is not None else None,
-        "status": journey.http_status,
-        "outcome": journey.status,
-        "error_code": journey.error_code or None,
-        "cache": journey.cache_status,
-        "region": journey.region or None,
+        "status": outcome.http_status,
+        "outcome": outcome.status,
+        "error_code": outcome.error_code or None,
+        "cache": journey.cache.status,
+        "region": forwarded.region or None,
         "prompt_tokens": billed.prompt_tokens if billed else None,
         "cached_tokens": billed.prompt_tokens_details.cached_tokens if billed else None,
         "completion_tokens": billed.completion_tokens if billed else None,
         "ttft_ms": None,
         "total_ms": _ms(ended_at - journey.started),
     }
-    stream = journey.stream
-    if isinstance(stream, StreamReply) and stream.relay.first_write_at:
-        fields["ttft_ms"] = _ms(stream.relay.first_write_at - journey.started)
-    elif journey.status == "ok" and journey.opened is not None and stream is None:
+    stream = forwarded.stream
+    if stream is not None and stream.first_write_at:
+        fields["ttft_ms"] = _ms(stream.first_write_at - journey.started)
+    elif outcome.status == "ok" and forwarded.opened is not None and stream is None:
         fields["ttft_ms"] = fields["total_ms"]  # a unary answer's first byte is its whole answer
-    if journey.continued_from:
-        fields["continued_from"] = journey.continued_from
+    if journey.continued.from_region:
+        fields["continued_from"] = journey.continued.from_region
     return fields
 
 

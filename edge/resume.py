@@ -12,6 +12,10 @@ region that failed (closed, broke or stalled; not a region that answered an erro
 is under ``upstream.continue_max_tokens``; a key's request opts out with ``x-nearshore-continue: off``;
 ``upstream.continue_streams = false`` turns it off. A stream that stalled before its first token is not
 continued but asked again of another replica (nothing reached the client), whatever those settings say.
+
+The continue stage runs after the relay stage, on the stream the relay reported cut: while the stream may be
+continued, it opens the next replica's stream (taken on the journey by the forward stage, as the first
+was) and relays it to the same client; then it ends the stream as the last region left it.
 """
 
 from __future__ import annotations
@@ -23,10 +27,14 @@ import msgspec
 
 from edge.answer import with_usage
 from edge.asking import ask_regions
-from edge.attempts import Attempts, Refused, Target, release_refused
-from edge.journey import Journey
-from edge.relay import Opened, StreamOutcome
+from edge.attempts import Attempts, Refused, Target
+from edge.forward import take
+from edge.journey import CutShort, Journey, Reply
+from edge.opened import Opened
+from edge.relay import end_stream, relay_from, relay_guarded
 from edge.routing import route_for
+from edge.sse_relay import StreamOutcome
+from edge.stream_reply import StreamReply
 from edge.upstream import Upstream
 from geo.route import NoRoute
 from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, ApiError
@@ -44,6 +52,35 @@ log = logging.getLogger("nearshore.edge.resume")
 _CONTINUABLE = frozenset({UPSTREAM_UNAVAILABLE.code, UPSTREAM_TIMEOUT.code})
 
 
+async def continue_stage(journey: Journey) -> Reply | None:
+    cut, stream = journey.relayed.cut, journey.forwarded.stream
+    if cut is None or not isinstance(stream, StreamReply):
+        return None  # nothing was cut: the relay stage answered
+    return await relay_guarded(journey, stream, lambda: _continue(journey, stream, cut))
+
+
+async def _continue(journey: Journey, stream: StreamReply, cut: CutShort) -> Reply:
+    """Other replicas continue the answer while it may be continued; the stream ends as the last left it."""
+    state, relay = journey.state, stream.relay
+    opened, outcome, failed = cut.opened, cut.outcome, list(cut.tried)
+    while may_continue(journey, outcome):
+        resumed = await open_continuation(journey, opened, outcome, failed)
+        if resumed is None:
+            break
+        continued = journey.continued
+        continued.count += 1
+        continued.from_region = journey.forwarded.region
+        take(journey, resumed)
+        opened = resumed
+        failed.append(resumed.upstream)
+        first_events = outcome.content_events
+        relay.resume()
+        outcome = await relay_from(journey, relay, resumed)
+        combine_usage(outcome, first_events, journey.bounds.prompt_ceiling)
+        state.metrics.continued.labels(continued.from_region, journey.forwarded.region).inc()
+    return end_stream(journey, stream, outcome)
+
+
 def may_continue(journey: Journey, outcome: StreamOutcome) -> bool:
     up = journey.state.config.upstream
     body, admission, failure = journey.body, journey.admission, outcome.failure
@@ -51,10 +88,11 @@ def may_continue(journey: Journey, outcome: StreamOutcome) -> bool:
         failure is None
         or admission is None
         or outcome.expired
-        or journey.continuations >= up.max_continuations
+        or journey.continued.count >= up.max_continuations
     ):
         return False
-    if journey.deadline is not None and journey.deadline.passed():
+    deadline = journey.forwarded.deadline
+    if deadline is not None and deadline.passed():
         return False
     if failure.kind.code not in _CONTINUABLE:
         return False  # the region said no (an error event): another would likely say the same
@@ -73,8 +111,8 @@ def continuation_body(journey: Journey, text: str, remaining: int) -> bytes:
     """The request that continues ``text`` with at most ``remaining`` more tokens (of the model serving)."""
     body = journey.body
     assert body is not None
-    if journey.served_model:
-        body = msgspec.structs.replace(body, model=journey.served_model)
+    if journey.forwarded.served_model:
+        body = msgspec.structs.replace(body, model=journey.forwarded.served_model)
     usage = StreamOptions(include_usage=True)
     if isinstance(body, ChatCompletionRequest):
         messages = list(body.messages)
@@ -106,7 +144,7 @@ async def open_continuation(
     the replicas that already failed this stream. When nothing was relayed yet, the request is asked
     afresh (edge/asking.py): the model's other replicas, then its fallbacks."""
     state, call, admission = journey.state, journey.call, journey.admission
-    assert call is not None and admission is not None and journey.deadline is not None
+    assert call is not None and admission is not None and journey.forwarded.deadline is not None
     up = state.config.upstream
     why = outcome.failure.message if outcome.failure is not None else "?"
     state.pool.failed(failed.upstream, f"mid-stream: {why}")
@@ -116,7 +154,7 @@ async def open_continuation(
         else:
             opened = await _continued(journey, outcome, tried)
     except Refused as refused:
-        release_refused(refused)
+        refused.release()
         log.warning("request %s: the stream's continuation was refused: %s", journey.request_id, refused)
         return None
     except ApiError as exc:
@@ -125,8 +163,7 @@ async def open_continuation(
     if opened is None:
         return None
     if opened.response.content_type != "text/event-stream":
-        opened.response.close()
-        opened.upstream.replica.inflight -= 1
+        opened.release()
         return None
     log.warning(
         "request %s: %s failed after %d tokens (%s); %s continues the answer",
@@ -141,29 +178,35 @@ async def open_continuation(
 
 async def _continued(journey: Journey, outcome: StreamOutcome, tried: list[Upstream]) -> Opened | None:
     """The serving model's next replica, asked to continue the relayed text."""
-    state, call, admission = journey.state, journey.call, journey.admission
-    assert call is not None and admission is not None and journey.deadline is not None
+    state, call, admission, deadline = (
+        journey.state,
+        journey.call,
+        journey.admission,
+        journey.forwarded.deadline,
+    )
+    assert call is not None and admission is not None and deadline is not None
     up = state.config.upstream
     order = [u for u in _order(journey) if u not in tried]
     if not order:
         return None
     remaining = admission.max_tokens - outcome.content_events
     body = continuation_body(journey, "".join(outcome.text), remaining)
-    attempts = Attempts(state.pool, up, state.metrics, journey.deadline, admission.prompt_estimate)
+    attempts = Attempts(state.pool, up, state.metrics, deadline, admission.prompt_estimate)
     no_more: Callable[[], list[Target]] = list  # a continuation stays with the model that began it
     try:
         target = Target(journey.model, order, body)
         return await attempts.open(target, no_more, no_more, call.path, call.headers, up.ttft_timeout_s)
     finally:
-        journey.attempts += attempts.made
+        journey.forwarded.attempts += attempts.made
 
 
 def _order(journey: Journey) -> list[Upstream]:
     """The serving model's replicas in the router's order (a fallback's own, when one serves)."""
-    if not journey.served_model:
-        return journey.state.pool.ordered(journey.route) if not journey.unrouted else []
+    routed, served = journey.routed, journey.forwarded.served_model
+    if not served:
+        return journey.state.pool.ordered(routed.route) if not routed.unrouted else []
     try:
-        return journey.state.pool.ordered(route_for(journey, journey.served_model))
+        return journey.state.pool.ordered(route_for(journey, served))
     except NoRoute:
         return []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from edge.journey import Journey, Reply
+from edge.journey import Journey, Reply, Sizing
 from geo.rightsize import choose
 from nearshore.protocol.errors import PERMISSION_DENIED, ApiError
 from nearshore.protocol.headers import SIZE_HINT
@@ -33,8 +33,8 @@ async def rightsize_stage(journey: Journey) -> Reply | None:
             param="model",
         )
     journey.body = msgspec.structs.replace(body, model=model)
-    journey.chosen_model = f"{model}; alias={alias.name}; {why}"
     other = alias.small if model == alias.large else alias.large
-    if other != model and key.allows(other):  # the large pool down: the small one answers (and back)
-        journey.other_size = other
+    # The large pool down: the small one answers (and back).
+    other_size = other if other != model and key.allows(other) else ""
+    journey.sizing = Sizing(f"{model}; alias={alias.name}; {why}", other_size)
     return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 
-from edge.journey import Journey, Reply
+from edge.journey import Journey, Reply, Routed
 from geo.affinity import prefix_chain
 from geo.locate import Location, Locator
 from geo.route import NoRoute, Route, Where
@@ -79,7 +79,8 @@ def route_for(journey: Journey, model: str) -> Route:
 def _may_fall_back(journey: Journey) -> bool:
     assert journey.body is not None
     chains = journey.state.config.fallbacks.models
-    return FALLBACK in journey.request.headers or bool(chains.get(journey.body.model) or journey.other_size)
+    other = journey.sizing.other_size
+    return FALLBACK in journey.request.headers or bool(chains.get(journey.body.model) or other)
 
 
 def _explains(journey: Journey) -> bool:
@@ -99,16 +100,14 @@ async def route_stage(journey: Journey) -> Reply | None:
         route = route_for(journey, body.model)
     except NoRoute as exc:
         if _may_fall_back(journey):  # the fallbacks may serve it: the forward stage tries them
-            journey.unrouted = str(exc)
-            journey.route_s = time.perf_counter() - started
+            journey.routed = Routed(unrouted=str(exc), route_s=time.perf_counter() - started)
             return None
         kind = RESIDENCY_UNAVAILABLE if exc.policies else NO_REGION_AVAILABLE
         raise ApiError(kind, str(exc), retry_after_s=5) from None
-    journey.route = route
     state.metrics.routed.labels(route.ranked[0].id).inc()
-    journey.route_s = time.perf_counter() - started
+    journey.routed = Routed(route, route_s=time.perf_counter() - started)
     if _explains(journey):
         explained = route.explain()
-        call.client_headers[ROUTE] = explained
+        journey.call = call.with_client_header(ROUTE, explained)
         log.info("request %s routed: %s", journey.request_id, explained)
     return None

@@ -17,22 +17,21 @@ log = logging.getLogger("nearshore.edge")
 
 async def settle_journey(journey: Journey) -> AuditedUsage | None:
     """Bill the request once; a request refused before admission reserved nothing and has no row."""
-    admission = journey.admission
-    if journey.settled or admission is None or journey.key is None:
+    admission, outcome = journey.admission, journey.outcome
+    if journey.billed is not None or admission is None or journey.key is None:
         return None
-    journey.settled = True
-    state, key = journey.state, journey.key
+    state, key, forwarded = journey.state, journey.key, journey.forwarded
     model = journey.model  # priced as the model that served (a fallback's price, when one did)
-    audited = audit_usage(journey.usage, journey.bounds, journey.produced)
-    usage = journey.billed = audited.usage
+    audited = audit_usage(outcome.usage, journey.bounds, outcome.produced)
+    usage = journey.billed = audited.usage  # (before any wait: the request is billed once)
     if audited.anomalies:
         _report_anomalies(journey, audited)
     cached = usage.prompt_tokens_details.cached_tokens
     cost = state.prices.cost(model, usage.prompt_tokens, cached, usage.completion_tokens)
-    if journey.cache_status in ("exact", "semantic"):
+    if journey.cache.status in ("exact", "semantic"):
         cost *= state.config.cache.price_factor  # an answer that never crossed the ocean
     # A prompt the region refused (too long, ...) still cost it work: it keeps its share of the TPM window.
-    tpm_tokens = admission.prompt_estimate if journey.refused else usage.total_tokens
+    tpm_tokens = admission.prompt_estimate if outcome.refused else usage.total_tokens
     if admission.decision.reservation is not None:
         state.in_background(_settle_limit(journey, admission.decision.reservation, tpm_tokens))
     await state.budget.settle(admission.hold, key.key_id, cost)
@@ -42,20 +41,20 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         key_id=key.key_id,
         tenant=key.tenant,
         model=model,
-        region=journey.region,
+        region=forwarded.region,
         prompt_tokens=usage.prompt_tokens,
         cached_tokens=cached,
         completion_tokens=usage.completion_tokens,
-        cache_status=journey.cache_status,
+        cache_status=journey.cache.status,
         cost_usd=cost,
-        status=journey.status,
-        http_status=journey.http_status,
+        status=outcome.status,
+        http_status=outcome.http_status,
         client_request_id=journey.client_request_id,
-        error_code=journey.error_code,
-        continued_from=journey.continued_from,
-        fallback_from=journey.body.model if journey.served_model and journey.body is not None else "",
-        attempts=journey.attempts,
-        bad_events=journey.bad_events,
+        error_code=outcome.error_code,
+        continued_from=journey.continued.from_region,
+        fallback_from=journey.body.model if forwarded.served_model and journey.body is not None else "",
+        attempts=forwarded.attempts,
+        bad_events=journey.relayed.bad_events,
     )
     try:
         await state.ledger.record(record)
@@ -63,19 +62,19 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         state.metrics.ledger_errors.inc()
         log.exception("usage record %s could not be written", journey.request_id)
     m = state.metrics
-    region = journey.region or "none"
+    region = forwarded.region or "none"
     # A region's error code and (defensively) the model name come from outside: a fixed set of labels.
-    m.count_request(journey.status, region, model_label(model, state.config.models), key.tenant, usage, cost)
-    if journey.error_code and journey.status == "error" and not journey.refused:
-        m.upstream_errors.labels(error_code_label(journey.error_code), region).inc()
+    m.count_request(outcome.status, region, model_label(model, state.config.models), key.tenant, usage, cost)
+    if outcome.error_code and outcome.status == "error" and not outcome.refused:
+        m.upstream_errors.labels(error_code_label(outcome.error_code), region).inc()
     return audited
 
 
 def _report_anomalies(journey: Journey, audited: AuditedUsage) -> None:
-    region = journey.region or "none"
+    region = journey.forwarded.region or "none"
     for kind in audited.anomalies:
         journey.state.metrics.usage_anomalies.labels(kind, region).inc()
-    reported = (journey.usage or b"")[:300]
+    reported = (journey.outcome.usage or b"")[:300]
     log.warning(
         "request %s: region %s reported usage %r (%s); billed prompt=%d completion=%d",
         journey.request_id,

@@ -1,9 +1,11 @@
-"""The edge's stages, in order, and the pipeline they make (DESIGN.md, "the journey of one request").
+"""The edge's stages in order, and the pipeline they make (see ARCHITECTURE.md, "The journey of one request").
 
 authenticate -> parse (schema, size, model) -> rightsize (a size alias's model) -> admit (budget hold,
-RPM/TPM reservation; from here the request is billed) -> cache (an exact hit answers; a semantic lookup
-races the region) -> route (geo: the replicas in failover order) -> gate (a slot in the pool, by tier) ->
-forward (failover before the first byte) -> relay.
+RPM/TPM reservation; from here the request is billed) -> cache (an exact hit answers; a semantic lookup is
+handed on to race the region) -> route (geo: the replicas in failover order) -> gate (a slot in the pool,
+by tier) -> forward (choose and open the upstream, failover before the first byte, racing the lookup) ->
+relay (the answer to the client; a stream its region cut is reported) -> continue (another region
+continues a cut stream). The pipeline's exit then settles the bill (:mod:`edge.settle`).
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 from edge.admission import admit, authenticate, check_request, read_body
 from edge.cache_stage import cache_stage
 from edge.call_body import region_body
-from edge.forward import forward, relay
+from edge.forward import forward
 from edge.gate_stage import gate_stage
 from edge.journey import Call, Journey, Reply
 from edge.keys import share_key
 from edge.limits import rate_limit_headers
 from edge.pipeline import Pipeline, Stage
+from edge.relay import relay
+from edge.resume import continue_stage
 from edge.rightsize_stage import rightsize_stage
 from edge.routing import route_stage
 from nearshore.protocol import trace
@@ -56,8 +60,8 @@ async def admit_stage(journey: Journey) -> Reply | None:
     client_headers = {**rate_limit_headers(journey.admission.decision), REQUEST_ID: journey.request_id}
     if journey.client_request_id:
         client_headers[CLIENT_REQUEST_ID] = journey.client_request_id
-    if journey.chosen_model:
-        client_headers[MODEL] = journey.chosen_model
+    if journey.sizing.chosen_model:
+        client_headers[MODEL] = journey.sizing.chosen_model
     trace_headers: dict[str, str] = {}
     if journey.trace is not None:  # the region's parent is the edge's span; the client learns the trace
         trace_headers = trace.forward_headers(journey.trace, journey.span_id)
@@ -89,7 +93,8 @@ def default_pipeline() -> Pipeline:
             Stage("cache", cache_stage),
             Stage("route", route_stage),
             Stage("gate", gate_stage),
-            Stage("forward", forward),
+            Stage("forward", forward, races=True),
             Stage("relay", relay),
+            Stage("continue", continue_stage),
         ]
     )

@@ -35,6 +35,23 @@ _HEALTH_BYTES = 64 * 1024
 _RETRY_BURST = 10.0  # retries a replica's budget can hold
 
 
+class Slot:
+    """One request's place in its replica's in-flight count (what the router and ``region_inflight`` read):
+    taken when the request is sent, given back once by :meth:`release`, however many paths call it."""
+
+    __slots__ = ("_held", "replica")
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        replica.inflight += 1
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.replica.inflight -= 1
+
+
 @dataclass(eq=False)
 class Upstream:
     """One replica: the router's view of it and the edge's connections to it."""
@@ -53,6 +70,10 @@ class Upstream:
     @property
     def url(self) -> str:
         return self.replica.url
+
+    def take_slot(self) -> Slot:
+        """A place in the replica's in-flight count, held until the slot is released."""
+        return Slot(self.replica)
 
     def status(self, now: float) -> str:
         health = self.replica.health

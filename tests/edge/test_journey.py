@@ -87,6 +87,7 @@ async def test_a_new_stage_plugs_in_without_touching_the_others(tmp_path: Path, 
         "noop",
         "forward",
         "relay",
+        "continue",
     ]
     key = new_key(tmp_path)
     async for url in serve(build_edge_app(edge_config(tmp_path, pacer.url), pipeline)):

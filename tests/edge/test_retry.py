@@ -6,8 +6,8 @@ import random
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
-from edge.relay import StreamClock
 from edge.retry import MAX_RETRY_AFTER_S, Deadline, RetryBudget, backoff_s, parse_retry_after
+from edge.sse_relay import StreamClock
 
 
 def test_a_deadline_caps_every_timeout_by_what_is_left():
