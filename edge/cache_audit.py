@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,7 +124,7 @@ class Auditor:
             return text[: request.max_tokens * MAX_TOKEN_TEXT_BYTES], answer.get("usage") or {}
         parts: list[str] = []
         usage: dict = {}
-        async for data in sse.iter_data(_lines(body)):
+        for data in sse.parse(body):
             if data == b"[DONE]":
                 break
             chunk = msgspec.json.decode(data)
@@ -181,8 +181,3 @@ class Auditor:
 def _count(value: object) -> int:
     """A token count from a region's usage, never negative, never a non-number."""
     return value if isinstance(value, int) and value > 0 else 0
-
-
-async def _lines(body: bytes) -> AsyncIterator[bytes]:
-    for line in body.splitlines(keepends=True):
-        yield line

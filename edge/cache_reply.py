@@ -13,19 +13,9 @@ from cache.response_cache import Hit
 from edge.journey import CacheUse, Journey
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
+from nearshore.protocol.answers import answer_for, stream_chunks
 from nearshore.protocol.headers import CACHE, CACHE_SIMILARITY, SERVER_TIMING
-from nearshore.protocol.schemas import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatDelta,
-    Completion,
-    CompletionChoice,
-    Usage,
-    json_encoder,
-)
+from nearshore.protocol.schemas import Usage, json_encoder
 
 _PIECE = re.compile(r"\s*\S+|\s+$")  # a word with the spaces before it: about a token or two
 _CHUNKS_PER_WRITE = 16
@@ -75,18 +65,19 @@ class CachedReply:
         journey, entry = self.journey, self.hit.entry
         body = journey.body
         assert body is not None
-        rid, created = journey.request_id, int(time.time())
+        answer = answer_for(journey.kind == "chat", journey.request_id, body.model)
         usage = self._usage(audited)
         finish = entry.finish_reason if entry.finish_reason in ("stop", "length") else "stop"
         if not body.stream:
             return web.Response(
-                body=answer_body(journey.kind, rid, created, body.model, entry.text, finish, usage),
+                body=json_encoder.encode(answer.whole(entry.text, finish, usage)),
                 content_type="application/json",
                 headers=self._headers(audited),
             )
-        events = stream_events(
-            journey.kind, rid, created, body.model, entry.text, finish, usage, body.wants_usage_chunk()
+        chunks = stream_chunks(
+            answer, pieces(entry.text), finish, usage if body.wants_usage_chunk() else None
         )
+        events = [sse.event(chunk) for chunk in chunks]
         client = self.client if self.client is not None else web.StreamResponse(headers=sse.HEADERS)
         if not client.prepared:
             client.headers.update(self._headers(audited))
@@ -96,43 +87,3 @@ class CachedReply:
         await client.write(sse.DONE)
         await client.write_eof()
         return client
-
-
-# The OpenAI shapes of a cached answer, one function each (so the shared builders can stand in for them).
-
-
-def answer_body(kind: str, rid: str, created: int, model: str, text: str, finish: str, usage: Usage) -> bytes:
-    """The unary answer's JSON, as the region would have sent it."""
-    if kind == "chat":
-        answer = ChatCompletion(
-            f"chatcmpl-{rid}", created, model, [ChatChoice(0, AssistantMessage(text), finish)], usage
-        )
-    else:
-        answer = Completion(f"cmpl-{rid}", created, model, [CompletionChoice(0, text, finish)], usage)
-    return json_encoder.encode(answer)
-
-
-def stream_events(
-    kind: str, rid: str, created: int, model: str, text: str, finish: str, usage: Usage, with_usage: bool
-) -> list[bytes]:
-    """The stream's SSE events, as the region would have sent them (without ``[DONE]``)."""
-    if kind == "chat":
-        cid = f"chatcmpl-{rid}"
-
-        def chunk(delta: ChatDelta, reason: str | None = None) -> bytes:
-            return sse.event(ChatCompletionChunk(cid, created, model, [ChatChunkChoice(0, delta, reason)]))
-
-        events = [chunk(ChatDelta(role="assistant", content=""))]
-        events += [chunk(ChatDelta(content=p)) for p in pieces(text)]
-        events.append(chunk(ChatDelta(), finish))
-        if with_usage:
-            events.append(sse.event(ChatCompletionChunk(cid, created, model, [], usage=usage)))
-        return events
-    cid = f"cmpl-{rid}"
-    events = [
-        sse.event(Completion(cid, created, model, [CompletionChoice(0, p, None)])) for p in pieces(text)
-    ]
-    events.append(sse.event(Completion(cid, created, model, [CompletionChoice(0, "", finish)])))
-    if with_usage:
-        events.append(sse.event(Completion(cid, created, model, [], usage=usage)))
-    return events

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from edge.answer import NO_USAGE, UpstreamFault, passed_on, usage_bytes
 from edge.h1 import MalformedResponse, Response
+from nearshore.protocol import sse
 from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, ApiError, ErrorBody
 
 # After [DONE], the rest of the response (the chunked terminator) returns the connection to its pool; a
@@ -124,7 +125,7 @@ class SseRelay:
         self.outcome = StreamOutcome()  # updated as events pass, so a stream cut short knows what it relayed
         self._echo_pending = echo  # /v1/completions with echo: the first text event is the prompt
         self._upstream: Response | None = None
-        self._pending = b""
+        self._events = sse.SseParser()
         self._total = 0
         self._chunked = True
         self._ended: asyncio.Future[None] | None = None
@@ -146,7 +147,7 @@ class SseRelay:
         outcome.failure, outcome.fault, outcome.done = None, False, False
         outcome.usage = outcome.usage_event = None
         outcome.finish_reason = ""
-        self._pending = b""
+        self._events = sse.SseParser()
         self._resumed = outcome.content_events > 0 or self.first_write_at > 0
         self._total = 0
 
@@ -205,14 +206,12 @@ class SseRelay:
         self._total += len(chunk)
         if self._total > limits.max_stream_bytes:
             return self._stop(f"the region's stream passed {limits.max_stream_bytes} bytes")
-        pending = self._pending + chunk if self._pending else chunk
-        if b"\n\n" in pending:
-            *events, pending = pending.split(b"\n\n")
+        events = self._events.blocks(chunk)
+        if events:
             forward = [kept for e in events if (kept := self._keep(e)) is not None]
             if forward:
                 self._send(b"\n\n".join(forward) + b"\n\n")
-        self._pending = pending
-        if len(pending) > limits.max_event_bytes:
+        if self._events.pending > limits.max_event_bytes:
             return self._stop(f"the region sent an event larger than {limits.max_event_bytes} bytes")
         if outcome.done or outcome.fault:
             self._finish()
@@ -314,12 +313,14 @@ class SseRelay:
             return None
         if event.startswith(b":"):
             return None
-        if event.startswith(b"data:") and b"\n" not in event:
-            payload = event[5:].strip()
-        else:
-            payload = self._data_of(event)
-            if payload is None:
-                return None
+        one_line = event.startswith(b"data:") and b"\n" not in event
+        if not one_line and sse.odd_line(event) is not None:
+            return self._bad("an event line that is not an SSE field")
+        payload = sse.event_data(event)
+        if payload is None:
+            return None
+        payload = payload.strip()
+        if not one_line:
             event = b"data: " + payload
         self.last_event_at = time.monotonic()
         if payload == b"[DONE]":
@@ -361,18 +362,6 @@ class SseRelay:
         if choice.finish_reason:
             outcome.finish_reason = choice.finish_reason
         return event
-
-    def _data_of(self, event: bytes) -> bytes | None:
-        """An event of several lines (SSE fields): its data lines joined; ``event:``, ``id:``, ``retry:``
-        and comments are the region's own business. None when it holds no data (skipped)."""
-        data: list[bytes] = []
-        for line in event.split(b"\n"):
-            if line.startswith(b"data:"):
-                data.append(line[5:].lstrip(b" "))
-            elif not line.startswith((b":", b"event:", b"id:", b"retry:")) and line.strip():
-                self._bad("an event line that is not an SSE field")
-                return None
-        return b"\n".join(data).strip() if data else None
 
     def _bad(self, what: str) -> None:
         """One event that does not parse is skipped; past max_bad_events the stream is broken."""
