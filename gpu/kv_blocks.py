@@ -13,7 +13,10 @@ that still hold a named prefix wait in the free queue in LRU order and are reviv
 block reused for other tokens loses its name.
 
 The manager speaks in paired verbs over all groups at once: ``can_allocate``/``allocate`` (a newcomer
-takes its cached prefix), ``can_append``/``append`` (room for a step's new tokens), ``free``.
+takes its cached prefix and gets its :class:`BlockTable`), ``can_append``/``append`` (room for a step's new
+tokens), ``free``. The manager keeps the pools (reference counts, the free queue, the names) and no table:
+each :class:`BlockTable` belongs to its sequence, which hands it to every verb, so what a sequence holds is
+reached, and freed, through the sequence alone.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 NULL_BLOCK = 0
@@ -143,13 +146,32 @@ class BlockPool:
             self.names[block] = name
 
 
-@dataclass(slots=True)
-class _SeqBlocks:
+@dataclass(eq=False, slots=True)
+class BlockTable:
+    """One sequence's blocks in every group and the tokens whose KV they hold: made by
+    :meth:`KvBlockManager.allocate`, owned by the sequence, given back by :meth:`KvBlockManager.free`."""
+
+    block_size: int
     tokens: list[int]  # tokens whose KV is written (or is being written this step), in order
     block_hashes: list[int]  # the chained hash of each full block of ``tokens``
-    tables: dict[str, list[int]] = field(default_factory=dict)
+    tables: dict[str, list[int]] = field(default_factory=dict)  # per group, block ids by position // size
     prefill_tokens: int = 0  # the tokens it was admitted to compute: their blocks are promised to it
     num_dropped: dict[str, int] = field(default_factory=dict)  # leading table entries out of the window
+    promised: dict[str, int] = field(default_factory=dict)  # per group, blocks still promised to it
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    def table(self, group: str) -> list[int]:
+        return self.tables[group]
+
+    def slots(self, group: str, start: int, count: int) -> list[int]:
+        """Cache slots of positions [start, start + count) in ``group``'s pool."""
+        table, size = self.tables[group], self.block_size
+        slots = [table[p // size] * size + p % size for p in range(start, start + count)]
+        assert count == 0 or table[(start + count - 1) // size] != NULL_BLOCK
+        return slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +188,7 @@ def _blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class KvBlockManager:
-    """Block tables of every sequence over one pool per group (see the module's docstring)."""
+    """One pool per group, and the blocks promised to the tables it made (see the module's docstring)."""
 
     def __init__(
         self, groups: Sequence[GroupSpec], block_size: int = 16, hash_fn: HashFn = chain_hash
@@ -179,26 +201,24 @@ class KvBlockManager:
         self.block_size = block_size
         self.hash_fn = hash_fn
         self.pools = {g.name: BlockPool(g.num_blocks) for g in groups}
-        self.seqs: dict[int, _SeqBlocks] = {}
+        # Per group, the blocks the admitted sequences still take to finish their prompts (what their
+        # tables promise): room a newcomer cannot have.
+        self.promised = dict.fromkeys(self.pools, 0)
         self.prefix_query_tokens = 0
         self.prefix_hit_tokens = 0
 
     # --- admission ------------------------------------------------------------------------------------
 
-    def can_allocate(self, seq_id: int, tokens: Sequence[int], max_cached: int | None = None) -> bool:
+    def can_allocate(self, tokens: Sequence[int], max_cached: int | None = None) -> bool:
         """Room for ``tokens`` (a prompt, or a preempted sequence's prompt and outputs) to be computed:
         its cached prefix revived and blocks for the rest free, beside those the sequences already
         admitted still take to finish their own prompts. Their growth past that is not reserved: when
         blocks run out the scheduler preempts."""
-        assert seq_id not in self.seqs, f"sequence {seq_id} already allocated"
         _hashes, hits = self._prefix_hits(tokens, max_cached)
         for name, pool in self.pools.items():
             revived = sum(1 for b in hits[name] if b != NULL_BLOCK and pool.ref_counts[b] == 0)
             fresh = self._blocks_to_fill(name, len(hits[name]), len(tokens))
-            promised = sum(
-                self._blocks_to_fill(name, len(s.tables[name]), s.prefill_tokens) for s in self.seqs.values()
-            )
-            if revived + fresh + promised > pool.num_free:
+            if revived + fresh + self.promised[name] > pool.num_free:
                 return False
         return True
 
@@ -209,12 +229,12 @@ class KvBlockManager:
         window = self.groups[group].window
         return fresh if window is None else min(fresh, _blocks_for(window, self.block_size) + 1)
 
-    def allocate(self, seq_id: int, tokens: Sequence[int], max_cached: int | None = None) -> int:
-        """Admit ``seq_id`` with the longest cached prefix of ``tokens`` (at most ``max_cached`` tokens);
-        returns its length in tokens.
+    def allocate(self, tokens: Sequence[int], max_cached: int | None = None) -> BlockTable:
+        """A newcomer's table, holding the longest cached prefix of ``tokens`` (at most ``max_cached``
+        tokens): its ``num_tokens`` says how long that is.
 
         Only the prefix is taken: the rest gets blocks as it is computed (:meth:`append`)."""
-        assert self.can_allocate(seq_id, tokens, max_cached)
+        assert self.can_allocate(tokens, max_cached)
         hashes, hits = self._prefix_hits(tokens, max_cached)
         num_blocks = len(next(iter(hits.values())))
         num_cached = num_blocks * self.block_size
@@ -223,12 +243,20 @@ class KvBlockManager:
                 if block != NULL_BLOCK:
                     self.pools[name].share(block)
         dropped = {name: self._first_live_block(name, num_cached) for name in self.pools}
-        self.seqs[seq_id] = _SeqBlocks(
-            list(tokens[:num_cached]), hashes[:num_blocks], hits, len(tokens), dropped
+        table = BlockTable(
+            self.block_size, list(tokens[:num_cached]), hashes[:num_blocks], hits, len(tokens), dropped
         )
+        self._promise(table)
         self.prefix_query_tokens += len(tokens)
         self.prefix_hit_tokens += num_cached
-        return num_cached
+        return table
+
+    def _promise(self, table: BlockTable) -> None:
+        """Bring ``promised`` up to date with what ``table`` still takes to finish its prompt."""
+        for name in self.pools:
+            now = self._blocks_to_fill(name, len(table.tables[name]), table.prefill_tokens)
+            self.promised[name] += now - table.promised.get(name, 0)
+            table.promised[name] = now
 
     def _prefix_hits(
         self, tokens: Sequence[int], max_cached: int | None
@@ -278,9 +306,9 @@ class KvBlockManager:
 
     # --- a step's new tokens --------------------------------------------------------------------------
 
-    def can_append(self, seq_id: int, num_new: int) -> bool:
-        """Room for ``num_new`` more tokens of ``seq_id`` this step (sliding blocks it drops count)."""
-        state = self.seqs[seq_id]
+    def can_append(self, state: BlockTable, num_new: int) -> bool:
+        """Room for ``num_new`` more tokens of ``state``'s sequence this step (sliding blocks it drops
+        count)."""
         need = _blocks_for(len(state.tokens) + num_new, self.block_size)
         for name, pool in self.pools.items():
             table = state.tables[name]
@@ -289,11 +317,10 @@ class KvBlockManager:
                 return False
         return True
 
-    def append(self, seq_id: int, new_tokens: Sequence[int]) -> None:
+    def append(self, state: BlockTable, new_tokens: Sequence[int]) -> None:
         """``new_tokens`` get their KV written this step: drop dead sliding blocks, give blocks to the new
         tokens, and name the blocks they fill (prompt or generated tokens alike)."""
-        assert self.can_append(seq_id, len(new_tokens))
-        state = self.seqs[seq_id]
+        assert self.can_append(state, len(new_tokens))
         need = _blocks_for(len(state.tokens) + len(new_tokens), self.block_size)
         for name, pool in self.pools.items():
             table = state.tables[name]
@@ -303,14 +330,15 @@ class KvBlockManager:
                 state.num_dropped[name] = index + 1
             table.extend(pool.take() for _ in range(need - len(table)))
         state.tokens.extend(new_tokens)
+        self._promise(state)
         self._name_full_blocks(state)
 
-    def _dead_blocks(self, group: str, state: _SeqBlocks) -> range:
+    def _dead_blocks(self, group: str, state: BlockTable) -> range:
         """Indexes of ``group``'s blocks, still held, that the sequence's next query can no longer read."""
         first = self._first_live_block(group, len(state.tokens))
         return range(state.num_dropped[group], min(first, len(state.tables[group])))
 
-    def _name_full_blocks(self, state: _SeqBlocks) -> None:
+    def _name_full_blocks(self, state: BlockTable) -> None:
         size = self.block_size
         for index in range(len(state.block_hashes), len(state.tokens) // size):
             parent = state.block_hashes[-1] if state.block_hashes else None
@@ -326,34 +354,22 @@ class KvBlockManager:
 
     # --- leaving --------------------------------------------------------------------------------------
 
-    def free(self, seq_id: int) -> None:
-        """``seq_id`` leaves; its named blocks stay cached. Released last block first, so a prefix
+    def free(self, state: BlockTable) -> None:
+        """``state``'s sequence leaves; its named blocks stay cached. Released last block first, so a prefix
         (the part others reuse) outlives its tail in the LRU queue."""
-        state = self.seqs.pop(seq_id)
         for name, pool in self.pools.items():
             for block in reversed(state.tables[name]):
                 if block != NULL_BLOCK:
                     pool.release(block)
+            self.promised[name] -= state.promised.pop(name, 0)
+        state.tables = {}  # it holds nothing now: a table freed twice, or used after, fails loudly
 
     def reset(self) -> None:
-        """The model's memory was wiped: no sequence, no cached prefix."""
-        self.seqs.clear()
+        """The model's memory was wiped: no block held, no cached prefix (tables made before are void)."""
         self.pools = {g.name: BlockPool(g.num_blocks) for g in self.groups.values()}
+        self.promised = dict.fromkeys(self.pools, 0)
 
     # --- reading --------------------------------------------------------------------------------------
-
-    def num_tokens(self, seq_id: int) -> int:
-        return len(self.seqs[seq_id].tokens)
-
-    def block_table(self, seq_id: int, group: str) -> list[int]:
-        return self.seqs[seq_id].tables[group]
-
-    def slots(self, seq_id: int, group: str, start: int, count: int) -> list[int]:
-        """Cache slots of positions [start, start + count) of ``seq_id`` in ``group``'s pool."""
-        table, size = self.seqs[seq_id].tables[group], self.block_size
-        slots = [table[p // size] * size + p % size for p in range(start, start + count)]
-        assert count == 0 or table[(start + count - 1) // size] != NULL_BLOCK
-        return slots
 
     def usage(self) -> KvUsage:
         pools = self.pools.items()
@@ -365,12 +381,16 @@ class KvBlockManager:
             prefix_hit_tokens=self.prefix_hit_tokens,
         )
 
-    def check_invariants(self) -> None:
-        """Assert the books agree with themselves (tests call this after every operation)."""
-        for state in self.seqs.values():
+    def check_invariants(self, live: Iterable[BlockTable]) -> None:
+        """Assert the books agree with themselves and with ``live``, every table not yet freed (tests call
+        this after every operation): a table dropped without :meth:`free` shows as blocks held by no one."""
+        live = list(live)
+        for state in live:
             assert len(state.block_hashes) == len(state.tokens) // self.block_size
         for name, pool in self.pools.items():
-            assert pool.ref_counts == self._holders(name), f"{name}: ref counts != tables holding the blocks"
+            assert pool.ref_counts == self._holders(name, live), f"{name}: ref counts != tables holding them"
+            promised = sum(s.promised[name] for s in live)
+            assert self.promised[name] == promised, f"{name}: promised blocks != the tables' promises"
             assert pool.ref_counts[NULL_BLOCK] == 0 and NULL_BLOCK not in pool.free, "null block allocated"
             for block in range(1, pool.num_blocks):
                 assert (block in pool.free) == (pool.ref_counts[block] == 0), f"block {block} free and held"
@@ -382,12 +402,12 @@ class KvBlockManager:
                 assert len(name.tokens) == self.block_size
                 assert self.hash_fn(name.parent_hash, name.tokens) == block_hash
 
-    def _holders(self, group: str) -> list[int]:
+    def _holders(self, group: str, live: list[BlockTable]) -> list[int]:
         """How many tables hold each block of ``group``, checking each table on the way: its length, no
         block twice, null only where the window dropped a block, and named blocks hold the table's tokens."""
         pool, size = self.pools[group], self.block_size
         holders = [0] * pool.num_blocks
-        for state in self.seqs.values():
+        for state in live:
             table = state.tables[group]
             assert len(table) == _blocks_for(len(state.tokens), size), "table length != tokens"
             dropped = state.num_dropped[group]

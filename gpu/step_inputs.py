@@ -1,18 +1,18 @@
 """One model step's inputs as tensors: the batch's rows, where their KV goes, which keys each row reads.
 
-Built on the CPU from the scheduler's plain lists and the block manager's tables, then moved to the
+Built on the CPU from the scheduler's plain lists and the sequences' block tables, then moved to the
 model's device once per step (:meth:`StepInputs.to`). Rows are grouped by sequence, in order: sequence i
 owns rows ``query_start[i]:query_start[i + 1]``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
 import torch
 
-from gpu.kv_blocks import NULL_BLOCK, KvBlockManager
+from gpu.kv_blocks import NULL_BLOCK, BlockTable
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,34 +51,42 @@ class StepInputs:
 @dataclass(frozen=True, slots=True)
 class SeqChunk:
     """One sequence's rows this step: ``tokens`` at positions ``start``, ``start + 1``, ...; the rows
-    of ``want_logits`` (True) return logits."""
+    of ``want_logits`` (True) return logits. ``table`` is the sequence's blocks, with room for them."""
 
-    seq_id: int
+    table: BlockTable
     tokens: Sequence[int]
     start: int
     want_logits: Sequence[bool]
 
 
 def chunks_from_rows(
-    tokens: Sequence[int], positions: Sequence[int], seq_ids: Sequence[int], want_logits: Sequence[bool]
+    tokens: Sequence[int],
+    positions: Sequence[int],
+    seq_ids: Sequence[int],
+    want_logits: Sequence[bool],
+    tables: Mapping[int, BlockTable],
 ) -> list[SeqChunk]:
-    """The scheduler's flat rows (one per token, a sequence's rows together) as one chunk per sequence."""
+    """The scheduler's flat rows (one per token, a sequence's rows together) as one chunk per sequence;
+    ``tables`` gives each sequence id's block table."""
     chunks: list[SeqChunk] = []
+    chunk_ids: list[int] = []
     begin = 0
     for row in range(1, len(tokens) + 1):
         if row == len(tokens) or seq_ids[row] != seq_ids[begin]:
             start = positions[begin]
             if list(positions[begin:row]) != list(range(start, start + row - begin)):
                 raise ValueError(f"sequence {seq_ids[begin]}: its rows' positions are not consecutive")
-            chunks.append(SeqChunk(seq_ids[begin], tokens[begin:row], start, want_logits[begin:row]))
+            chunks.append(SeqChunk(tables[seq_ids[begin]], tokens[begin:row], start, want_logits[begin:row]))
+            chunk_ids.append(seq_ids[begin])
             begin = row
-    if len({c.seq_id for c in chunks}) != len(chunks):
+    if len(set(chunk_ids)) != len(chunk_ids):
         raise ValueError("a sequence's rows are not together")
     return chunks
 
 
-def build_step_inputs(chunks: Sequence[SeqChunk], kv: KvBlockManager) -> StepInputs:
-    """Tensors (on the CPU) for ``chunks``, whose KV room :meth:`KvBlockManager.append` already gave."""
+def build_step_inputs(chunks: Sequence[SeqChunk], groups: Iterable[str]) -> StepInputs:
+    """Tensors (on the CPU) for ``chunks``, whose KV room :meth:`gpu.kv_blocks.KvBlockManager.append`
+    already gave, with a block table and slots for each of the attention ``groups``."""
     tokens: list[int] = []
     positions: list[int] = []
     query_start = [0]
@@ -91,17 +99,17 @@ def build_step_inputs(chunks: Sequence[SeqChunk], kv: KvBlockManager) -> StepInp
         positions.extend(range(chunk.start, chunk.start + count))
         query_start.append(len(tokens))
         seq_lens.append(chunk.start + count)
-        if kv.num_tokens(chunk.seq_id) != chunk.start + count:
-            raise ValueError(f"sequence {chunk.seq_id}: its KV room does not end at this step's last row")
+        if chunk.table.num_tokens != chunk.start + count:
+            raise ValueError(f"chunk at {chunk.start}: its KV room does not end at this step's last row")
     block_tables = {}
     slot_mapping = {}
-    for group in kv.groups:
-        tables = [kv.block_table(c.seq_id, group) for c in chunks]
+    for group in groups:
+        tables = [c.table.table(group) for c in chunks]
         width = max((len(t) for t in tables), default=0)
         block_tables[group] = torch.tensor(
             [t + [NULL_BLOCK] * (width - len(t)) for t in tables], dtype=torch.int32
         ).reshape(len(chunks), width)
-        slots = [s for c in chunks for s in kv.slots(c.seq_id, group, c.start, len(c.tokens))]
+        slots = [s for c in chunks for s in c.table.slots(group, c.start, len(c.tokens))]
         slot_mapping[group] = torch.tensor(slots, dtype=torch.int64)
     return StepInputs(
         tokens=torch.tensor(tokens, dtype=torch.int64),

@@ -5,6 +5,9 @@ torch). Unlike llama.cpp's slots, nothing is reserved for a sequence's completio
 are taken as tokens are computed (:meth:`PagedMemory.append`), and the scheduler preempts when they run
 out. Freed blocks keep their cached prefixes until the block is needed for other tokens, so there is
 no idle cache to evict and nothing for the engine to clear.
+
+A sequence's block table is its own (``Sequence.blocks``, from admission to :meth:`PagedMemory.release`);
+the manager keeps only the pools. ``Sequence.slot`` is an id that groups the sequence's rows in a step.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import itertools
 
 from gpu.kv_blocks import KvBlockManager
-from regional.scheduler import Admission, Sequence
+from regional.kv_memory import Admission
+from regional.sequence import Sequence
 
 
 class PagedMemory:
@@ -39,11 +43,11 @@ class PagedMemory:
         seq_id = next(self._seq_ids)
         tokens = seq.prompt + seq.output
         max_cached = self._max_cached(seq)
-        if not self.blocks.can_allocate(seq_id, tokens, max_cached):
+        if not self.blocks.can_allocate(tokens, max_cached):
             return None
         seq.slot = seq_id
-        cached = self.blocks.allocate(seq_id, tokens, max_cached)
-        return Admission(seq, seq_id, seq_id, cached)
+        seq.blocks = self.blocks.allocate(tokens, max_cached)
+        return Admission(seq, seq_id, seq_id, seq.blocks.num_tokens)
 
     @staticmethod
     def _max_cached(seq: Sequence) -> int | None:
@@ -53,13 +57,18 @@ class PagedMemory:
         return None
 
     def can_append(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.blocks.can_append(seq.slot, num_tokens)
+        assert seq.blocks is not None
+        return self.blocks.can_append(seq.blocks, num_tokens)
 
     def append(self, seq: Sequence, num_tokens: int) -> None:
-        self.blocks.append(seq.slot, seq.uncomputed(num_tokens))
+        assert seq.blocks is not None
+        self.blocks.append(seq.blocks, seq.uncomputed(num_tokens))
 
     def release(self, seq: Sequence, now: float) -> None:
-        self.blocks.free(seq.slot)
+        """The sequence's blocks go back to the pools (named ones stay cached); it holds none after."""
+        assert seq.blocks is not None
+        self.blocks.free(seq.blocks)
+        seq.blocks = None
 
     def evict_idle(self) -> list[int]:
         return []  # cached blocks are reused as needed, never cleared

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from regional.scheduler import Admission, Sequence
+from regional.kv_memory import Admission
+from regional.sequence import Sequence
 
 
 @dataclass(eq=False)

@@ -2,23 +2,28 @@
 
 The step loop, requests and events are :class:`regional.step_engine.StepEngine`'s; this module supplies
 llama.cpp: the model and its context, the KV slots with prefix reuse (:mod:`regional.kv_slots`), the
-memory operations an admission implies, the decode call, and per-row sampling in numpy.
+memory operations a plan implies, the decode call, and per-row sampling in numpy with each sequence's own
+sampler. A batch the context has no room for is not retried here: the step reports it and the scheduler
+makes room (dropping idle caches, or preempting) in the next plan.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
 from regional.config import EngineConfig
 from regional.engine import Logprobs
+from regional.kv_memory import KvMemory
 from regional.kv_slots import SlotMemory
 from regional.llama_model import ContextSettings, KvCacheFull, LlamaError, LlamaModel
 from regional.logprobs import position_logprobs
-from regional.scheduler import KvMemory, Sequence, StepPlan
+from regional.sequence import Sequence
 from regional.step_engine import StepEngine
+from regional.step_plan import StepPlan
 
 log = logging.getLogger("nearshore.engine")
 # How LlamaModel says that llama_init_from_model failed (its allocations, the KV cache first of all).
@@ -71,6 +76,8 @@ class LlamaCppEngine(StepEngine):
     def _apply_memory_changes(self, plan: StepPlan) -> None:
         model = self._model
         assert model is not None
+        for slot in plan.cleared:  # idle caches dropped to retry a batch the context had no room for
+            model.forget(slot, 0)
         for a in plan.admissions:
             for slot in a.evicted:
                 model.forget(slot, 0)
@@ -81,33 +88,29 @@ class LlamaCppEngine(StepEngine):
                 if a.prefix_len:
                     model.share_prefix(a.source, a.slot, a.prefix_len)
 
-    def _run_model(self, plan: StepPlan) -> None:
+    def _run_model(self, plan: StepPlan) -> ContextLogits | None:
         model = self._model
         assert model is not None
         try:
             model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
         except KvCacheFull:
-            # Idle prefix caches may hold the cells (or split the free ones): drop them and retry once.
-            for slot in self._scheduler.evict_idle_caches():
-                model.forget(slot, 0)
-            model.decode(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
+            # Nothing was applied; idle prefix caches may hold the cells (or split the free ones).
+            log.debug("no room in the KV cache for a batch of %d tokens: making room", len(plan.tokens))
+            return None
+        return ContextLogits(model)
 
-    def _row_logits(self, row: int) -> np.ndarray:
-        assert self._model is not None
-        return self._model.logits(row)
-
-    def _sample(self, plan: StepPlan) -> tuple[list[int | None], list[Logprobs | None], dict[Sequence, str]]:
-        model = self._model
-        assert model is not None
+    def _sample(
+        self, plan: StepPlan, logits: ContextLogits
+    ) -> tuple[list[int | None], list[Logprobs | None], dict[Sequence, str]]:
         sampled: list[int | None] = []
         logprobs: list[Logprobs | None] = []
         failures: dict[Sequence, str] = {}
         for seq, row in plan.samples:
             try:
-                logits = model.logits(row)
-                token = seq.sampler.sample(logits)
+                row_logits = logits.row(row)
+                token = seq.sampler.sample(row_logits)
                 top_n = seq.request.logprobs
-                logprobs.append(None if top_n is None else position_logprobs(logits, token, top_n))
+                logprobs.append(None if top_n is None else position_logprobs(row_logits, token, top_n))
                 sampled.append(token)
             except Exception as exc:  # this sequence's sampling alone: the others' tokens stand
                 log.error("sampling failed for request %s", seq.request_id, exc_info=True)
@@ -119,3 +122,13 @@ class LlamaCppEngine(StepEngine):
     def _clear_memory(self) -> None:
         assert self._model is not None
         self._model.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class ContextLogits:
+    """The last decode's logits, where llama.cpp keeps them: valid until the next decode."""
+
+    model: LlamaModel
+
+    def row(self, batch_row: int) -> np.ndarray:
+        return self.model.logits(batch_row)

@@ -1,13 +1,22 @@
 """Continuous batching: who runs this step, with which tokens, and who has finished after it.
 
-Pure bookkeeping, no model calls, so it can be tested on its own. One engine step is three verbs:
+Pure bookkeeping, no model calls, so it can be tested on its own. One engine step is three calls:
 
-    plan = scheduler.schedule(now)                      # admissions, evictions, the batch
-    ...the engine applies the plan's memory changes, runs the model on plan.batch, samples...
+    plan = scheduler.schedule(now)                      # admissions, evictions, preemptions, the batch
+    ...the engine applies the plan's memory changes, runs the model on the batch, samples...
     finished = scheduler.postprocess(plan, sampled, now)
 
-When the KV memory has no room for a step's tokens, the newest sequence is preempted (its KV freed, it
-recomputes later); the plan carries the sequences that can never fit (``StepPlan.finished``).
+The requests' state is on their :class:`~regional.sequence.Sequence`; the plan is a
+:class:`~regional.step_plan.StepPlan`; where the KV cells live is a :class:`~regional.kv_memory.KvMemory`'s
+decision (llama.cpp slots with prefix reuse in :mod:`regional.kv_slots`, paged blocks in
+:mod:`regional.kv_paged`). The scheduler decides the order, the batch, the preemptions and the finish.
+
+Room is the scheduler's business throughout. When the KV memory has no room for a step's tokens
+(``can_append``), the newest sequence is preempted (its KV freed, it recomputes later) and the room asked
+again; when the model itself had no room for a batch the books let through (llama.cpp's pool: idle caches
+hold cells, free ones are split), the step reports it (``postprocess(..., model_full=True)``) and the next
+plan drops the idle caches, or preempts, and retries. The plan carries the sequences that can never fit
+(``StepPlan.finished``).
 
 Fair by share key (the edge's opaque per-key id, ``GenerationRequest.share_key``): waiting sequences are
 admitted from the key holding the fewest KV tokens first, and prompts are prefilled a round at a time across
@@ -17,28 +26,34 @@ be cut short once it runs, so while keys share the node (within ``SHARED_WINDOW_
 :mod:`regional.step_cost`): what a newcomer waits for before its own step begins.
 
 Failure paths are verbs of their own: :meth:`Scheduler.abort` (one request leaves),
-:meth:`Scheduler.evict_idle_caches` (the model's memory is full: free what only caches hold, then retry),
-:meth:`Scheduler.fail_running` (a failed step: the model's memory is unknown, so every running sequence
-fails and every cache is dropped).
-
-Where the KV cells live is a :class:`KvMemory`'s decision (llama.cpp slots with prefix reuse in
-:mod:`regional.kv_slots`, paged blocks in :mod:`regional.kv_paged`); the scheduler decides the order, the
-batch, the preemptions and the finish.
+:meth:`Scheduler.evict_idle_caches` (free what only caches hold), :meth:`Scheduler.fail_running` (a failed
+step: the model's memory is unknown, so every running sequence fails and every cache is dropped).
 """
 
 from __future__ import annotations
 
-import asyncio
-import codecs
 from collections import abc, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
 
-from regional.engine import EngineFinish, GenerationRequest, Logprobs
+from regional.engine import Logprobs
+from regional.kv_memory import Admission, KvMemory
 from regional.prompt_scores import PromptScores
-from regional.sampler import TokenSampler
+from regional.sequence import Sequence
 from regional.step_cost import StepCost
+from regional.step_plan import StepPlan
+
+# The step's types, importable from the scheduler that makes them (the tests and bench/gpu do).
+__all__ = [
+    "MIN_SHARED_CHUNK",
+    "SCORED_ROWS_PER_STEP",
+    "SHARED_SCORED_ROWS_PER_STEP",
+    "SHARED_WINDOW_S",
+    "Admission",
+    "KvMemory",
+    "Scheduler",
+    "Sequence",
+    "StepPlan",
+]
 
 # The most prompt rows whose logits one step computes for prompt log-probabilities, all sequences together:
 # each is a whole vocabulary row (1 MiB for Gemma) through the output layer and scored in numpy, so many
@@ -49,173 +64,6 @@ SHARED_SCORED_ROWS_PER_STEP = 16
 SHARED_WINDOW_S = 5.0
 # The fewest prompt tokens a shared step gives the prompts in it, however slow steps are: they must advance.
 MIN_SHARED_CHUNK = 8
-
-
-@dataclass(eq=False)
-class Sequence:
-    request: GenerationRequest
-    arrived_at: float
-    sampler: TokenSampler
-    events: asyncio.Queue | None = None
-    slot: int = -1  # the KV memory's id for this sequence (a llama.cpp sequence id)
-    num_computed: int = 0  # tokens whose KV cells exist (prompt first, then fed-back outputs)
-    num_cached_tokens: int = 0  # prompt tokens reused from the prefix cache
-    num_preemptions: int = 0  # times its KV was freed for room; it then recomputes prompt and outputs
-    output: list[int] = field(default_factory=list)
-    # With prompt_logprobs: entry i scores prompt token i + 1 (the logits at position i predict it).
-    prompt_logprobs: list[Logprobs] = field(default_factory=list)
-    finish_reason: EngineFinish | None = None
-    admitted_at: float = 0.0
-    first_token_at: float = 0.0
-    text_decoder: codecs.IncrementalDecoder = field(
-        default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
-    )
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def prompt(self) -> list[int]:
-        return self.request.prompt_tokens
-
-    @property
-    def share_key(self) -> str:
-        return self.request.share_key
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt) + len(self.output)
-
-    @property
-    def is_prefilling(self) -> bool:
-        # A preempted sequence prefills its outputs too: all but the last, which it feeds as a decode.
-        return self.num_computed < max(len(self.prompt), self.num_tokens - 1)
-
-    def uncomputed(self, limit: int) -> list[int]:
-        """Up to ``limit`` of the tokens whose KV is still to compute (prompt first, then outputs)."""
-        end = min(self.num_tokens, self.num_computed + limit)
-        if end <= len(self.prompt):
-            return self.prompt[self.num_computed : end]
-        return (self.prompt + self.output)[self.num_computed : end]
-
-    @property
-    def reusable_prefix(self) -> int:
-        """The most prompt tokens a prefix cache may supply: all but the last (its logits pick the first
-        output token); when the prompt is scored, only those whose scores it already has (every other
-        position's logits are needed)."""
-        if self.request.prompt_logprobs is not None:
-            return min(len(self.prompt_logprobs), len(self.prompt) - 1)
-        return len(self.prompt) - 1
-
-    @property
-    def reserved_tokens(self) -> int:
-        """KV cells this sequence may come to need: its whole prompt and its whole completion budget."""
-        return len(self.prompt) + self.request.max_tokens
-
-    def computed_tokens(self) -> list[int]:
-        return (self.prompt + self.output)[: self.num_computed]
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """A sequence joins the batch in ``slot``, reusing the first ``prefix_len`` KV cells of ``source``.
-
-    First the idle caches of the ``evicted`` slots are cleared (to make room for it). Then, when
-    ``source == slot``, the slot's own idle cache is trimmed to the prefix; otherwise the slot is cleared
-    and then shares the source's cells.
-    """
-
-    sequence: Sequence
-    slot: int
-    source: int
-    prefix_len: int
-    evicted: tuple[int, ...] = ()
-
-
-class KvMemory(Protocol):
-    """Where the sequences' KV cells live, and which cached prefix a newcomer reuses.
-
-    It only keeps books; what the model's memory must do comes back as values that the plan carries.
-    """
-
-    total_tokens: int
-
-    def used_tokens(self) -> int: ...
-
-    def allocate(self, seq: Sequence) -> Admission | None:
-        """Place ``seq`` (its ``slot``) with the longest cached prefix it can reuse, dropping idle caches
-        if that makes room; None, with nothing changed, when it must wait."""
-        ...
-
-    def can_append(self, seq: Sequence, num_tokens: int) -> bool:
-        """Room for the KV of ``seq``'s next ``num_tokens`` tokens (from ``num_computed`` on) this step."""
-        ...
-
-    def append(self, seq: Sequence, num_tokens: int) -> None:
-        """Take that room: the step writes those tokens' KV."""
-        ...
-
-    def release(self, seq: Sequence, now: float) -> None:
-        """``seq`` left (or was preempted); what it computed stays cached for a later prompt that starts
-        the same way."""
-        ...
-
-    def evict_idle(self) -> list[int]:
-        """Drop every idle cache; returns the slots whose cells must be cleared."""
-        ...
-
-    def reset(self) -> None:
-        """The model's memory was wiped: every slot is free and empty."""
-        ...
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """Everything one step needs: memory changes first, then one model call over the batch."""
-
-    admissions: list[Admission] = field(default_factory=list)
-    # The batch: one row per token.
-    tokens: list[int] = field(default_factory=list)
-    positions: list[int] = field(default_factory=list)
-    seq_ids: list[int] = field(default_factory=list)
-    want_logits: list[bool] = field(default_factory=list)
-    # (sequence, batch row of its logits): the sequences that sample a token after this step
-    samples: list[tuple[Sequence, int]] = field(default_factory=list)
-    # (sequence, tokens it adds to its KV this step)
-    advances: list[tuple[Sequence, int]] = field(default_factory=list)
-    # Sequences finished while planning: the KV memory cannot hold them even alone (never in the batch)
-    finished: list[Sequence] = field(default_factory=list)
-    # (sequence, first batch row, rows): prompt rows whose logits score the next prompt token, for the
-    # sequences that asked for prompt log-probabilities (rows scored before a recompute are not again)
-    prompt_rows: list[tuple[Sequence, int, int]] = field(default_factory=list)
-
-    @property
-    def evictions(self) -> list[int]:
-        """Slots whose idle caches were dropped this step: their cells must be cleared."""
-        return [slot for a in self.admissions for slot in a.evicted]
-
-    def add(self, seq: Sequence, tokens: list[int], sample: bool) -> None:
-        start, first_row = seq.num_computed, len(self.tokens)
-        for offset, token in enumerate(tokens):
-            self.tokens.append(token)
-            self.positions.append(start + offset)
-            self.seq_ids.append(seq.slot)
-            self.want_logits.append(False)
-        if seq.request.prompt_logprobs is not None:
-            # Positions begin..end-1 predict prompt tokens begin+1..end; the last prompt position predicts
-            # the first output token, which the sample scores.
-            begin = max(start, len(seq.prompt_logprobs))
-            end = min(start + len(tokens), len(seq.prompt) - 1)
-            if begin < end:
-                rows = range(first_row + begin - start, first_row + end - start)
-                for row in rows:
-                    self.want_logits[row] = True
-                self.prompt_rows.append((seq, rows.start, len(rows)))
-        if sample:
-            self.want_logits[-1] = True
-            self.samples.append((seq, len(self.tokens) - 1))
-        self.advances.append((seq, len(tokens)))
 
 
 class Scheduler:
@@ -238,6 +86,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0  # sequences whose KV was freed for room (stats)
+        self._model_full = False  # the model had no room for the last batch: the next plan makes room
         self._seen: dict[str, float] = {}  # share key -> when it last had a sequence here
         self.prompt_scores = PromptScores()  # scored prompts' log-probabilities, for prompts alike
 
@@ -256,9 +105,16 @@ class Scheduler:
         self.waiting.append(seq)
 
     def schedule(self, now: float) -> StepPlan:
-        """Admit waiting sequences while there is room, then build one batch over everyone running."""
+        """Admit waiting sequences while there is room, then build one batch over everyone running.
+
+        After a batch the model had no room for, this plan is its retry: room is made first
+        (:meth:`_make_room_in_model`) and nobody is admitted, so the batch does not grow back."""
         plan = StepPlan()
-        self._admit(plan, now)
+        if self._model_full:
+            self._model_full = False
+            self._make_room_in_model(plan, now)
+        else:
+            self._admit(plan, now)
         self._batch(plan, now, self._shared(now))
         return plan
 
@@ -388,6 +244,23 @@ class Scheduler:
         self.memory.append(seq, num_tokens)
         return True
 
+    def _make_room_in_model(self, plan: StepPlan, now: float) -> None:
+        """The model ran none of the last batch: its memory had no room that the books said it had (idle
+        caches hold cells, or split the free ones). This plan retries it after dropping every idle cache
+        (their cells cleared first); with none to drop, the newest running sequence is preempted and its
+        cells dropped as well. One alone that still found no room never will: it finishes."""
+        cleared = self.evict_idle_caches()
+        if not cleared and self.running:
+            victim = self.running[-1]
+            if len(self.running) == 1:
+                victim.finish_reason = "length" if victim.output else "error"
+                self._retire(victim, now)
+                plan.finished.append(victim)
+            else:
+                self._preempt(victim, now)
+            cleared = self.evict_idle_caches()
+        plan.cleared.extend(cleared)
+
     def _preempt(self, seq: Sequence, now: float) -> None:
         """Free ``seq``'s KV and put it first in line: it recomputes prompt and outputs, then samples on,
         its stream neither repeating nor skipping a token."""
@@ -404,6 +277,8 @@ class Scheduler:
         sampled: abc.Sequence[int | None],
         now: float,
         prompt_scores: abc.Sequence[list[Logprobs]] = (),
+        *,
+        model_full: bool = False,
     ) -> list[Sequence]:
         """The model ran ``plan``: advance its sequences, append the sampled tokens, retire the finished.
 
@@ -411,7 +286,14 @@ class Scheduler:
         alone with "error". ``prompt_scores`` follows ``plan.prompt_rows``. A sequence with ``max_tokens``
         0 only scores its prompt: its sample is dropped and it finishes with "length". Returns the
         sequences that finished, each with its ``finish_reason``.
+
+        ``model_full``: the model had no room for the batch and ran none of it; nobody advances, and the
+        next plan makes the room and retries (only a memory whose ``append`` books nothing can be told
+        this: llama.cpp's slots, whose books can disagree with the model's pool).
         """
+        if model_full:
+            self._model_full = True
+            return []
         for seq, num_tokens in plan.advances:
             seq.num_computed += num_tokens
         for (seq, _row, _rows), scores in zip(plan.prompt_rows, prompt_scores, strict=True):

@@ -1,10 +1,15 @@
 """What every step engine shares: the worker thread, its step loop, requests in and events out.
 
 One worker thread owns the model and runs the step loop: take new requests and aborts, then one step
-in three verbs: the scheduler plans it (``schedule``), the engine applies the plan's memory changes, runs
-the model and samples, the scheduler advances and retires (``postprocess``). This class turns tokens into
-events and moves work and events across the thread boundary. Requests join and leave between steps;
-nothing holds a global lock across a generation. The event loop never waits on the model.
+in three calls: the scheduler plans it (``schedule``), the engine runs it (the plan's memory changes, the
+model, sampling from the logits the model returned), the scheduler advances and retires (``postprocess``)
+and the step's tokens become events. This class moves work and events across the thread boundary.
+Requests join and leave between steps; nothing holds a global lock across a generation. The event loop
+never waits on the model.
+
+A request's state is on its :class:`~regional.sequence.Sequence`; the engine keeps only an index of the
+live ones by request id (``_by_id``: an abort names a request by id, and a sequence caught between the
+inbox and the scheduler when the worker dies must still be told), never state of its own for them.
 
 A concrete engine (llama.cpp in :mod:`regional.llama_engine`, torch in :mod:`regional.torch_engine`)
 supplies the model: how it loads, where its KV memory lives, how a step runs and samples.
@@ -20,8 +25,6 @@ import time
 from collections import abc, deque
 from collections.abc import AsyncIterator
 
-import numpy as np
-
 from nearshore.protocol.prompt_segments import Segment
 from regional.config import EngineConfig
 from regional.engine import (
@@ -34,12 +37,16 @@ from regional.engine import (
     Logprobs,
     TokenEvent,
 )
+from regional.kv_memory import KvMemory
 from regional.llama_model import LlamaModel
 from regional.logprobs import score_prompt_rows
 from regional.prompt_tokens import PromptTokenizer
 from regional.sampler import TokenSampler
-from regional.scheduler import KvMemory, Scheduler, Sequence, StepPlan
+from regional.scheduler import Scheduler
+from regional.sequence import Sequence
 from regional.step_cost import StepCost
+from regional.step_output import Events, StepLogits, StepOutput, step_events
+from regional.step_plan import StepPlan
 from regional.token_rate import TokenRate
 
 log = logging.getLogger("nearshore.engine")
@@ -68,7 +75,7 @@ class StepEngine:
         self._cv = threading.Condition()
         self._inbox: deque[Sequence] = deque()
         self._aborts: set[str] = set()
-        self._by_id: dict[str, Sequence] = {}
+        self._by_id: dict[str, Sequence] = {}  # the live sequences (an index: their state is their own)
         self._scheduler = self._new_scheduler(_never_ends)  # no model yet: it only answers stats()
         self._steps = 0
         self._prefill_tokens = 0  # prompt tokens the steps computed (stats)
@@ -96,17 +103,16 @@ class StepEngine:
     def _apply_memory_changes(self, plan: StepPlan) -> None:
         """What the plan's admissions change in the model's KV memory, before it runs (if at all)."""
 
-    def _run_model(self, plan: StepPlan) -> None:
-        """Run the model over the plan's batch."""
+    def _run_model(self, plan: StepPlan) -> StepLogits | None:
+        """Run the model over the plan's batch; its logits, or None when the model's KV memory had no room
+        for the batch and ran none of it (the scheduler makes room and retries)."""
         raise NotImplementedError
 
-    def _row_logits(self, row: int) -> np.ndarray:
-        """The logits of one batch row of the step that just ran (for prompt log-probabilities)."""
-        raise NotImplementedError
-
-    def _sample(self, plan: StepPlan) -> tuple[list[int | None], list[Logprobs | None], dict[Sequence, str]]:
-        """One token per sampling sequence (None where its sampling failed, with the reason), and its
-        log-probabilities where they were asked for."""
+    def _sample(
+        self, plan: StepPlan, logits: StepLogits
+    ) -> tuple[list[int | None], list[Logprobs | None], dict[Sequence, str]]:
+        """One token per sampling sequence from ``logits`` (None where its sampling failed, with the
+        reason), and its log-probabilities where they were asked for."""
         raise NotImplementedError
 
     def _clear_memory(self) -> None:
@@ -345,7 +351,7 @@ class StepEngine:
                     return
             self._deliver(events)
 
-    def _take_inbox_and_aborts(self) -> list[tuple[Sequence, TokenEvent]]:
+    def _take_inbox_and_aborts(self) -> Events:
         sched = self._scheduler
         while self._inbox:
             sched.add(self._inbox.popleft())
@@ -358,77 +364,46 @@ class StepEngine:
         self._aborts.clear()
         return events
 
-    def _step(self) -> list[tuple[Sequence, TokenEvent]]:
-        """schedule -> apply the memory changes, run the model, sample -> postprocess -> events."""
-        sched = self._scheduler
-        plan = sched.schedule(time.perf_counter())
-        events = self._unfit(plan)
+    def _step(self) -> Events:
+        """One step: schedule, run, postprocess."""
+        plan = self._scheduler.schedule(time.perf_counter())
+        output = self._run_plan(plan)
+        return self._postprocess(plan, output)
+
+    def _run_plan(self, plan: StepPlan) -> StepOutput:
+        """Apply the plan's memory changes, then (when anyone runs) run the model and sample its logits."""
         self._apply_memory_changes(plan)
         for a in plan.admissions:
             self._prefix_queries += len(a.sequence.prompt)
             self._prefix_hits += a.prefix_len
         if not plan.tokens:  # nobody runs: the waiting ones wait for room
-            return events
+            return StepOutput()
         started = time.perf_counter()
-        self._run_model(plan)
+        logits = self._run_model(plan)
+        if logits is None:  # nothing ran: the scheduler makes room in the next plan, which retries
+            return StepOutput(model_full=True)
         self._steps += 1
         self._failed_steps = 0
         self._prefill_tokens += sum(n for seq, n in plan.advances if seq.is_prefilling)
-        prompt_scores = score_prompt_rows(plan, self._row_logits)
-        sampled, logprobs, failures = self._sample(plan)
+        prompt_scores = score_prompt_rows(plan, logits.row)
+        sampled, logprobs, failures = self._sample(plan, logits)
         self._generated.add(len(sampled) - len(failures), time.monotonic())
+        return StepOutput(True, False, started, sampled, logprobs, failures, prompt_scores)
+
+    def _postprocess(self, plan: StepPlan, output: StepOutput) -> Events:
+        """The scheduler advances and retires; the engine stops tracking whoever finished (planning
+        finished some too: those that never fit) and turns the step into events."""
+        sched = self._scheduler
         now = time.perf_counter()
-        self._untrack(sched.postprocess(plan, sampled, now, prompt_scores))
-        if sched.step_cost is not None:  # what the step cost a newcomer who came in just after it began
+        finished = sched.postprocess(
+            plan, output.sampled, now, output.prompt_scores, model_full=output.model_full
+        )
+        self._untrack([*plan.finished, *finished])
+        if output.ran and sched.step_cost is not None:  # what the step cost a newcomer just after it began
             scored_rows = sum(rows for _, _, rows in plan.prompt_rows)
-            sched.step_cost.observe(len(plan.tokens), scored_rows, now - started)
-        return events + self._events(plan, sampled, logprobs, failures, now)
-
-    def _unfit(self, plan: StepPlan) -> list[tuple[Sequence, TokenEvent]]:
-        """Sequences the KV memory cannot hold even alone: finished while planning, told here."""
-        self._untrack(plan.finished)
-        events = []
-        for seq in plan.finished:
-            error = None
-            if seq.finish_reason == "error":
-                error = "the request does not fit in the engine's KV memory"
-            events.append((seq, TokenEvent(finish_reason=seq.finish_reason, error=error)))
-        return events
-
-    def _events(
-        self,
-        plan: StepPlan,
-        sampled: list[int | None],
-        logprobs: list[Logprobs | None],
-        failures: dict[Sequence, str],
-        now: float,
-    ) -> list[tuple[Sequence, TokenEvent]]:
-        events = []
-        for (seq, _row), token, scored in zip(plan.samples, sampled, logprobs, strict=True):
-            if token is None:
-                events.append((seq, TokenEvent(finish_reason="error", error=failures[seq])))
-            else:
-                events.append((seq, self._token_event(seq, token, scored, now)))
-        return events
-
-    def _token_event(self, seq: Sequence, token: int, logprobs: Logprobs | None, now: float) -> TokenEvent:
-        vocab = self._vocab
-        assert vocab is not None
-        if seq.output:
-            event = TokenEvent(token_id=token, finish_reason=seq.finish_reason, logprobs=logprobs)
-            # The end-of-generation token has no text; a finish flushes a character left incomplete.
-            piece = b"" if seq.finish_reason == "stop" else vocab.token_bytes(token)
-            event.text = seq.text_decoder.decode(piece, final=seq.finish_reason is not None)
-        else:  # max_tokens 0: the prompt was scored, nothing generated
-            event = TokenEvent(finish_reason=seq.finish_reason)
-        if not seq.first_token_at:
-            seq.first_token_at = now
-            event.cached_tokens = seq.num_cached_tokens
-            event.queue_s = seq.admitted_at - seq.arrived_at
-            event.prefill_s = now - seq.admitted_at
-            if seq.request.prompt_logprobs is not None:
-                event.prompt_logprobs = [Logprobs(seq.prompt[0], None, []), *seq.prompt_logprobs]
-        return event
+            sched.step_cost.observe(len(plan.tokens), scored_rows, now - output.started)
+        assert self._vocab is not None
+        return step_events(plan, output, self._vocab, now)
 
     def _untrack(self, finished: list[Sequence]) -> None:
         """The scheduler retired these: the engine stops tracking them."""
@@ -438,13 +413,13 @@ class StepEngine:
                 self._aborts.discard(seq.request_id)
             self._last_active = time.monotonic()
 
-    def _fail_running(self, message: str) -> list[tuple[Sequence, TokenEvent]]:
+    def _fail_running(self, message: str) -> Events:
         failed = self._scheduler.fail_running()
         self._untrack(failed)
         self._clear_memory()
         return [(seq, TokenEvent(finish_reason="error", error=message)) for seq in failed]
 
-    def _take_everyone(self, event: TokenEvent) -> list[tuple[Sequence, TokenEvent]]:
+    def _take_everyone(self, event: TokenEvent) -> Events:
         """Every sequence the engine holds (new, waiting, running) with ``event``; none is left behind."""
         sched = self._scheduler
         with self._cv:
@@ -456,7 +431,7 @@ class StepEngine:
             self._aborts.clear()
         return [(seq, event) for seq in everyone]
 
-    def _fail_engine(self, reason: str, pending: list[tuple[Sequence, TokenEvent]] | None = None) -> None:
+    def _fail_engine(self, reason: str, pending: Events | None = None) -> None:
         """Give up for good: every request, now and later, gets ``reason``; the node is told to exit.
 
         ``pending`` holds the last step's events: the requests that step failed get the engine's failure too.
@@ -478,13 +453,13 @@ class StepEngine:
         if self.on_fatal is not None:
             self.on_fatal(reason)
 
-    def _deliver(self, events: list[tuple[Sequence, TokenEvent]]) -> None:
+    def _deliver(self, events: Events) -> None:
         if events and self._loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop closed under us at shutdown
                 self._loop.call_soon_threadsafe(_put_all, events)
 
 
-def _put_all(events: list[tuple[Sequence, TokenEvent]]) -> None:
+def _put_all(events: Events) -> None:
     for seq, event in events:
         if seq.events is not None:
             seq.events.put_nowait(event)

@@ -3,9 +3,10 @@
 The step loop, requests and events are :class:`regional.step_engine.StepEngine`'s, with the same
 scheduler as the llama.cpp engine over a different memory: paged blocks with a prefix cache
 (:mod:`regional.kv_paged`), taken as tokens are computed, with preemption when they run out. Each step
-turns the plan's rows into tensors (block tables, slots), runs :class:`gpu.model.CausalLM` once and
-samples every row at once on the device (:mod:`gpu.sampler`). On a machine without CUDA the same code
-runs on the CPU in float32: slowly, and exactly what the tests check.
+turns the plan's rows into tensors (the sequences' block tables, slots), runs :class:`gpu.model.CausalLM`
+once and returns its logits, from which every row is sampled at once on the device (:mod:`gpu.sampler`),
+each with the sampling row its sequence carries. On a machine without CUDA the same code runs on the CPU in
+float32: slowly, and exactly what the tests check.
 
 Prompts are tokenized by llama.cpp's vocabulary of the same GGUF (loaded without weights), so both
 engines see the same tokens for the same text.
@@ -16,17 +17,24 @@ from __future__ import annotations
 import logging
 import math
 import random
-import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpu.sampling_rows import RowParams
 from regional.config import EngineConfig
 from regional.engine import Logprobs, SamplingParams
+from regional.kv_memory import KvMemory
 from regional.kv_paged import PagedMemory
 from regional.kv_slots import SlotMemory
 from regional.llama_model import ContextSettings, LlamaModel
-from regional.scheduler import KvMemory, Sequence, StepPlan
+from regional.sequence import Sequence
 from regional.step_engine import StepEngine
+from regional.step_plan import StepPlan
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("nearshore.engine")
 
@@ -63,10 +71,6 @@ class TorchEngine(StepEngine):
         self._blocks = None  # gpu.kv_blocks.KvBlockManager
         self._vocab_model: LlamaModel | None = None
         self._graphs = None  # gpu.decode_graphs.DecodeGraphs, on a GPU with cuda_graphs on
-        self._logits = None  # the last step's logits [N, vocab], on the device
-        self._logit_index: dict[int, int] = {}  # batch row -> row of _logits
-        # Each running sequence's sampling row (seed, counts), kept while the sequence lives.
-        self._rows: weakref.WeakKeyDictionary[Sequence, object] = weakref.WeakKeyDictionary()
         self.weights_cached = False
         super().__init__(model_name, model_path, config)
 
@@ -138,7 +142,7 @@ class TorchEngine(StepEngine):
         return sizes
 
     def _close_backend(self) -> None:
-        self._model = self._kv = self._blocks = self._logits = self._graphs = None
+        self._model = self._kv = self._blocks = self._graphs = None
         if self._vocab_model is not None:
             self._vocab_model.close()
             self._vocab_model = None
@@ -155,35 +159,30 @@ class TorchEngine(StepEngine):
 
     # --- a step -----------------------------------------------------------------------------------
 
-    def _run_model(self, plan: StepPlan) -> None:
+    def _run_model(self, plan: StepPlan) -> DeviceLogits:
         from gpu.step_inputs import build_step_inputs, chunks_from_rows
 
         assert self._model is not None and self._blocks is not None
-        chunks = chunks_from_rows(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
-        inputs = build_step_inputs(chunks, self._blocks).to(self._device)
+        tables = {seq.slot: seq.blocks for seq, _ in plan.advances}
+        chunks = chunks_from_rows(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits, tables)
+        inputs = build_step_inputs(chunks, self._blocks.groups).to(self._device)
         size = self._graphs.size_for(inputs) if self._graphs is not None else None
-        if size is not None:
-            self._logits = self._graphs.run(inputs, size)
-        else:
-            self._logits = self._model.forward(inputs, self._kv)
+        values = self._graphs.run(inputs, size) if size is not None else self._model.forward(inputs, self._kv)
         wanted = (row for row, want in enumerate(plan.want_logits) if want)
-        self._logit_index = {row: i for i, row in enumerate(wanted)}
+        return DeviceLogits(values, {row: i for i, row in enumerate(wanted)})
 
-    def _row_logits(self, row: int) -> np.ndarray:
-        assert self._logits is not None
-        return self._logits[self._logit_index[row]].float().cpu().numpy()
-
-    def _sample(self, plan: StepPlan) -> tuple[list[int | None], list[Logprobs | None], dict[Sequence, str]]:
+    def _sample(
+        self, plan: StepPlan, logits: DeviceLogits
+    ) -> tuple[list[int | None], list[Logprobs | None], dict[Sequence, str]]:
         from gpu.sampler import sample
 
         if not plan.samples:
             return [], [], {}
-        assert self._logits is not None
         seqs = [seq for seq, _row in plan.samples]
-        rows = [self._row_params(seq) for seq in seqs]
-        index = [self._logit_index[row] for _seq, row in plan.samples]
+        rows = [sampling_row(seq) for seq in seqs]
+        index = [logits.index[row] for _seq, row in plan.samples]
         try:
-            result = sample(self._logits[index], rows)
+            result = sample(logits.values[index], rows)
         except Exception as exc:  # one batched draw: it fails for every row of the step
             log.error("sampling failed for %d sequences", len(seqs), exc_info=True)
             failure = f"sampling failed: {exc}"
@@ -194,27 +193,38 @@ class TorchEngine(StepEngine):
             logprobs.append(None if scored is None else Logprobs(token, scored[0], scored[1]))
         return list(result.tokens), logprobs, {}
 
-    def _row_params(self, seq: Sequence):
-        """The sequence's sampling row for this draw: made once (its seed fixed), then its counter moves."""
-        from gpu.sampler import RowParams
 
-        row = self._rows.get(seq)
-        if row is None:
-            p: SamplingParams = seq.request.sampling
-            row = RowParams(
-                temperature=p.temperature,
-                top_p=p.top_p,
-                top_k=p.top_k,
-                min_p=p.min_p,
-                presence_penalty=p.presence_penalty,
-                frequency_penalty=p.frequency_penalty,
-                repetition_penalty=p.repetition_penalty,
-                seed=p.seed if p.seed is not None else random.getrandbits(64),
-                prompt_tokens=seq.prompt,
-                logprobs=seq.request.logprobs,
-            )
-            self._rows[seq] = row
-        # The draw's counter is the index of the token drawn: a seeded stream is the same whatever batches
-        # and preemptions it met.
-        row.index = len(seq.output)
-        return row
+@dataclass(frozen=True, slots=True)
+class DeviceLogits:
+    """One model call's logits, on the device: ``values`` [rows wanted, vocab], ``index`` from a batch row
+    to its row of ``values``."""
+
+    values: torch.Tensor
+    index: dict[int, int]
+
+    def row(self, batch_row: int) -> np.ndarray:
+        return self.values[self.index[batch_row]].float().cpu().numpy()
+
+
+def sampling_row(seq: Sequence) -> RowParams:
+    """``seq``'s row of the batched sampler for this draw: made at its first (its seed fixed there), kept
+    on the sequence (preemptions too), its counter moved to the token being drawn."""
+    row = seq.sampling_row
+    if row is None:
+        p: SamplingParams = seq.request.sampling
+        row = seq.sampling_row = RowParams(
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            min_p=p.min_p,
+            presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty,
+            repetition_penalty=p.repetition_penalty,
+            seed=p.seed if p.seed is not None else random.getrandbits(64),
+            prompt_tokens=seq.prompt,
+            logprobs=seq.request.logprobs,
+        )
+    # The draw's counter is the index of the token drawn: a seeded stream is the same whatever batches
+    # and preemptions it met.
+    row.index = len(seq.output)
+    return row

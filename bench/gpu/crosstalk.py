@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.kv_blocks import KvBlockManager
+from gpu.kv_blocks import BlockTable, KvBlockManager
 from gpu.kv_cache import PagedKvCache, block_manager_for
 from gpu.model import CausalLM
 from gpu.step_inputs import SeqChunk, build_step_inputs, chunks_from_rows
@@ -47,9 +47,9 @@ def alone_logits(model: CausalLM, tokens: list[int], block_size: int) -> torch.T
     num_blocks = len(tokens) // block_size + 3
     blocks = block_manager_for(model.config, num_blocks, block_size)
     kv = PagedKvCache(model.config, num_blocks, block_size, model.dtype, model.device)
-    blocks.allocate(0, tokens, max_cached=0)
-    blocks.append(0, tokens)
-    inputs = build_step_inputs([SeqChunk(0, tokens, 0, [True] * len(tokens))], blocks)
+    table = blocks.allocate(tokens, max_cached=0)
+    blocks.append(table, tokens)
+    inputs = build_step_inputs([SeqChunk(table, tokens, 0, [True] * len(tokens))], blocks.groups)
     return model.forward(inputs.to(model.device), kv)
 
 
@@ -62,11 +62,11 @@ def check_crosstalk(
     max_sequences: int = 8,
     batch_tokens: int = 256,
     prefill_chunk: int = 32,
-    after_step: Callable[[KvBlockManager], object] | None = None,
+    after_step: Callable[[KvBlockManager, list[BlockTable]], object] | None = None,
 ) -> CrossTalk:
     """Greedy streams of ``prompts`` through the scheduler in a pool of ``num_blocks`` (small enough to
     preempt), each sampled row compared with the stream's own prefill alone. ``after_step`` sees the block
-    manager after every step (the tests check its invariants there)."""
+    manager and the running sequences' tables after every step (the tests check its invariants there)."""
     blocks = block_manager_for(model.config, num_blocks, block_size)
     kv = PagedKvCache(model.config, num_blocks, block_size, model.dtype, model.device)
     sched = Scheduler(PagedMemory(blocks), max_sequences, batch_tokens, prefill_chunk, lambda _t: False)
@@ -84,8 +84,9 @@ def check_crosstalk(
             raise ValueError("a stream cannot fit the pool even alone: give the check more blocks")
         if not plan.tokens:
             continue
-        chunks = chunks_from_rows(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits)
-        logits = model.forward(build_step_inputs(chunks, blocks).to(model.device), kv)
+        tables = {seq.slot: seq.blocks for seq, _ in plan.advances}
+        chunks = chunks_from_rows(plan.tokens, plan.positions, plan.seq_ids, plan.want_logits, tables)
+        logits = model.forward(build_step_inputs(chunks, blocks.groups).to(model.device), kv)
         row_of = {row: i for i, row in enumerate(r for r, want in enumerate(plan.want_logits) if want)}
         sampled = []
         for seq, row in plan.samples:
@@ -94,7 +95,7 @@ def check_crosstalk(
             sampled.append(int(torch.argmax(row_logits)))
         sched.postprocess(plan, sampled, 0.0)
         if after_step is not None:
-            after_step(blocks)
+            after_step(blocks, [s.blocks for s in sched.running])
         steps += 1
     worst, agree, total = 0.0, 0, 0
     for seq in seqs:

@@ -113,19 +113,22 @@ def time_decode(
     for batch in batch_sizes:
         blocks = block_manager_for(c, num_blocks, block_size)
         prompts = torch.randint(0, c.vocab_size, (batch, context_tokens), generator=gen).tolist()
-        for seq, prompt in enumerate(prompts):  # prefill, one sequence at a time (not timed)
-            blocks.allocate(seq, prompt, max_cached=0)
-            blocks.append(seq, prompt)
+        tables = []
+        for prompt in prompts:  # prefill, one sequence at a time (not timed)
+            table = blocks.allocate(prompt, max_cached=0)
+            blocks.append(table, prompt)
+            tables.append(table)
             want = [False] * (len(prompt) - 1) + [True]
-            model.forward(build_step_inputs([SeqChunk(seq, prompt, 0, want)], blocks).to(device), kv)
+            inputs = build_step_inputs([SeqChunk(table, prompt, 0, want)], blocks.groups)
+            model.forward(inputs.to(device), kv)
         times = []
         for step in range(steps):
             chunks = []
-            for seq in range(batch):
+            for seq, table in enumerate(tables):
                 token = (seq * 31 + step) % c.vocab_size
-                blocks.append(seq, [token])
-                chunks.append(SeqChunk(seq, [token], context_tokens + step, [True]))
-            inputs = build_step_inputs(chunks, blocks).to(device)
+                blocks.append(table, [token])
+                chunks.append(SeqChunk(table, [token], context_tokens + step, [True]))
+            inputs = build_step_inputs(chunks, blocks.groups).to(device)
             synchronize(device)
             started = time.perf_counter()
             size = runner.size_for(inputs) if runner is not None else None

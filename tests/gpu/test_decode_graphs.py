@@ -17,10 +17,12 @@ def test_a_padded_decode_step_gives_the_plain_forwards_logits():
     blocks = block_manager(model, num_blocks=40)
     kv = PagedKvCache(model.config, 40, BLOCK_SIZE)
     prompts = {0: [3, 14, 15, 92, 65, 35, 89, 79], 1: [2, 71, 82, 81, 82, 84, 59, 4, 52, 35, 36], 2: [1, 41]}
+    tables = {}
     for seq, prompt in prompts.items():  # prefill each, eagerly
-        blocks.allocate(seq, prompt, max_cached=0)
-        blocks.append(seq, prompt)
-        model.forward(build_step_inputs([SeqChunk(seq, prompt, 0, [False] * len(prompt))], blocks), kv)
+        tables[seq] = table = blocks.allocate(prompt, max_cached=0)
+        blocks.append(table, prompt)
+        prefill = SeqChunk(table, prompt, 0, [False] * len(prompt))
+        model.forward(build_step_inputs([prefill], blocks.groups), kv)
     graphs = DecodeGraphs(
         model,
         kv,
@@ -33,16 +35,16 @@ def test_a_padded_decode_step_gives_the_plain_forwards_logits():
         chunks = []
         for seq, prompt in prompts.items():
             token = (7 * step + seq) % 97
-            blocks.append(seq, [token])
-            chunks.append(SeqChunk(seq, [token], len(prompt) + step, [True]))
-        inputs = build_step_inputs(chunks, blocks)
+            blocks.append(tables[seq], [token])
+            chunks.append(SeqChunk(tables[seq], [token], len(prompt) + step, [True]))
+        inputs = build_step_inputs(chunks, blocks.groups)
         assert graphs.size_for(inputs) == 4
         before = [t.clone() for t in kv.k]
         padded = graphs.run(inputs, 4)
         # the padded rows wrote only to the null block
         for layer, (old, new) in enumerate(zip(before, kv.k, strict=True)):
             changed = (old != new).flatten(1).any(dim=1).nonzero().flatten().tolist()
-            owned = {b for seq in prompts for b in blocks.block_table(seq, kv.group_of(layer))}
+            owned = {b for table in tables.values() for b in table.table(kv.group_of(layer))}
             assert set(changed) <= owned | {0}, (layer, changed)
         plain = model.forward(inputs, kv)  # writes the same keys again: the same logits
         torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)
@@ -56,10 +58,10 @@ def test_steps_a_graph_cannot_take_run_eagerly():
         model, kv, sizes=[1, 2], max_blocks={g: 2 for g in model.config.groups}, max_seq_len=8, capture=False
     )
     prompt = list(range(1, 10))
-    blocks.allocate(0, prompt, max_cached=0)
-    blocks.append(0, prompt)
-    prefill = build_step_inputs([SeqChunk(0, prompt, 0, [False] * 8 + [True])], blocks)
+    table = blocks.allocate(prompt, max_cached=0)
+    blocks.append(table, prompt)
+    prefill = build_step_inputs([SeqChunk(table, prompt, 0, [False] * 8 + [True])], blocks.groups)
     assert graphs.size_for(prefill) is None  # a prompt chunk
-    blocks.append(0, [5])
-    decode = build_step_inputs([SeqChunk(0, [5], 9, [True])], blocks)
+    blocks.append(table, [5])
+    decode = build_step_inputs([SeqChunk(table, [5], 9, [True])], blocks.groups)
     assert graphs.size_for(decode) is None  # past the captured context (and table width)

@@ -84,7 +84,7 @@ def test_streams_in_a_mixed_paged_batch_equal_each_stream_alone():
         max_sequences=4,
         batch_tokens=24,
         prefill_chunk=5,
-        after_step=lambda blocks: blocks.check_invariants(),
+        after_step=lambda blocks, live: blocks.check_invariants(live),
     )
     assert result.positions == 50 and result.top1_agreement == 1.0
     assert result.max_abs_diff < 1e-4, result.max_abs_diff

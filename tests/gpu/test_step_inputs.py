@@ -16,15 +16,16 @@ def blocks() -> KvBlockManager:
 def test_a_mixed_step_decode_prefill_and_prefix_hit():
     kv = blocks()
     long = list(range(1, 14))  # 13 tokens
-    kv.allocate(0, long)
-    kv.append(0, long)  # already computed: this step decodes one token for it
-    kv.append(0, [77])
-    hit = kv.allocate(1, [*long[:8], 50, 51])  # shares 8 tokens, computes 2
-    assert hit == 8
-    kv.append(1, [50, 51])
-    rows = chunks_from_rows([77, 50, 51], [13, 8, 9], [0, 1, 1], [True, False, True])
-    assert rows == [SeqChunk(0, [77], 13, [True]), SeqChunk(1, [50, 51], 8, [False, True])]
-    inputs = build_step_inputs(rows, kv)
+    first = kv.allocate(long)
+    kv.append(first, long)  # already computed: this step decodes one token for it
+    kv.append(first, [77])
+    second = kv.allocate([*long[:8], 50, 51])  # shares 8 tokens, computes 2
+    assert second.num_tokens == 8
+    kv.append(second, [50, 51])
+    tables = {0: first, 1: second}
+    rows = chunks_from_rows([77, 50, 51], [13, 8, 9], [0, 1, 1], [True, False, True], tables)
+    assert rows == [SeqChunk(first, [77], 13, [True]), SeqChunk(second, [50, 51], 8, [False, True])]
+    inputs = build_step_inputs(rows, kv.groups)
 
     assert inputs.tokens.tolist() == [77, 50, 51] and inputs.tokens.dtype == torch.int64
     assert inputs.positions.tolist() == [13, 8, 9] and inputs.positions.dtype == torch.int64
@@ -35,8 +36,8 @@ def test_a_mixed_step_decode_prefill_and_prefix_hit():
     for group in ("global", "sliding"):
         tables = inputs.block_tables[group]
         assert tables.dtype == torch.int32 and tables.shape == (2, 4)  # padded to the longest table
-        assert tables[0].tolist() == kv.block_table(0, group)
-        assert tables[1].tolist() == [*kv.block_table(1, group), NULL_BLOCK]
+        assert tables[0].tolist() == first.table(group)
+        assert tables[1].tolist() == [*second.table(group), NULL_BLOCK]
         expected = [
             tables[s, p // 4].item() * 4 + p % 4 for s, p in ((0, 13), (1, 8), (1, 9))
         ]  # the arch brief's slot formula
@@ -51,20 +52,22 @@ def test_a_mixed_step_decode_prefill_and_prefix_hit():
 
 
 def test_rows_must_be_grouped_and_consecutive():
+    kv = blocks()
+    tables = {0: kv.allocate([1, 2]), 1: kv.allocate([3])}
     with pytest.raises(ValueError, match="not consecutive"):
-        chunks_from_rows([1, 2], [0, 2], [0, 0], [False, True])
+        chunks_from_rows([1, 2], [0, 2], [0, 0], [False, True], tables)
     with pytest.raises(ValueError, match="not together"):
-        chunks_from_rows([1, 2, 3], [0, 0, 1], [0, 1, 0], [True, True, True])
+        chunks_from_rows([1, 2, 3], [0, 0, 1], [0, 1, 0], [True, True, True], tables)
 
 
 def test_a_chunk_without_its_kv_room_is_refused():
     kv = blocks()
-    kv.allocate(0, [1, 2, 3])
-    with pytest.raises(ValueError, match="KV room"):
-        build_step_inputs([SeqChunk(0, [1, 2, 3], 0, [False, False, True])], kv)  # append not called
+    table = kv.allocate([1, 2, 3])
+    with pytest.raises(ValueError, match="KV room"):  # append not called
+        build_step_inputs([SeqChunk(table, [1, 2, 3], 0, [False, False, True])], kv.groups)
 
 
 def test_an_empty_step():
-    inputs = build_step_inputs([], blocks())
+    inputs = build_step_inputs([], blocks().groups)
     assert inputs.num_rows == 0 and inputs.query_start.tolist() == [0]
     assert inputs.block_tables["global"].shape == (0, 0)

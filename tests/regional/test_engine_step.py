@@ -10,6 +10,7 @@ import pytest
 from regional.config import EngineConfig
 from regional.engine import GenerationRequest, SamplingParams, TokenEvent
 from regional.llama_engine import LlamaCppEngine
+from regional.llama_model import KvCacheFull
 from regional.model_store import resolve_model_path
 from tests.conftest import MODEL
 
@@ -84,5 +85,40 @@ async def test_an_idle_cache_stays_while_a_newcomer_waits_for_room_it_cannot_buy
         more = await engine.tokenize(" and its busiest port", add_special=False)
         again = await run(engine, "lagos-again", [*lagos, *more], 2)
         assert again[0].cached_tokens == len(lagos)  # reused: it was never evicted
+    finally:
+        await engine.close()
+
+
+async def test_a_batch_the_context_has_no_room_for_is_retried_once_the_scheduler_drops_idle_caches():
+    engine = await started(max_sequences=2, kv_cache_tokens=1024, context_window=512)
+    try:
+        question = await engine.tokenize("Tell me about the city of Accra.")
+        lagos = await engine.tokenize("Lagos is the largest city of Nigeria", add_special=False)
+        cold = await run(engine, "cold", question, 12)  # its slot keeps the question and its answer
+        await run(engine, "lagos", lagos, 1)  # the other slot keeps lagos
+        model = engine._model
+        assert model is not None
+        real_decode, calls = model.decode, []
+
+        def no_room_once(*args) -> None:
+            calls.append(args[0])
+            if len(calls) == 1:
+                raise KvCacheFull("injected: no room for this batch")
+            real_decode(*args)
+
+        model.decode = no_room_once  # type: ignore[method-assign]
+        steps = engine.stats().steps
+        warm = await run(engine, "warm", question, 12)
+        # The refused batch ran again, whole, in the next step: the same tokens as the cold prompt gave.
+        assert calls[1] == calls[0] and len(calls) == 1 + 12  # the refused batch, then 12 steps
+        assert [e.token_id for e in warm] == [e.token_id for e in cold]
+        assert warm[0].cached_tokens == len(question) - 1  # its own slot's cells were not touched
+        stats = engine.stats()
+        assert stats.steps == steps + 12 and stats.num_preemptions == 0 and stats.failure == ""
+        assert engine._failed_steps == 0
+        # What made the room: the idle cache of lagos was dropped, its cells cleared.
+        more = await engine.tokenize(" and its busiest port", add_special=False)
+        again = await run(engine, "lagos-again", [*lagos, *more], 2)
+        assert again[0].cached_tokens == 0
     finally:
         await engine.close()

@@ -49,7 +49,7 @@ class StandInModel:
 
     def step(self, now: float = 0.0) -> tuple[StepPlan, list[Sequence]]:
         plan = self.sched.schedule(now)
-        self.blocks.check_invariants()
+        self.check_blocks()
         by_slot = {s.slot: s for s, _ in plan.advances}
         for row, (token, position, slot_id) in enumerate(
             zip(plan.tokens, plan.positions, plan.seq_ids, strict=True)
@@ -57,19 +57,24 @@ class StandInModel:
             s = by_slot[slot_id]
             context = s.prompt + s.output
             assert token == context[position], f"row {row} feeds a wrong token"
-            [slot] = self.blocks.slots(s.slot, "global", position, 1)
+            [slot] = s.blocks.slots("global", position, 1)
             self.kv[slot] = tuple(context[: position + 1])
         sampled = []
         for s, row in plan.samples:
             position, context = plan.positions[row], s.prompt + s.output
             assert position == len(context) - 1, "a sample that does not extend the stream"
-            for p, slot in enumerate(self.blocks.slots(s.slot, "global", 0, position + 1)):
+            for p, slot in enumerate(s.blocks.slots("global", 0, position + 1)):
                 assert self.kv.get(slot) == tuple(context[: p + 1]), f"position {p}'s KV is missing or stale"
             sampled.append(token_at(s, position + 1))
         scores = [[Logprobs(0, -1.0, [])] * rows for _s, _row, rows in plan.prompt_rows]
         finished = self.sched.postprocess(plan, sampled, now, scores)
-        self.blocks.check_invariants()
+        self.check_blocks()
         return plan, finished
+
+    def check_blocks(self) -> None:
+        """The pools agree with the running sequences' tables: whoever left gave every block back."""
+        self.blocks.check_invariants([s.blocks for s in self.sched.running])
+        assert all(s.blocks is None for s in self.sched.waiting)
 
     def run(self, max_steps: int = 10_000) -> list[StepPlan]:
         plans = []
