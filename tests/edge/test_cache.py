@@ -283,3 +283,27 @@ async def test_a_full_disk_bypasses_the_cache_and_loses_nothing(tmp_path: Path, 
         assert (await health(edge))["cache"] == "up"
     finally:
         edge.stop()
+
+
+async def test_a_cached_unary_completion_is_shaped_as_the_region_shapes_it(edge: Edge):
+    """A hit on /v1/completions is a text_completion with its usage in ``usage`` (not in ``object``)."""
+    key = edge.new_key()
+    payload = {"model": MODEL, "prompt": "The capital of Nigeria is", "temperature": 0, "max_tokens": 6}
+    connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
+    answers = []
+    async with aiohttp.ClientSession(connector=connector) as s:
+        for _ in range(100):
+            async with s.post(
+                edge.url + "/v1/completions", json=payload, headers={"Authorization": f"Bearer {key}"}
+            ) as r:
+                assert r.status == 200
+                answers.append((r.headers["x-nearshore-cache"], await r.json()))
+            if answers[-1][0] == "HIT":
+                break
+            await asyncio.sleep(0.05)
+    (_, missed), (status, hit) = answers[0], answers[-1]
+    assert status == "HIT"
+    assert hit["object"] == missed["object"] == "text_completion"
+    assert hit["choices"][0]["text"] == missed["choices"][0]["text"]
+    assert hit["usage"]["completion_tokens"] == missed["usage"]["completion_tokens"] == 6
+    assert hit["id"].startswith("cmpl-") and hit["model"] == MODEL
