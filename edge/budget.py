@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from edge.keys import ApiKey
-from edge.limits import LimiterUnavailable, RedisLimiter, Script
+from edge.limits import LimiterUnavailable
+from edge.limits_redis import RedisLimiter, Script
 from nearshore.protocol.errors import EXCEEDS_LIMIT, QUOTA_EXCEEDED, ApiError
 
 _ALLOWED, _SPENT, _TOO_LARGE, _NOT_NOW, _UNSEEDED = 0, 1, 2, 3, -1

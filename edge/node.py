@@ -25,7 +25,9 @@ from edge.gate_stage import make_gates
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
 from edge.keys import KeyStore, refresh_keys
 from edge.ledger import Ledger
-from edge.limits import MemoryLimiter, RateLimiter, RedisLimiter
+from edge.limits import RateLimiter
+from edge.limits_memory import MemoryLimiter
+from edge.limits_redis import RedisLimiter
 from edge.metrics import EdgeMetrics
 from edge.pipeline import Pipeline
 from edge.stages import default_pipeline

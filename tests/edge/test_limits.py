@@ -15,13 +15,13 @@ from edge.limits import (
     Decision,
     LimiterUnavailable,
     LimitSpec,
-    MemoryLimiter,
     RateLimiter,
-    RedisLimiter,
     Window,
     format_reset,
     rate_limit_headers,
 )
+from edge.limits_memory import MemoryLimiter
+from edge.limits_redis import RedisLimiter
 from tests.redis_server import RedisServer
 
 

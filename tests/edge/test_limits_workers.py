@@ -15,7 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from edge.limits import LimiterUnavailable, LimitSpec, RedisLimiter, local_share
+from edge.limits import LimiterUnavailable, LimitSpec, local_share
+from edge.limits_redis import RedisLimiter
 from tests.edge_fixtures import Edge, start_edge, start_pacer, two_free_ports
 from tests.redis_server import RedisServer
 

@@ -1,0 +1,262 @@
+"""The rate limiter edges share through Redis: each key's window a sorted set and a hash, changed by one Lua
+script per admission (so concurrent edges cannot overshoot), with the in-process limiter as its fallback
+while Redis is unreachable. The algorithm and its guarantees: :mod:`edge.limits`."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from edge.limits import (
+    UNLIMITED,
+    WINDOW_S,
+    Decision,
+    LimiterUnavailable,
+    LimitSpec,
+    check_tokens,
+    decision_of,
+    local_share,
+)
+from edge.limits_memory import MemoryLimiter
+
+log = logging.getLogger("nearshore.edge.limits")
+
+
+# KEYS: the key's zset (entry -> admitted at, ms) and hash (entry -> tokens, "_sum" -> their total).
+# ARGV: window_ms, rpm, tpm, tokens, entry id. Returns {verdict, count, used, reset_ms, retry_ms}.
+_ADMIT_LUA = """
+if redis.replicate_commands then redis.replicate_commands() end  -- TIME before writes, on Redis < 5
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local window, rpm, tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local zset, hash = KEYS[1], KEYS[2]
+local function expiry(score) return math.max(0, tonumber(score) + window - now) end
+
+-- 1. trim, in batches (unpack has a stack limit)
+while true do
+  local gone = redis.call('ZRANGEBYSCORE', zset, '-inf', string.format('%.3f', now - window), 'LIMIT', 0, 500)
+  if #gone == 0 then break end
+  local freed = 0
+  for _, amount in ipairs(redis.call('HMGET', hash, unpack(gone))) do
+    freed = freed + (tonumber(amount) or 0)
+  end
+  redis.call('ZREM', zset, unpack(gone))
+  redis.call('HDEL', hash, unpack(gone))
+  redis.call('HINCRBY', hash, '_sum', -freed)
+end
+local count, used = redis.call('ZCARD', zset), 0
+if count == 0 then redis.call('DEL', hash) else used = tonumber(redis.call('HGET', hash, '_sum') or 0) end
+
+-- 2. check
+local verdict, retry = 0, 0
+if rpm > 0 and count >= rpm then
+  verdict = 1
+  retry = expiry(redis.call('ZRANGE', zset, count - rpm, count - rpm, 'WITHSCORES')[2])
+end
+if tpm > 0 and tokens > tpm then
+  verdict, retry = 3, window
+elseif tpm > 0 and used + tokens > tpm then
+  if verdict == 0 then verdict = 2 end
+  local freed, start, fits_at = 0, 0, nil
+  while fits_at == nil do
+    local batch = redis.call('ZRANGE', zset, start, start + 199, 'WITHSCORES')
+    if #batch == 0 then break end
+    local ids = {}
+    for i = 1, #batch, 2 do ids[#ids + 1] = batch[i] end
+    for i, amount in ipairs(redis.call('HMGET', hash, unpack(ids))) do
+      freed = freed + (tonumber(amount) or 0)
+      if used - freed + tokens <= tpm then fits_at = batch[2 * i]; break end
+    end
+    start = start + 200
+  end
+  retry = math.max(retry, fits_at and expiry(fits_at) or window)
+end
+
+-- 3. record
+if verdict == 0 then
+  redis.call('ZADD', zset, string.format('%.3f', now), ARGV[5])
+  redis.call('HSET', hash, ARGV[5], tokens)
+  redis.call('HINCRBY', hash, '_sum', tokens)
+  redis.call('PEXPIRE', zset, math.ceil(window))
+  redis.call('PEXPIRE', hash, math.ceil(window))
+  count, used = count + 1, used + tokens
+end
+local reset = 0
+if count > 0 then reset = expiry(redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')[2]) end
+return {verdict, count, used, math.ceil(reset), math.ceil(retry)}
+"""
+
+# KEYS: the key's hash. ARGV: entry id, actual tokens. An entry trimmed (or never there) is left alone.
+_SETTLE_LUA = """
+if ARGV[1] == '_sum' then return 0 end
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[1], '_sum', tonumber(ARGV[2]) - tonumber(old))
+return 1
+"""
+
+# Redis is unreachable (refused, timed out, no pooled connection free): not a bug to surface as a 500.
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+_LOCAL = "local-"  # prefix of reservations made by the fallback while Redis was down
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    source: str
+    sha: str
+
+    @classmethod
+    def of(cls, source: str) -> Script:
+        return cls(source, hashlib.sha1(source.encode()).hexdigest())
+
+
+_ADMIT = Script.of(_ADMIT_LUA)
+_SETTLE = Script.of(_SETTLE_LUA)
+
+
+class RedisLimiter:
+    """Limits shared by every edge that points at the same Redis; one round trip per admission.
+
+    When Redis is unreachable, ``fail_mode`` decides: "open" falls back to local limits (decisions marked
+    ``degraded``), "closed" raises :class:`LimiterUnavailable`. Requests then skip Redis altogether while a
+    background task pings it every ``retry_interval_s``; when it answers, Redis is used again. The
+    ``workers`` processes sharing the Redis (an edge's workers, times the edges: ``[limits] edges``) fall back
+    at once, each counting alone: each keeps :func:`local_share` of a key's limits, so that together they
+    admit no more than the limit (two each admitted all of it).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        fail_mode: Literal["open", "closed"],
+        key_prefix: str = "nearshore:rl:",
+        *,
+        window_s: float = WINDOW_S,
+        socket_timeout_s: float = 0.25,
+        retry_interval_s: float = 1.0,
+        max_connections: int = 32,
+        workers: int = 1,
+    ) -> None:
+        if fail_mode not in ("open", "closed"):
+            raise ValueError(f"fail_mode must be 'open' or 'closed', got {fail_mode!r}")
+        self.fail_mode = fail_mode
+        self.workers = workers
+        self.key_prefix = key_prefix
+        self.window_s = window_s
+        self.retry_interval_s = retry_interval_s
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=1.0,  # waiting for a free pooled connection; longer means Redis is not keeping up
+            socket_timeout=socket_timeout_s,
+            socket_connect_timeout=socket_timeout_s,
+            # One immediate retry on a fresh socket covers a connection Redis closed while idle; timeouts are
+            # not retried, so a request waits at most about one socket timeout before the fallback decides.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        )
+        self._redis = Redis.from_pool(pool)
+        self._fallback = MemoryLimiter(window_s=window_s)
+        self._up = True
+        self._probe: asyncio.Task[None] | None = None
+
+    async def admit(self, key_id: str, spec: LimitSpec, tokens: int) -> Decision:
+        check_tokens(tokens)
+        if not spec.rpm and not spec.tpm:
+            return UNLIMITED
+        if self._up:
+            member = os.urandom(16).hex()  # as unique as a uuid4, without building one
+            args = (math.ceil(self.window_s * 1000), spec.rpm, spec.tpm, tokens, member)
+            try:
+                verdict, count, used, reset_ms, retry_ms = await self._run(_ADMIT, self._keys(key_id), args)
+            except _UNREACHABLE as exc:
+                self._mark_down(exc)
+            else:
+                reset_s, retry_s = reset_ms / 1000, retry_ms / 1000
+                return decision_of(
+                    spec, tokens, self.window_s, verdict, count, used, reset_s, retry_s, member
+                )
+        if self.fail_mode == "closed":
+            raise LimiterUnavailable("the rate-limit store (Redis) is unreachable")
+        share = local_share(spec, self.workers)
+        decision = await self._fallback.admit(key_id, share, tokens)
+        reservation = _LOCAL + decision.reservation if decision.reservation else None
+        reason = decision.reason
+        if reason and share != spec:  # the numbers in it are this process's part, not the key's limits
+            reason += f" (This process's share of the key's limits, 1/{self.workers}, while Redis is away.)"
+        return replace(decision, reservation=reservation, degraded=True, reason=reason)
+
+    async def settle(self, key_id: str, reservation: str, actual_tokens: int) -> None:
+        check_tokens(actual_tokens)
+        if reservation.startswith(_LOCAL):
+            await self._fallback.settle(key_id, reservation.removeprefix(_LOCAL), actual_tokens)
+            return
+        if not self._up:
+            return  # the reservation stands until it leaves the window: overcharged, never undercharged
+        try:
+            await self._run(_SETTLE, self._keys(key_id)[1:], (reservation, actual_tokens))
+        except _UNREACHABLE as exc:
+            self._mark_down(exc)
+
+    def backend_up(self) -> bool:
+        return self._up
+
+    async def run_shared(self, script: Script, keys: Sequence[str], args: Sequence[object]) -> Any | None:
+        """Run another shared state's script (budgets) on this Redis; None while it is unreachable."""
+        if not self._up:
+            return None
+        try:
+            return await self._run(script, keys, args)
+        except _UNREACHABLE as exc:
+            self._mark_down(exc)
+            return None
+
+    async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
+        await self._redis.aclose()
+        await self._fallback.close()
+
+    def _keys(self, key_id: str) -> list[str]:
+        # The hash tag keeps a key's two structures in one Redis Cluster slot, as a script needs.
+        base = f"{self.key_prefix}{{{key_id}}}"
+        return [base + ":req", base + ":tok"]
+
+    async def _run(self, script: Script, keys: Sequence[str], args: Sequence[object]) -> Any:
+        try:
+            return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:  # a restarted or flushed Redis: EVAL also caches it for the next EVALSHA
+            return await self._redis.eval(script.source, len(keys), *keys, *args)
+
+    def _mark_down(self, exc: Exception) -> None:
+        if self._up:
+            then = "using local limits" if self.fail_mode == "open" else "refusing requests"
+            log.warning("rate-limit store unreachable (%s: %s); %s", type(exc).__name__, exc, then)
+        self._up = False
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        while True:
+            await asyncio.sleep(self.retry_interval_s)
+            try:
+                await self._redis.ping()
+            except _UNREACHABLE:
+                continue
+            self._up = True
+            log.info("rate-limit store reachable again")
+            return
