@@ -5,6 +5,7 @@ without cross-talk, and its metrics."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,7 +104,21 @@ async def scored_prompt(node: Node) -> list[tuple[str, float, str]]:
     ]
 
 
+async def until_idle(node: Node, timeout_s: float = 30.0) -> None:
+    """Nothing running or waiting on the node: llama.cpp's numbers depend on what shares its batch (an
+    earlier test's stream still decoding would change them), and parity compares each engine alone."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = await get_text(node.url + "/metrics")
+        busy = metric(text, "nearshore:num_requests_running") + metric(text, "nearshore:num_requests_waiting")
+        if busy == 0:
+            return
+        assert time.monotonic() < deadline, f"{node.url} still busy with {busy} requests"
+        await asyncio.sleep(0.05)
+
+
 async def test_teacher_forced_the_engines_agree_through_the_api(torch_region: Node, region: Node):
+    await asyncio.gather(until_idle(torch_region), until_idle(region))
     torch_scores, llama_scores = await asyncio.gather(scored_prompt(torch_region), scored_prompt(region))
     assert [t for t, _, _ in torch_scores] == [t for t, _, _ in llama_scores]  # one tokenizer
     agree = sum(a[2] == b[2] for a, b in zip(torch_scores, llama_scores, strict=True))
