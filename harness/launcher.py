@@ -27,7 +27,7 @@ from pathlib import Path
 from edge.config import DATA_DIR
 from edge.keys import KeyStore
 from harness.leftovers import RunRecord, stop_orphans
-from harness.procs import ManagedProcess, free_port
+from harness.procs import ManagedProcess, ProcessFailed, free_port
 from harness.scrape_targets import write_prometheus_folder
 from harness.topology import Topology
 from nearshore import tls, tomlw
@@ -38,6 +38,7 @@ CURRENT = RUNS / "current.json"
 HOST = "127.0.0.1"
 # How often the edge probes each region (`nearshore up`, the demo): traffic does not move there, so probes
 # only keep the pools warm and the round trips current. Scenarios that move traffic pass a shorter one.
+LINK_PORT_TRIES = 3
 HEALTH_INTERVAL_S = 2.0
 # The children nothing can be served without (every user path crosses both); regions can fail over.
 ESSENTIAL = frozenset({"links", "edge"})
@@ -150,6 +151,36 @@ class Launcher:
             self.record.add(process.proc.pid)
         return process
 
+    def _start_links(self, t: Topology, ports: dict[str, int]) -> tuple[int, int, list[RegionEndpoints], str]:
+        """Start the links process on freshly picked ports: the edge's port behind the user's link, the
+        user's side of that link, each region's endpoints, the control API's URL."""
+        edge_port, control_port = free_port(), free_port()
+        links: list[tuple[str, int, int, str]] = [("user-edge", free_port(), edge_port, t.user.link)]
+        endpoints = []
+        for region in t.regions:
+            via, hop, direct = free_port(), free_port(), free_port()
+            links.append((f"edge-{region.name}", via, ports[region.name], region.link))
+            links.append((f"direct-{region.name}-lastmile", direct, hop, t.user.link))
+            links.append((f"direct-{region.name}-ocean", hop, ports[region.name], region.link))
+            endpoints.append(
+                RegionEndpoints(
+                    region.name,
+                    f"https://{HOST}:{ports[region.name]}",
+                    f"https://{HOST}:{via}",
+                    f"https://{HOST}:{direct}",
+                )
+            )
+        argv = ["link", "--control", f"{HOST}:{control_port}", "--seed", str(self.seed)]
+        for name, listen, target, profile in links:
+            argv += ["--link", f"{name}={HOST}:{listen}->{HOST}:{target}@{profile}"]
+        self.progress(
+            f"[2/4] {len(links)} emulated links ({t.user.link}, {', '.join(r.link for r in t.regions)}) ..."
+        )
+        control_url = f"http://{HOST}:{control_port}"
+        self._spawn("links", nearshore_argv(*argv)).wait_http(control_url + "/links", timeout_s=30)
+
+        return edge_port, links[0][1], endpoints, control_url
+
     def _start(self) -> RunningTopology:
         t = self.topology
         started = time.monotonic()
@@ -188,31 +219,17 @@ class Launcher:
             self.wait_region(region.name)
             self.progress(f"      region {region.name} ready ({time.monotonic() - started:.1f}s)")
 
-        # 2. Every emulated link in one process.
-        edge_port, control_port = free_port(), free_port()
-        links: list[tuple[str, int, int, str]] = [("user-edge", free_port(), edge_port, t.user.link)]
-        endpoints = []
-        for region in t.regions:
-            via, hop, direct = free_port(), free_port(), free_port()
-            links.append((f"edge-{region.name}", via, ports[region.name], region.link))
-            links.append((f"direct-{region.name}-lastmile", direct, hop, t.user.link))
-            links.append((f"direct-{region.name}-ocean", hop, ports[region.name], region.link))
-            endpoints.append(
-                RegionEndpoints(
-                    region.name,
-                    f"https://{HOST}:{ports[region.name]}",
-                    f"https://{HOST}:{via}",
-                    f"https://{HOST}:{direct}",
-                )
-            )
-        argv = ["link", "--control", f"{HOST}:{control_port}", "--seed", str(self.seed)]
-        for name, listen, target, profile in links:
-            argv += ["--link", f"{name}={HOST}:{listen}->{HOST}:{target}@{profile}"]
-        self.progress(
-            f"[2/4] {len(links)} emulated links ({t.user.link}, {', '.join(r.link for r in t.regions)}) ..."
-        )
-        control_url = f"http://{HOST}:{control_port}"
-        self._spawn("links", nearshore_argv(*argv)).wait_http(control_url + "/links", timeout_s=30)
+        # 2. Every emulated link in one process. Its ports are picked free, then bound by another process:
+        # one taken in between (by any connection's local port) is picked again, not the run's end.
+        for attempt in range(1, LINK_PORT_TRIES + 1):
+            try:
+                edge_port, user_port, endpoints, control_url = self._start_links(t, ports)
+                break
+            except ProcessFailed as exc:
+                if "address already in use" not in str(exc) or attempt == LINK_PORT_TRIES:
+                    raise
+                self.processes.remove(self.by_name.pop("links"))
+                self.progress("      a link's port was taken before it bound: picking new ports")
 
         # 3. The edge, with a key for the user.
         keys_db = self.run_dir / "keys.sqlite3"
@@ -260,7 +277,7 @@ class Launcher:
         running = RunningTopology(
             name=t.name,
             run_dir=str(self.run_dir),
-            edge_url=f"https://{HOST}:{links[0][1]}",
+            edge_url=f"https://{HOST}:{user_port}",
             edge_local_url=f"https://{HOST}:{edge_port}",
             api_key=api_key,
             edge_ca=str(edge_ca),
