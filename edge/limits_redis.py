@@ -147,6 +147,7 @@ class RedisLimiter:
         *,
         window_s: float = WINDOW_S,
         socket_timeout_s: float = 0.25,
+        connect_timeout_s: float = 1.0,
         retry_interval_s: float = 1.0,
         max_connections: int = 32,
         workers: int = 1,
@@ -163,7 +164,10 @@ class RedisLimiter:
             max_connections=max_connections,
             timeout=1.0,  # waiting for a free pooled connection; longer means Redis is not keeping up
             socket_timeout=socket_timeout_s,
-            socket_connect_timeout=socket_timeout_s,
+            # Opening a connection gets longer than a command: a burst on a cold pool opens dozens at once,
+            # and on a busy machine their handshakes queue behind the event loop. A refused connection still
+            # fails at once; only an unanswered one (a host gone from the network) costs this, once.
+            socket_connect_timeout=max(connect_timeout_s, socket_timeout_s),
             # One immediate retry on a fresh socket covers a connection Redis closed while idle; timeouts are
             # not retried, so a request waits at most about one socket timeout before the fallback decides.
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
