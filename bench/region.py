@@ -42,6 +42,17 @@ QUESTIONS = [
     "Describe how bread is made.",
     "Explain the rules of football to a child.",
 ]
+# What the constrained runs follow (guided_json): long answers, so that a stream decodes its whole budget.
+JSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "title": {"type": "string", "maxLength": 60},
+        "points": {"type": "array", "items": {"type": "string", "maxLength": 80}},
+    },
+    "required": ["title", "points"],
+    "additionalProperties": False,
+}
+CONSTRAINED = "+json"  # the suffix of a constrained run's server name
 # The peer's defaults add repeat_penalty 1.1, top_k 40, top_p 0.95, min_p 0.05: turn them off.
 PEER_GREEDY = {"repeat_penalty": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
 
@@ -58,6 +69,7 @@ class RegionBench:
     json: str | None  # also write the results here
     logs: str  # folder for server logs ("": a temp folder)
     engine: str = "llama.cpp"  # "gpu": the torch engine too, beside the llama.cpp engine
+    schema: bool = False  # each Nearshore server also runs every level constrained to a JSON schema
 
 
 @dataclass
@@ -119,16 +131,19 @@ def run(bench: RegionBench) -> list[LevelResult]:
     logs = Path(bench.logs or tempfile.mkdtemp(prefix="nearshore-bench-"))
     logs.mkdir(parents=True, exist_ok=True)
     sequences = max(16, max(levels))
-    servers: list[tuple[Callable[[], Endpoint], dict]] = [
-        (lambda: peers.start_region(logs, model_path, bench.threads, sequences), {})
+    ours = {"guided_json": JSON_SCHEMA} if bench.schema else None
+    servers: list[tuple[Callable[[], Endpoint], dict, dict | None]] = [
+        (lambda: peers.start_region(logs, model_path, bench.threads, sequences), {}, ours)
     ]
     if bench.engine == "gpu":
-        servers.append((lambda: peers.start_region(logs, model_path, bench.threads, sequences, "gpu"), {}))
+        gpu = lambda: peers.start_region(logs, model_path, bench.threads, sequences, "gpu")  # noqa: E731
+        servers.append((gpu, {}, ours))
     if not bench.no_peer:
-        servers.append((lambda: peers.start_llama_cpp_server(logs, model_path, bench.threads), PEER_GREEDY))
+        peer = lambda: peers.start_llama_cpp_server(logs, model_path, bench.threads)  # noqa: E731
+        servers.append((peer, PEER_GREEDY, None))
     results: list[LevelResult] = []
-    for start, extra in servers:
-        results += _run_server(start(), levels, bench.max_tokens, extra)
+    for start, extra, constrained in servers:
+        results += _run_server(start(), levels, bench.max_tokens, extra, constrained)
     _print_table(results, levels)
     if bench.json:
         rows = [{"server": r.server, "concurrency": r.concurrency, **r.summary()} for r in results]
@@ -137,19 +152,27 @@ def run(bench: RegionBench) -> list[LevelResult]:
     return results
 
 
-def _run_server(server: Endpoint, levels: list[int], max_tokens: int, extra: dict) -> list[LevelResult]:
+def _run_server(
+    server: Endpoint, levels: list[int], max_tokens: int, extra: dict, constrained: dict | None = None
+) -> list[LevelResult]:
+    """Every level on ``server``; with ``constrained``, each level again with those fields (the pair run
+    back to back on one process, so that they meet the same machine)."""
     out = []
+    modes = [("", extra)] + ([(CONSTRAINED, {**extra, **constrained})] if constrained else [])
     try:
-        asyncio.run(drive(server, 1, 4, extra))  # warm-up
+        for _suffix, fields in modes:
+            asyncio.run(drive(server, 1, 4, fields))  # warm-up (and the grammar engine's vocabulary)
         for level in levels:
-            result = asyncio.run(drive(server, level, max_tokens, extra))
-            out.append(result)
-            s = result.summary()
-            print(
-                f"  {server.name:>18} x{level:<3} {s['tok_per_s']:7.1f} tok/s  "
-                f"ttft p99 {s['ttft_p99_ms']:8.0f} ms",
-                flush=True,
-            )
+            for suffix, fields in modes:
+                result = asyncio.run(drive(server, level, max_tokens, fields))
+                result.server += suffix
+                out.append(result)
+                s = result.summary()
+                print(
+                    f"  {result.server:>18} x{level:<3} {s['tok_per_s']:7.1f} tok/s  "
+                    f"itl p50 {s['itl_p50_ms']:6.1f} ms  ttft p99 {s['ttft_p99_ms']:8.0f} ms",
+                    flush=True,
+                )
     finally:
         server.stop()
     return out
@@ -174,6 +197,14 @@ def _print_table(results: list[LevelResult], levels: list[int]) -> None:
             print(
                 f"x{level}: the torch engine's throughput {gpu['tok_per_s'] / ours['tok_per_s']:.2f}x the "
                 f"llama.cpp engine's; TTFT p99 {gpu['ttft_p99_ms'] / ours['ttft_p99_ms']:.1f}x its"
+            )
+    for (name, level), s in by_key.items():
+        free = by_key.get((name.removesuffix(CONSTRAINED), level))
+        if name.endswith(CONSTRAINED) and free and free["tok_per_s"] and free["itl_p50_ms"]:
+            print(
+                f"x{level} {name}: constrained to a JSON schema, {s['tok_per_s'] / free['tok_per_s']:.2f}x "
+                f"the throughput and {s['itl_p50_ms'] / free['itl_p50_ms']:.2f}x the ITL p50 of the same "
+                "streams unconstrained"
             )
     for level in levels:
         ours, peer = by_key.get(("nearshore", level)), by_key.get(("llama_cpp.server", level))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import msgspec
 
 from cache.verify import semantic_allowed
-from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
+from nearshore.protocol.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 # Fields that do not change the answer's text, and the conversation, which is keyed on its own.
 _NOT_PARAMETERS = frozenset(
@@ -69,17 +69,28 @@ def parameters(body: ChatCompletionRequest | CompletionRequest) -> dict[str, obj
     return params
 
 
+def _earlier(m: ChatMessage) -> tuple:
+    """An earlier message as its partition reads it: a tool call or a tool's answer by what it says too."""
+    if m.tool_calls or m.tool_call_id:
+        return (m.role, m.name or "", m.text(), m.tool_call_id or "", m.tool_calls or [])
+    return (m.role, m.name or "", m.text())
+
+
 def cache_key(body: ChatCompletionRequest | CompletionRequest, scope: str) -> CacheKey | None:
     """The request's key in ``scope`` (a tenant, or a shared scope); None when it has no question to key
     on (a chat whose last message is not the user's: a continuation, an assistant prefill) or asks for
     what a cached answer does not keep (log-probabilities)."""
     if body.top_logprobs_asked() is not None:
         return None  # a cached answer keeps its text, not the log-probabilities the request asks for
+    if body.n > 1:
+        return None  # a cached answer is one choice
+    if isinstance(body, ChatCompletionRequest) and body.tools and body.tool_choice != "none":
+        return None  # a call acts on the world: the same question later may need a new call
     if isinstance(body, ChatCompletionRequest):
         last = body.messages[-1]
         if last.role != "user" or body.continue_final_message:
             return None
-        earlier = [(m.role, m.name or "", m.text()) for m in body.messages[:-1]]
+        earlier = [_earlier(m) for m in body.messages[:-1]]
         query = last.text()
     else:
         if body.echo:

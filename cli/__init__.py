@@ -213,6 +213,16 @@ BENCHMARKS = [
         run="run_geo",
     ),
     Command(
+        "grammar",
+        "cli.bench",
+        "constrained decoding: each grammar engine's compile time and mask time per token",
+        "For llguidance (the engines' grammar engine) and, when importable, xgrammar and outlines-core: "
+        "compile eight JSON schemas against the embedded model's vocabulary and walk a valid document of "
+        "each, timing every token's mask and advance.",
+        add="add_grammar_arguments",
+        run="run_grammar",
+    ),
+    Command(
         "cache",
         "cli.bench",
         "the response cache: lookup latency at 1k-1M entries, the vector index, TTFT of a hit",

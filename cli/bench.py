@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -121,6 +122,11 @@ def add_region_arguments(parser: argparse.ArgumentParser) -> None:
         default="llama.cpp",
         help="gpu: also the torch engine (CUDA when present, else the CPU), beside the llama.cpp engine",
     )
+    parser.add_argument(
+        "--schema",
+        action="store_true",
+        help="also run every level constrained to a JSON schema (guided_json), beside the same unconstrained",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--logs", default="", help="folder for server logs (default: a temp folder)")
 
@@ -195,6 +201,26 @@ def run_geo(args: argparse.Namespace) -> int:
     print(bench_route.format_report(report))
     if args.json:
         Path(args.json).write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2))
+    return 0
+
+
+# --- bench grammar -------------------------------------------------------------------------------------
+
+
+def add_grammar_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="", help="GGUF file whose vocabulary to use (default: embedded)")
+    parser.add_argument("--repeats", type=int, default=3, help="walks per schema and engine")
+    parser.add_argument("--json", metavar="FILE", help="also write every number as JSON")
+
+
+def run_grammar(args: argparse.Namespace) -> int:
+    from bench import grammar
+    from regional.model_store import resolve_model_path
+
+    rows = grammar.run(str(resolve_model_path(args.model)), args.repeats)
+    print(grammar.table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
 
 

@@ -32,6 +32,7 @@ from nearshore.protocol.errors import (
     ApiError,
 )
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from nearshore.protocol.tool_prompt import prompt_messages
 
 Body = ChatCompletionRequest | CompletionRequest
 
@@ -94,27 +95,32 @@ async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
         ceiling = sum(text_ceiling(text) for text in body.texts())
         estimate = ceiling
     elif isinstance(body, ChatCompletionRequest):
-        ceiling = chat_ceiling(body.messages)
-        estimate = state.counter.count_chat(body.messages, continue_final=body.continue_final_message)
+        # Tool definitions, calls and answers are prompt tokens too, as the region writes them.
+        parallel = body.parallel_tool_calls is not False
+        messages = prompt_messages(body.messages, body.tools, body.tool_choice, parallel)
+        ceiling = chat_ceiling(messages)
+        estimate = state.counter.count_chat(messages, continue_final=body.continue_final_message)
     else:
         ceiling = text_ceiling(body.prompt_text())
         estimate = state.counter.count_text(body.prompt_text())
     max_tokens = (
         0 if isinstance(body, EmbeddingRequest) else body.token_limit() or state.config.default_max_tokens
     )
+    choices = 1 if isinstance(body, EmbeddingRequest) else body.n
+    completion = max_tokens * choices  # each choice may use all of max_tokens
     # An exact count cannot be beaten; an estimate can (digits are about a token a byte): reserve the ceiling.
     prompt = min(estimate, ceiling) if state.counter.exact else ceiling
-    tokens = prompt + max_tokens
+    tokens = prompt + completion
     if key.tpm and tokens > key.tpm:
         raise ApiError(
             EXCEEDS_LIMIT,
-            f"This request may need {tokens} tokens ({prompt} for the prompt at most, {max_tokens} for the "
+            f"This request may need {tokens} tokens ({prompt} for the prompt at most, {completion} for the "
             f"completion), more than this key's limit of {key.tpm} tokens per minute: it can never be "
             "served. Lower max_tokens or shorten the prompt.",
             param="max_tokens",
         )
     try:
-        hold = await state.budget.hold(key, state.prices.worst_case(body.model, prompt, max_tokens))
+        hold = await state.budget.hold(key, state.prices.worst_case(body.model, prompt, completion))
     except LimiterUnavailable:
         raise ApiError(
             UPSTREAM_UNAVAILABLE, "Budgets cannot be checked right now; retry shortly.", retry_after_s=1
@@ -124,7 +130,7 @@ async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
     except BaseException:
         await asyncio.shield(state.budget.settle(hold, key.key_id, 0.0))
         raise
-    return Admission(decision, hold, ceiling, min(estimate, ceiling), max_tokens)
+    return Admission(decision, hold, ceiling, min(estimate, ceiling), max_tokens, choices)
 
 
 async def _reserve(state: EdgeState, key: ApiKey, tokens: int) -> Decision:

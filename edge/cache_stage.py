@@ -20,6 +20,7 @@ question goes only to a region the request's data-residency policy allows.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 
@@ -38,7 +39,13 @@ from edge.opened import Opened
 from edge.routing import client_where
 from edge.usage_audit import audit_usage
 from nearshore.protocol.headers import CACHE
-from nearshore.protocol.schemas import EmbeddingRequest
+from nearshore.protocol.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    JsonObjectFormat,
+    JsonSchemaResponseFormat,
+)
 
 SHARED_SCOPE = "shared"
 
@@ -194,7 +201,8 @@ def _store_later(
         answer = journey.relayed.answer  # the region's answer, if it reached the client whole
         ok = journey.outcome.status == "ok" and journey.cache.status == "miss" and answer and answer.text
         allowed = ("stop", "length") if settings.store_truncated else ("stop",)
-        if not ok or answer is None or answer.finish_reason not in allowed or journey.body is None:
+        whole = ok and answer is not None and _complete(journey.body, answer.text, answer.finish_reason)
+        if not whole or answer is None or answer.finish_reason not in allowed or journey.body is None:
             if lookup is not None and not lookup.done():
                 lookup.cancel()
             return
@@ -228,6 +236,23 @@ def _store_later(
         journey.state.in_background(save())
 
     return store
+
+
+def _complete(body: object, text: str, finish: str | None) -> bool:
+    """A structured answer (response_format, guided JSON) is stored only complete and parsing: the
+    region's grammar ended it (``stop``) and it is JSON; any other answer as the settings allow."""
+    if not isinstance(body, ChatCompletionRequest | CompletionRequest):
+        return True
+    asks_json = isinstance(body.response_format, JsonObjectFormat | JsonSchemaResponseFormat)
+    if not asks_json and body.guided_json is None:
+        return True
+    if finish != "stop":
+        return False
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _billed_completion_tokens(journey: Journey) -> int:

@@ -69,7 +69,7 @@ async def _take_share(journey: Journey, shares: KeyShares) -> float:
     how long it waited for it."""
     state, key, admission = journey.state, journey.key, journey.admission
     assert key is not None and admission is not None
-    tokens = admission.prompt_estimate + admission.max_tokens
+    tokens = admission.prompt_estimate + admission.completion_tokens
     try:
         waited_s = await shares.acquire(key, tokens)
     except ApiError as exc:

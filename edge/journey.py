@@ -88,7 +88,13 @@ class Admission:
     hold: Hold | None
     prompt_ceiling: int  # the most tokens its prompt can be
     prompt_estimate: int  # what its prompt is billed at if no usage comes back
-    max_tokens: int  # the completion tokens it may produce (and reserved)
+    max_tokens: int  # the completion tokens each choice may produce
+    choices: int = 1  # n: the choices asked for, each up to max_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        """The most completion tokens the whole answer may have (what was reserved)."""
+        return self.max_tokens * self.choices
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,5 +255,9 @@ class Journey:
         a = self.admission
         assert a is not None
         return UsageBounds(
-            a.prompt_ceiling, a.prompt_estimate, a.max_tokens, self.relayed.events, self.relayed.delivered
+            a.prompt_ceiling,
+            a.prompt_estimate,
+            a.completion_tokens,
+            self.relayed.events,
+            self.relayed.delivered,
         )

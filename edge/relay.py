@@ -116,7 +116,9 @@ async def _checked_unary(journey: Journey, upstream: Response) -> Answer:
     max_bytes = budget if isinstance(journey.body, EmbeddingRequest) else min(up.max_unary_bytes, budget)
     body = await read_bounded(upstream, max_bytes, deadline.cap(up.stall_timeout_s) or 0.001)
     # No tokenizer spells a token in more bytes than this; completions with echo carry the prompt too.
-    max_text = admission.max_tokens * MAX_TOKEN_TEXT_BYTES + (admission.prompt_ceiling if call.echo else 0)
+    max_text = admission.completion_tokens * MAX_TOKEN_TEXT_BYTES + (
+        admission.prompt_ceiling if call.echo else 0
+    )
     if isinstance(journey.body, EmbeddingRequest):
         return check_embeddings(upstream, body, len(journey.body.texts()))
     return check_answer(journey.kind, upstream, body, max_text)

@@ -24,7 +24,7 @@ def response_budget(journey: Journey) -> int:
         dims = up.embedding_dimensions.get(journey.model) or body.dimensions or DEFAULT_DIMENSIONS
         per_number = BASE64_NUMBER_BYTES if body.encoding_format == "base64" else JSON_NUMBER_BYTES
         return up.response_base_bytes + len(body.texts()) * (VECTOR_OVERHEAD_BYTES + dims * per_number)
-    per_token, tokens = up.response_bytes_per_token, admission.max_tokens
+    per_token, tokens = up.response_bytes_per_token, admission.completion_tokens
     if (alternatives := body.top_logprobs_asked()) is not None:
         # Each scored token carries its alternatives; with echo, every prompt token is scored too.
         per_token += LOGPROB_ALTERNATIVE_BYTES * (alternatives + 1)

@@ -74,6 +74,8 @@ class StreamOutcome:
     done: bool = False
     bad_events: int = 0  # events that did not parse, skipped
     expired: bool = False  # the request's deadline passed: nothing may continue it
+    called: bool = False  # it streamed tool calls: its text is not all the answer, nothing continues it
+    choices: int = 1  # the most choices seen (n > 1): their texts interleave, nothing continues it
 
 
 class UpstreamIdle(Exception):
@@ -82,12 +84,33 @@ class UpstreamIdle(Exception):
         self.expired = expired
 
 
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCallDelta(msgspec.Struct):
+    index: int = 0
+    function: _Function | None = None
+
+
 class _Delta(msgspec.Struct):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[_ToolCallDelta] | None = None
+
+    def calls_text(self) -> str:
+        """What a tool-call delta carries (a name, arguments): progress, and tokens the client got."""
+        parts = [
+            (c.function.name or "") + (c.function.arguments or "")
+            for c in self.tool_calls or ()
+            if c.function
+        ]
+        return "".join(parts)
 
 
 class _Choice(msgspec.Struct):
+    index: int = 0
     delta: _Delta | None = None
     text: str | None = None
     finish_reason: str | None = None
@@ -113,11 +136,17 @@ class SseRelay:
     """
 
     def __init__(
-        self, request: web.Request, client: web.StreamResponse, limits: StreamLimits, echo: bool = False
+        self,
+        request: web.Request,
+        client: web.StreamResponse,
+        limits: StreamLimits,
+        echo: bool = False,
+        choices: int = 1,
     ) -> None:
         self.request = request
         self.client = client
         self.limits = limits
+        self.choices = choices  # n: chunks name choices 0..n-1
         self.last_write = time.monotonic()
         self.write_started = 0.0  # set while the client has not taken what was written
         self.read_started = 0.0  # set while waiting for the region
@@ -343,11 +372,16 @@ class SseRelay:
                 return None
         if not chunk.choices:
             return self._bad("a chunk with neither choices nor usage")
-        if len(chunk.choices) > 1:
-            self._fault("more than the one choice asked for (n=1)")
+        if len(chunk.choices) > 1 or not 0 <= chunk.choices[0].index < self.choices:
+            self._fault(f"a choice the request did not ask for (n={self.choices})")
             return None
         choice = chunk.choices[0]
         text = choice.delta.content if choice.delta is not None else choice.text
+        if choice.delta is not None and choice.delta.tool_calls:
+            outcome.called = True
+            text = (text or "") + choice.delta.calls_text() or " "  # a call's first delta may be all empty
+        if choice.index:
+            outcome.choices = max(outcome.choices, choice.index + 1)
         if text:
             if self._echo_pending:
                 self._echo_pending = False

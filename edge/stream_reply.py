@@ -89,9 +89,11 @@ def start_stream(journey: Journey) -> StreamReply:
     up = state.config.upstream
     client = web.StreamResponse(headers={**sse.HEADERS, **call.client_headers})
     limits = StreamLimits(
-        up.max_event_bytes, response_budget(journey), admission.max_tokens, up.max_bad_events
+        up.max_event_bytes, response_budget(journey), admission.completion_tokens, up.max_bad_events
     )
-    stream = StreamReply(journey, SseRelay(journey.request, client, limits, echo=call.echo))
+    stream = StreamReply(
+        journey, SseRelay(journey.request, client, limits, echo=call.echo, choices=admission.choices)
+    )
     # Checked often enough that a late first token or a stall is seen within a tenth of its limit.
     tick_s = min(1.0, up.ttft_timeout_s / 10, up.stall_timeout_s / 10)
     watchdog = StreamWatchdog(

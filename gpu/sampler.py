@@ -22,7 +22,7 @@ import torch
 
 from gpu.sampling_rows import RowParams, uniform
 
-__all__ = ["RowParams", "Sampled", "draw", "sample", "uniform"]
+__all__ = ["RowParams", "Sampled", "apply_token_bitmask", "draw", "sample", "uniform"]
 
 
 @dataclass(slots=True)
@@ -32,10 +32,14 @@ class Sampled:
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
 
 
-def sample(logits: torch.Tensor, rows: Sequence[RowParams]) -> Sampled:
-    """Draw one token for each row of ``logits`` [N, vocab] (float32, any device)."""
+def sample(logits: torch.Tensor, rows: Sequence[RowParams], bitmask: torch.Tensor | None = None) -> Sampled:
+    """Draw one token for each row of ``logits`` [N, vocab] (float32, any device); where ``bitmask``
+    [N, ceil(vocab / 32)] (int32, on the same device) is given, only among the tokens its rows allow (bit
+    ``t & 31`` of word ``t >> 5``; a row of all ones allows everything)."""
     raw = logits
-    adjusted = _penalised(logits, rows)
+    adjusted = _penalised(_biased(logits, rows), rows)
+    if bitmask is not None:
+        adjusted = apply_token_bitmask(adjusted, bitmask)
     tokens = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
     greedy = [i for i, r in enumerate(rows) if r.greedy]
     drawn = [i for i, r in enumerate(rows) if not r.greedy]
@@ -77,6 +81,18 @@ def _draw_on_device(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Te
     return cuda_kernels.sample_from_logits(logits.float().contiguous(), *on_device)
 
 
+def _biased(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
+    """The logits with each row's ``logit_bias`` added (a copy when any row has one)."""
+    at = [(i, token, value) for i, r in enumerate(rows) for token, value in r.logit_bias]
+    if not at:
+        return logits
+    out = logits.clone()
+    device = logits.device
+    index = (torch.tensor([a[0] for a in at], device=device), torch.tensor([a[1] for a in at], device=device))
+    out.index_put_(index, torch.tensor([a[2] for a in at], device=device, dtype=out.dtype), accumulate=True)
+    return out
+
+
 def _penalised(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
     """The logits after each row's repetition, frequency and presence penalties (a copy when any applies)."""
     rep_rows: list[int] = []
@@ -110,6 +126,15 @@ def _penalised(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
         at = (torch.tensor(pen_rows, device=device), torch.tensor(pen_ids, device=device))
         out[at] -= torch.tensor(pen_amounts, device=device, dtype=out.dtype)
     return out
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """``logits`` with every token its row's bitmask forbids at -inf, on the logits' device (a copy)."""
+    vocab = logits.shape[1]
+    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [N, words, 32]: bit i of word w is token 32 w + i
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+    return logits.masked_fill(~allowed, float("-inf"))
 
 
 def draw(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:

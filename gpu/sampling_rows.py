@@ -37,6 +37,7 @@ class RowParams:
     output_counts: dict[int, int] = field(default_factory=dict)  # generated token -> times
     prompt_tokens: Sequence[int] = ()  # for the repetition penalty
     logprobs: int | None = None  # top-N log-probabilities to return (0: the chosen token's only)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to the logits before all else
 
     @property
     def greedy(self) -> bool:

@@ -16,21 +16,26 @@ from nearshore.protocol.answers import ChatAnswer, TextAnswer
 from nearshore.protocol.errors import INVALID_API_KEY, ApiError
 from nearshore.protocol.headers import EDGE_SECRET, SHARE_KEY
 from nearshore.protocol.schemas import (
+    ChatCompletion,
     ChatCompletionRequest,
+    Completion,
     CompletionRequest,
     FinishReason,
     ModelCard,
     ModelList,
+    Usage,
     chat_request_decoder,
     completion_request_decoder,
     json_encoder,
 )
 from nearshore.tls import peer_certificate_name
+from regional.chat_reply import ChatReply
+from regional.choices import choice_requests, collect_all, stream, total_usage
 from regional.config import RegionConfig, ServerConfig
 from regional.embeddings import EMBEDDINGS, EmbeddingsService, add_embeddings
 from regional.engine import Engine, Logprobs
 from regional.load_report import LoadReporter, load_header
-from regional.logprob_wire import CompletionLogprobsWriter, TokenNames, chat_logprobs
+from regional.logprob_wire import CompletionLogprobsWriter
 from regional.request_log import GENERATION, request_log
 from regional.service import Generation, RegionService, Timings
 
@@ -136,14 +141,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     prepared = await service.prepare_chat(body, request_id_of(request), timings)
     prepared.share_key = share_key_of(request)
-    generation = request[GENERATION] = service.run(prepared, timings)
+    generations = [service.run(p, timings) for p in choice_requests(prepared, body.n)]
+    request[GENERATION] = generations[0]
     answer = ChatAnswer.for_request(prepared.request_id, _answer_model(service, body))
     names = service.token_names if prepared.logprobs is not None else None
+    replies = [
+        ChatReply(answer.choice(i), body.wants_usage_chunk(), names, prepared.tool_names)
+        for i in range(len(generations))
+    ]
     if body.stream:
-        return await _stream(request, generation, _ChatChunks(answer, body.wants_usage_chunk(), names))
-    text, finish, scored = await _collect(generation)
-    logprobs = chat_logprobs(scored, names) if names is not None else None
-    return _json(answer.whole(text, finish, generation.usage, logprobs), timings)
+        return await stream(request, list(zip(generations, replies, strict=True)))
+    results = await collect_all(generations)
+    usage = total_usage(generations)
+    wholes = [
+        reply.whole(text, finish, usage, scored)
+        for reply, (text, finish, scored) in zip(replies, results, strict=True)
+    ]
+    return _json(merged(wholes), timings)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -152,15 +166,27 @@ async def completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     prepared = await service.prepare_completion(body, request_id_of(request), timings)
     prepared.share_key = share_key_of(request)
-    generation = request[GENERATION] = service.run(prepared, timings)
+    generations = [service.run(p, timings) for p in choice_requests(prepared, body.n)]
+    request[GENERATION] = generations[0]
     answer = TextAnswer.for_request(prepared.request_id, _answer_model(service, body))
-    writer = CompletionLogprobsWriter(service.token_names) if prepared.logprobs is not None else None
+
+    def writer() -> CompletionLogprobsWriter | None:  # one per choice: its text_offset runs on
+        return CompletionLogprobsWriter(service.token_names) if prepared.logprobs is not None else None
+
     if body.stream:
-        chunks = _CompletionChunks(answer, body.wants_usage_chunk(), prepared.prompt_text, writer)
-        return await _stream(request, generation, chunks)
-    text, finish, scored = await _collect(generation)
-    logprobs = writer.render([*(generation.prompt_logprobs or []), *scored]) if writer else None
-    return _json(answer.whole(prepared.prompt_text + text, finish, generation.usage, logprobs), timings)
+        runs = [
+            (g, _CompletionChunks(answer.choice(i), body.wants_usage_chunk(), prepared.prompt_text, writer()))
+            for i, g in enumerate(generations)
+        ]
+        return await stream(request, runs)
+    results = await collect_all(generations)
+    usage = total_usage(generations)
+    wholes = []
+    for i, (generation, (text, finish, scored)) in enumerate(zip(generations, results, strict=True)):
+        w = writer()
+        logprobs = w.render([*(generation.prompt_logprobs or []), *scored]) if w else None
+        wholes.append(answer.choice(i).whole(prepared.prompt_text + text, finish, usage, logprobs))
+    return _json(merged(wholes), timings)
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -215,15 +241,12 @@ def _answer_model(service: RegionService, body: ChatCompletionRequest | Completi
     return service.config.model.name if body.stream else body.model
 
 
-async def _collect(generation: Generation) -> tuple[str, str, list[Logprobs]]:
-    parts: list[str] = []
-    scored: list[Logprobs] = []
-    finish = "stop"
-    async for text, reason, logprobs in generation:
-        parts.append(text)
-        scored += logprobs
-        finish = reason or finish
-    return "".join(parts), finish, scored
+def merged(wholes: list[ChatCompletion] | list[Completion]) -> ChatCompletion | Completion:
+    """One answer of every choice's (each built with the total usage)."""
+    first = wholes[0]
+    for other in wholes[1:]:
+        first.choices.extend(other.choices)  # type: ignore[arg-type]
+    return first
 
 
 def _json(answer: object, timings: Timings) -> web.Response:
@@ -232,26 +255,6 @@ def _json(answer: object, timings: Timings) -> web.Response:
         content_type="application/json",
         headers={"Server-Timing": timings.server_timing()},
     )
-
-
-class _ChatChunks:
-    """A chat stream's events, with the log-probabilities of its tokens when asked for."""
-
-    def __init__(self, answer: ChatAnswer, include_usage: bool, names: TokenNames | None) -> None:
-        self.answer, self.include_usage, self.names = answer, include_usage, names
-
-    def first(self, _generation: Generation) -> bytes:
-        return sse.event(self.answer.opener())
-
-    def text(self, text: str, scored: list[Logprobs]) -> bytes:
-        logprobs = chat_logprobs(scored, self.names) if self.names is not None else None
-        return sse.event(self.answer.content(text, logprobs))
-
-    def end(self, finish: FinishReason) -> bytes:
-        return sse.event(self.answer.finish(finish))
-
-    def usage(self, generation: Generation) -> bytes:
-        return sse.event(self.answer.usage(generation.usage))
 
 
 class _CompletionChunks:
@@ -274,34 +277,5 @@ class _CompletionChunks:
     def end(self, finish: FinishReason) -> bytes:
         return sse.event(self.answer.finish(finish))
 
-    def usage(self, generation: Generation) -> bytes:
-        return sse.event(self.answer.usage(generation.usage))
-
-
-async def _stream(
-    request: web.Request, generation: Generation, chunks: _ChatChunks | _CompletionChunks
-) -> web.StreamResponse:
-    """Relay tokens as SSE. Headers go out with the first token, so they carry queue and prefill times
-    and an error before it is still a plain HTTP error. A client that leaves cancels this handler, and
-    the generation's cleanup aborts its sequence in the engine."""
-    response = web.StreamResponse(headers={**sse.HEADERS, "x-request-id": request_id_of(request)})
-    try:
-        async for text, finish, scored in generation:
-            if not response.prepared:
-                response.headers["Server-Timing"] = generation.timings.server_timing()
-                await response.prepare(request)
-                if first := chunks.first(generation):
-                    await response.write(first)
-            if text or scored:
-                await response.write(chunks.text(text, scored))
-            if finish is not None:
-                await response.write(chunks.end(finish))
-    except ApiError as exc:
-        if not response.prepared:
-            raise
-        await response.write(sse.error(exc))
-    if chunks.include_usage:
-        await response.write(chunks.usage(generation))
-    await response.write(sse.DONE)
-    await response.write_eof()
-    return response
+    def usage(self, usage: Usage) -> bytes:
+        return sse.event(self.answer.usage(usage))

@@ -32,6 +32,7 @@ class SamplingParams:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to the logits before all else
 
     @property
     def greedy(self) -> bool:
@@ -59,6 +60,11 @@ class GenerationRequest:
     # Whose share of the node it uses: the edge's opaque per-key id (x-nearshore-share-key); the scheduler
     # admits and prefills round-robin across them. "": everyone without one shares one.
     share_key: str = ""
+    # A checked grammar (regional.grammar.check) the output must follow: a JSON schema, a tool call's
+    # shape, a regex. None: unconstrained.
+    grammar: str | None = None
+    # With a grammar: the output text after which it applies (free before it: ``auto`` tool calls).
+    grammar_trigger: str | None = None
 
 
 class Logprobs(msgspec.Struct, array_like=True):
@@ -162,6 +168,11 @@ class Engine(Protocol):
         ...
 
     def detokenize(self, tokens: list[int]) -> str: ...
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens in the model's vocabulary (the model is loaded)."""
+        ...
 
     def token_piece(self, token: int) -> bytes:
         """The bytes one token stands for, control tokens spelled out (``<end_of_turn>``): how

@@ -108,7 +108,8 @@ class LlamaCppEngine(StepEngine):
         for seq, row in plan.samples:
             try:
                 row_logits = logits.row(row)
-                token = seq.sampler.sample(row_logits)
+                mask = seq.constraint.mask() if seq.constraint is not None else None
+                token = seq.sampler.sample(row_logits, mask)
                 top_n = seq.request.logprobs
                 logprobs.append(None if top_n is None else position_logprobs(row_logits, token, top_n))
                 sampled.append(token)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from regional.engine import SamplingParams
+from regional.grammar import allows, masked
 
 SEED_SPACE = 1 << 64
 
@@ -50,15 +51,25 @@ class TokenSampler:
             self._rng = np.random.default_rng(numpy_seed(seed))
         return self._rng
 
-    def sample(self, logits: np.ndarray) -> int:
-        """Pick the next token from ``logits`` (a read-only view is fine: it is never written)."""
+    def sample(self, logits: np.ndarray, mask: np.ndarray | None = None) -> int:
+        """Pick the next token from ``logits`` (a read-only view is fine: it is never written), among those
+        ``mask`` allows when there is one (a grammar's bitmask, :mod:`regional.grammar`)."""
         params = self.params
-        # vLLM's order: the repetition penalty, then the frequency and presence penalties.
+        if params.logit_bias:
+            logits = biased(logits, params.logit_bias)
+        # vLLM's order: the repetition penalty, then the frequency and presence penalties, then the grammar.
         if params.repetition_penalised:
             logits = self._repetition_penalised(logits)
         if params.penalised and self.counts:
             logits = self._penalised(logits)
-        token = int(np.argmax(logits)) if params.greedy else self._draw(logits)
+        if params.greedy:
+            token = int(np.argmax(logits))
+            # The likeliest token is the masked row's likeliest too when the grammar allows it: the common
+            # case costs one bit test, not a pass over the vocabulary.
+            if mask is not None and not allows(mask, token):
+                token = int(np.argmax(masked(logits, mask)))
+        else:
+            token = self._draw(logits if mask is None else masked(logits, mask))
         self.counts[token] = self.counts.get(token, 0) + 1
         return token
 
@@ -108,6 +119,14 @@ class TokenSampler:
         choice = int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
         choice = min(choice, probs.shape[0] - 1)
         return int(ids[choice]) if ids is not None else choice
+
+
+def biased(logits: np.ndarray, bias: tuple[tuple[int, float], ...]) -> np.ndarray:
+    """A copy of ``logits`` with OpenAI's ``logit_bias`` added."""
+    out = logits.copy()
+    ids = np.fromiter((token for token, _ in bias), dtype=np.int64, count=len(bias))
+    out[ids] += np.fromiter((value for _, value in bias), dtype=np.float32, count=len(bias))
+    return out
 
 
 def nucleus(probs: np.ndarray, mass: float) -> np.ndarray:

@@ -308,6 +308,9 @@ class Scheduler:
                 seq.output.append(token)
                 if self.is_end_of_generation(token):
                     seq.finish_reason = "stop"
+                elif seq.constraint is not None and seq.constraint.finished:
+                    # Its grammar is complete (the JSON closed): nothing may follow.
+                    seq.finish_reason = "stop"
                 elif len(seq.output) >= seq.request.max_tokens:
                     seq.finish_reason = "length"
             if seq.finish_reason is not None:

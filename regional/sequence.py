@@ -1,14 +1,15 @@
 """A request in the region and all its per-request state, in one place: the :class:`Sequence`.
 
 What it asked for (``request``), how far it is (prompt tokens computed, outputs, scores, finish), where its
-KV lives (``slot``; ``blocks``, its block table, in the paged memory), and its sampling state (``sampler``
-for the llama.cpp engine, ``sampling_row`` for the torch engine's batched sampler). Nothing else in the
+KV lives (``slot``; ``blocks``, its block table, in the paged memory), its sampling state (``sampler``
+for the llama.cpp engine, ``sampling_row`` for the torch engine's batched sampler) and its grammar
+(``constraint``, when its output is constrained). Nothing else in the
 node holds state of its own for a request: the KV memory keeps only pools and reference counts, the engine
 only an index of the live sequences by request id (for aborts), so a sequence that finishes, is aborted or
 is preempted is freed through the sequence alone (:meth:`regional.kv_memory.KvMemory.release`).
 
-A preemption frees the KV only: the sampling state stays, so a recomputed sequence draws on where it left
-off (the same tokens as if it had never been preempted).
+A preemption frees the KV only: the sampling and grammar state stay, so a recomputed sequence draws on
+where it left off (the same tokens as if it had never been preempted).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from gpu.kv_blocks import BlockTable
 from gpu.sampling_rows import RowParams
 from regional.engine import EngineFinish, GenerationRequest, Logprobs
+from regional.grammar import Constraint, LazyConstraint
 from regional.sampler import TokenSampler
 
 
@@ -33,6 +35,9 @@ class Sequence:
     events: asyncio.Queue | None = None
     # The torch engine's row of its batched sampler (seed, output counts): made at its first draw.
     sampling_row: RowParams | None = None
+    # What its grammar allows next (response_format, a tool call), advanced by each token drawn; its state
+    # moves with the outputs alone, so preemptions and prefix reuse leave it right.
+    constraint: Constraint | LazyConstraint | None = None
     slot: int = -1  # the KV memory's id for this sequence (a llama.cpp sequence id)
     blocks: BlockTable | None = None  # its KV blocks, while the paged memory holds them
     num_computed: int = 0  # tokens whose KV cells exist (prompt first, then fed-back outputs)

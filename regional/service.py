@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import logging
@@ -13,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from nearshore.protocol.checks import check_supported
+from nearshore.protocol.checks import check_supported, check_tools
 from nearshore.protocol.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     ENGINE_FAILED,
@@ -26,6 +27,7 @@ from nearshore.protocol.errors import (
 )
 from nearshore.protocol.prompt_segments import Segment
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, FinishReason, Usage
+from nearshore.protocol.tool_prompt import prompt_messages, tools_offered
 from regional.chat_template import ChatFormatter, ChatTemplateError, OpenTurnError
 from regional.config import RegionConfig
 from regional.engine import (
@@ -37,10 +39,13 @@ from regional.engine import (
     PromptTooLong,
     SamplingParams,
 )
+from regional.grammar import GrammarError, check
 from regional.logprob_wire import TokenNames
 from regional.metrics import RegionMetrics
 from regional.output_gate import OutputGate
 from regional.safety import SafetyFilter
+from regional.structured import ConflictingFormats, requested_grammar
+from regional.tool_grammar import UnknownTool, tool_grammar
 
 log = logging.getLogger("nearshore.region.requests")
 
@@ -57,6 +62,10 @@ class Prepared:
     logprobs: int | None = None  # alternatives per output token (0: the chosen token's alone)
     prompt_logprobs: int | None = None  # alternatives per prompt token (completions with echo)
     share_key: str = ""  # whose share of the node (the edge's opaque per-key id; scheduler.py)
+    grammar: str | None = None  # the checked grammar its output follows (response_format, guided_*)
+    grammar_param: str = ""  # the parameter that asked for it, for an error to name
+    grammar_trigger: str | None = None  # the text after which the grammar applies (auto tool calls)
+    tool_names: frozenset[str] | None = None  # the functions offered, whose calls the answer reads out
 
 
 @dataclass(slots=True)
@@ -126,15 +135,23 @@ class RegionService:
                 param="continue_final_message",
             )
         await self._ready()  # the template comes from the model file
+        check_tools(body)
+        parallel = body.parallel_tool_calls is not False
+        messages = prompt_messages(body.messages, body.tools, body.tool_choice, parallel)
         try:
-            segments = self.formatter().segments(body.messages, continue_final=continuing)
+            segments = self.formatter().segments(messages, continue_final=continuing)
         except OpenTurnError as exc:
             raise ApiError(UNSUPPORTED_PARAMETER, str(exc), param="continue_final_message") from None
         except ChatTemplateError as exc:
             raise ApiError(UNSUPPORTED_PARAMETER, str(exc), param="messages") from None
+        tool = await self._tool_grammar(body, parallel)
+        grammar, param, trigger = tool if tool is not None else (*await self._grammar(body), None)
         tokens = await self._tokenize(segments, timings, "messages")
         prepared = self._prepared(request_id, body.model, tokens, body.token_limit(), body, "messages")
         prepared.logprobs = body.top_logprobs_asked()
+        prepared.grammar, prepared.grammar_param, prepared.grammar_trigger = grammar, param, trigger
+        if tools_offered(body.tools, body.tool_choice):
+            prepared.tool_names = frozenset(t.function.name for t in body.tools or ())
         return prepared
 
     async def prepare_completion(
@@ -142,6 +159,7 @@ class RegionService:
     ) -> Prepared:
         self._check_common(body)
         await self._ready()
+        grammar = await self._grammar(body)
         text = body.prompt_text()
         # The caller owns the whole prompt (no roles to forge), so its control tokens are parsed: prompts
         # pre-rendered in the turn format keep their meaning. The cost is bounded as for chats.
@@ -150,11 +168,51 @@ class RegionService:
         prepared.prompt_text = text if body.echo else ""
         prepared.logprobs = body.logprobs
         prepared.prompt_logprobs = body.logprobs if body.echo else None
+        prepared.grammar, prepared.grammar_param = grammar
         return prepared
 
     def _check_common(self, body: ChatCompletionRequest | CompletionRequest) -> None:
         self.check_model(body.model)
         check_supported(body)
+
+    async def _grammar(self, body: ChatCompletionRequest | CompletionRequest) -> tuple[str | None, str]:
+        """The checked grammar the request asks for (and its parameter), or (None, ""); a 400 naming the
+        parameter and the part of the schema at fault. Checked off the event loop: a large schema takes
+        milliseconds."""
+        try:
+            asked = requested_grammar(body)
+        except ConflictingFormats as exc:
+            raise ApiError(INVALID_REQUEST, str(exc), param=exc.params[-1]) from None
+        if asked is None:
+            return None, ""
+        spec, param = asked
+        try:
+            return await asyncio.to_thread(check, spec), param
+        except GrammarError as exc:
+            raise ApiError(INVALID_REQUEST, f"Invalid {param}: {exc}.", param=param) from None
+
+    async def _tool_grammar(
+        self, body: ChatCompletionRequest, parallel: bool
+    ) -> tuple[str, str, str | None] | None:
+        """The checked grammar of the request's tool choice, its parameter and trigger, or None."""
+        try:
+            asked = tool_grammar(body.tools, body.tool_choice, parallel)
+        except UnknownTool as exc:
+            raise ApiError(INVALID_REQUEST, f"{exc}.", param="tool_choice") from None
+        if asked is None:
+            return None
+        if requested_grammar(body) is not None:
+            raise ApiError(
+                UNSUPPORTED_PARAMETER,
+                "response_format (or guided decoding) and tools cannot be used together here; send tools "
+                'with tool_choice "none" to constrain the text.',
+                param="response_format",
+            )
+        spec, trigger = asked
+        try:
+            return await asyncio.to_thread(check, spec), "tools", trigger
+        except GrammarError as exc:
+            raise ApiError(INVALID_REQUEST, f"Invalid tools: {exc}.", param="tools") from None
 
     async def _ready(self) -> None:
         try:
@@ -219,8 +277,25 @@ class RegionService:
             min_p=body.min_p,
             repetition_penalty=body.repetition_penalty,
             seed=body.seed,
+            logit_bias=self._logit_bias(body),
         )
         return Prepared(request_id, model, tokens, max_tokens, sampling, body.stop_list())
+
+    def _logit_bias(self, body: ChatCompletionRequest | CompletionRequest) -> tuple[tuple[int, float], ...]:
+        """OpenAI's ``logit_bias``, its keys checked against the vocabulary (a 400 naming the key)."""
+        if not body.logit_bias:
+            return ()
+        size = self.engine.vocab_size
+        bias = []
+        for key, value in body.logit_bias.items():
+            if not key.isdigit() or int(key) >= size:
+                raise ApiError(
+                    INVALID_REQUEST,
+                    f"logit_bias keys are token ids from 0 to {size - 1}; {key!r} is not one.",
+                    param="logit_bias",
+                )
+            bias.append((int(key), float(value)))
+        return tuple(bias)
 
     def run(self, prepared: Prepared, timings: Timings) -> Generation:
         return Generation(self, prepared, timings)
@@ -260,7 +335,15 @@ class Generation:
         model = self.service.config.model.name
         sequence_id = self.service.sequence_id(p.request_id)
         request = GenerationRequest(
-            sequence_id, p.prompt_tokens, p.max_tokens, p.sampling, p.logprobs, p.prompt_logprobs, p.share_key
+            sequence_id,
+            p.prompt_tokens,
+            p.max_tokens,
+            p.sampling,
+            p.logprobs,
+            p.prompt_logprobs,
+            p.share_key,
+            p.grammar,
+            p.grammar_trigger,
         )
         last_token_at = 0.0
         events = self.service.engine.generate(request)
@@ -289,11 +372,14 @@ class Generation:
                         self.finish_reason = event.finish_reason  # "stop" or "length"
                     else:
                         self.finish_reason = blocked
-                    # The engine's "stop" is its end-of-generation token: not part of the answer.
-                    scored = [event.logprobs] if event.logprobs and event.finish_reason != "stop" else []
+                    # The end-of-generation token comes without log-probabilities: not part of the answer.
+                    scored = [event.logprobs] if event.logprobs else []
                     yield text, self.finish_reason, scored
                     if self.finish_reason is not None:
                         return  # leaving the aclosing block aborts the sequence if it still runs
+        except GrammarError as exc:  # before anything was queued: the grammar allows no output at all
+            message = f"Invalid {p.grammar_param}: {exc}."
+            raise ApiError(INVALID_REQUEST, message, param=p.grammar_param) from None
         except EngineOverloaded as exc:
             m.request_errors.labels("503").inc()
             raise ApiError(

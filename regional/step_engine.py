@@ -37,6 +37,7 @@ from regional.engine import (
     Logprobs,
     TokenEvent,
 )
+from regional.grammar import Constraint, LazyConstraint, Vocabulary
 from regional.kv_memory import KvMemory
 from regional.llama_model import LlamaModel
 from regional.logprobs import score_prompt_rows
@@ -45,7 +46,7 @@ from regional.sampler import TokenSampler
 from regional.scheduler import Scheduler
 from regional.sequence import Sequence
 from regional.step_cost import StepCost
-from regional.step_output import Events, StepLogits, StepOutput, step_events
+from regional.step_output import Events, StepLogits, StepOutput, advance_grammars, step_events
 from regional.step_plan import StepPlan
 from regional.token_rate import TokenRate
 
@@ -66,6 +67,7 @@ class StepEngine:
         self.on_fatal: FatalHandler | None = None
         self._failed_steps = 0  # consecutive
         self._vocab: LlamaModel | None = None
+        self._grammar_vocab: Vocabulary | None = None  # the vocabulary as the grammar engine takes it
         self._prompts: PromptTokenizer | None = None
         self._lifecycle = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -178,6 +180,7 @@ class StepEngine:
                 self._fail_engine(f"model load failed: {exc}")
                 raise EngineFailed(self._failure or str(exc)) from None
             self._prompts = PromptTokenizer(self._vocab)
+            self._grammar_vocab = Vocabulary(self._vocab)  # built on the first constrained request
             self.model_load_s = time.perf_counter() - started
             log.info("model %s loaded in %.2fs (%s engine)", self.model_name, self.model_load_s, self.kind)
             self._stopping = False
@@ -210,6 +213,7 @@ class StepEngine:
             self._thread.join()
             self._thread = None
         self._prompts = None
+        self._grammar_vocab = None  # it points into the vocabulary about to be freed
         if self._vocab is not None:
             self._close_backend()
             self._vocab = None
@@ -231,6 +235,11 @@ class StepEngine:
         assert self._vocab is not None
         return self._vocab.detokenize(tokens)
 
+    @property
+    def vocab_size(self) -> int:
+        assert self._vocab is not None
+        return self._vocab.n_vocab
+
     def token_piece(self, token: int) -> bytes:
         assert self._vocab is not None
         return self._vocab.token_piece(token)
@@ -243,11 +252,14 @@ class StepEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         await self.ready()
+        grammar, trigger = request.grammar, request.grammar_trigger
+        constraint = await self.constraint(grammar, trigger) if grammar is not None else None
         seq = Sequence(
             request,
             arrived_at=time.perf_counter(),
             sampler=TokenSampler(request.sampling, request.prompt_tokens),
             events=asyncio.Queue(),
+            constraint=constraint,
         )
         with self._cv:
             if self._failure is not None:
@@ -270,6 +282,21 @@ class StepEngine:
         finally:
             if not finished:
                 self.abort(request.request_id)
+
+    async def constraint(self, grammar: str, trigger: str | None = None) -> Constraint | LazyConstraint:
+        """A sequence's matcher of a checked grammar, with its first mask computed: a grammar that allows
+        no output at all (a ``$ref`` loop, bounds no value meets) raises :class:`GrammarError` here,
+        before anything is queued."""
+        await self.ready()
+        vocab = self._grammar_vocab
+        assert vocab is not None
+
+        def build() -> Constraint | LazyConstraint:
+            constraint = vocab.constraint(grammar, trigger)
+            constraint.check()
+            return constraint
+
+        return await asyncio.to_thread(build)
 
     def abort(self, request_id: str) -> None:
         with self._cv:
@@ -387,6 +414,7 @@ class StepEngine:
         self._prefill_tokens += sum(n for seq, n in plan.advances if seq.is_prefilling)
         prompt_scores = score_prompt_rows(plan, logits.row)
         sampled, logprobs, failures = self._sample(plan, logits)
+        advance_grammars(plan, sampled, failures)
         self._generated.add(len(sampled) - len(failures), time.monotonic())
         return StepOutput(True, False, started, sampled, logprobs, failures, prompt_scores)
 

@@ -7,15 +7,18 @@ the engine; the step's output goes to the scheduler's ``postprocess`` and, as ev
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
 from regional.engine import Logprobs, TokenEvent
+from regional.grammar import GrammarError
 from regional.sequence import Sequence
 from regional.step_plan import StepPlan
 
+log = logging.getLogger("nearshore.engine")
 Events = list[tuple[Sequence, TokenEvent]]
 
 
@@ -29,6 +32,8 @@ class StepLogits(Protocol):
 
 class Vocabulary(Protocol):
     def token_bytes(self, token: int) -> bytes: ...
+
+    def is_end_of_generation(self, token: int) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -68,9 +73,12 @@ def token_event(
     vocab: Vocabulary, seq: Sequence, token: int, logprobs: Logprobs | None, now: float
 ) -> TokenEvent:
     if seq.output:
-        event = TokenEvent(token_id=token, finish_reason=seq.finish_reason, logprobs=logprobs)
-        # The end-of-generation token has no text; a finish flushes a character left incomplete.
-        piece = b"" if seq.finish_reason == "stop" else vocab.token_bytes(token)
+        # The end-of-generation token is not part of the answer: no text, no log-probabilities.
+        scored = None if vocab.is_end_of_generation(token) else logprobs
+        event = TokenEvent(token_id=token, finish_reason=seq.finish_reason, logprobs=scored)
+        # The end-of-generation token's bytes are none (a control token); a grammar's last token has its
+        # text. A finish flushes a character left incomplete.
+        piece = vocab.token_bytes(token)
         event.text = seq.text_decoder.decode(piece, final=seq.finish_reason is not None)
     else:  # max_tokens 0: the prompt was scored, nothing generated
         event = TokenEvent(finish_reason=seq.finish_reason)
@@ -82,3 +90,17 @@ def token_event(
         if seq.request.prompt_logprobs is not None:
             event.prompt_logprobs = [Logprobs(seq.prompt[0], None, []), *seq.prompt_logprobs]
     return event
+
+
+def advance_grammars(plan: StepPlan, sampled: list[int | None], failures: dict[Sequence, str]) -> None:
+    """Each constrained sequence's grammar takes the token it drew; one that refuses it (never, with the
+    mask applied) fails that sequence alone."""
+    for i, ((seq, _row), token) in enumerate(zip(plan.samples, sampled, strict=True)):
+        if token is None or seq.constraint is None:
+            continue
+        try:
+            seq.constraint.advance(token)
+        except GrammarError as exc:
+            log.error("request %s: %s", seq.request_id, exc)
+            sampled[i] = None
+            failures[seq] = str(exc)

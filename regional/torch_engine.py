@@ -174,24 +174,55 @@ class TorchEngine(StepEngine):
     def _sample(
         self, plan: StepPlan, logits: DeviceLogits
     ) -> tuple[list[int | None], list[Logprobs | None], dict[Sequence, str]]:
+        import torch
+
         from gpu.sampler import sample
 
         if not plan.samples:
             return [], [], {}
-        seqs = [seq for seq, _row in plan.samples]
+        failures: dict[Sequence, str] = {}
+        bitmask = self._grammar_masks(plan, failures)
+        samples = [(seq, row) for seq, row in plan.samples if seq not in failures]
+        seqs = [seq for seq, _row in samples]
         rows = [sampling_row(seq) for seq in seqs]
-        index = [logits.index[row] for _seq, row in plan.samples]
-        try:
-            result = sample(logits.values[index], rows)
-        except Exception as exc:  # one batched draw: it fails for every row of the step
-            log.error("sampling failed for %d sequences", len(seqs), exc_info=True)
-            failure = f"sampling failed: {exc}"
-            return [None] * len(seqs), [None] * len(seqs), dict.fromkeys(seqs, failure)
-        logprobs: list[Logprobs | None] = []
-        for token, row, scored in zip(result.tokens, rows, result.logprobs, strict=True):
-            row.output_counts[token] = row.output_counts.get(token, 0) + 1
-            logprobs.append(None if scored is None else Logprobs(token, scored[0], scored[1]))
-        return list(result.tokens), logprobs, {}
+        index = [logits.index[row] for _seq, row in samples]
+        drawn: dict[Sequence, tuple[int, Logprobs | None]] = {}
+        if seqs:
+            try:
+                masks = None
+                if bitmask is not None:
+                    keep = [i for i, (seq, _row) in enumerate(plan.samples) if seq not in failures]
+                    masks = torch.from_numpy(bitmask[keep]).to(logits.values.device, non_blocking=True)
+                result = sample(logits.values[index], rows, masks)
+            except Exception as exc:  # one batched draw: it fails for every row of the step
+                log.error("sampling failed for %d sequences", len(seqs), exc_info=True)
+                failures.update(dict.fromkeys(seqs, f"sampling failed: {exc}"))
+            else:
+                for seq, token, row, scored in zip(seqs, result.tokens, rows, result.logprobs, strict=True):
+                    row.output_counts[token] = row.output_counts.get(token, 0) + 1
+                    drawn[seq] = (token, None if scored is None else Logprobs(token, scored[0], scored[1]))
+        tokens = [drawn[seq][0] if seq in drawn else None for seq, _row in plan.samples]
+        logprobs = [drawn[seq][1] if seq in drawn else None for seq, _row in plan.samples]
+        return tokens, logprobs, failures
+
+    def _grammar_masks(self, plan: StepPlan, failures: dict[Sequence, str]) -> np.ndarray | None:
+        """The step's bitmask [samples, words] (all ones for an unconstrained row), or None when no row
+        is constrained; a row whose grammar fails is a failure of that sequence alone."""
+        constrained = [(i, seq) for i, (seq, _row) in enumerate(plan.samples) if seq.constraint is not None]
+        if not constrained:
+            return None
+        assert self._vocab_model is not None
+        words = (self._vocab_model.n_vocab + 31) // 32
+        bitmask = np.full((len(plan.samples), words), -1, dtype=np.int32)
+        for i, seq in constrained:
+            assert seq.constraint is not None
+            try:
+                mask = seq.constraint.mask()
+                if mask is not None:  # None: a lazy grammar not yet triggered leaves the row free
+                    bitmask[i] = mask
+            except Exception as exc:
+                failures[seq] = f"sampling failed: {exc}"
+        return bitmask
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +252,7 @@ def sampling_row(seq: Sequence) -> RowParams:
             frequency_penalty=p.frequency_penalty,
             repetition_penalty=p.repetition_penalty,
             seed=p.seed if p.seed is not None else random.getrandbits(64),
+            logit_bias=p.logit_bias,
             prompt_tokens=seq.prompt,
             logprobs=seq.request.logprobs,
         )

@@ -57,3 +57,22 @@ def region(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     )
     yield node
     node.process.stop()
+
+
+# The torch engine on the CPU, for the tests that run both engines through the API.
+TORCH_ENGINE = {
+    "kind": "gpu",
+    "device": "cpu",
+    "max_sequences": 4,
+    "kv_cache_tokens": 2048,
+    "context_window": 1024,
+    "batch_tokens": 256,
+    "prefill_chunk": 64,
+}
+
+
+@pytest.fixture(scope="session")
+def torch_region(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    node = start_region(tmp_path_factory.mktemp("torch-region"), engine=TORCH_ENGINE)
+    yield node
+    node.process.stop()

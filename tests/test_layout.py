@@ -210,9 +210,11 @@ FLAGS = {
         "--model-path",
         "--no-peer",
         "--engine",
+        "--schema",
         "--json",
         "--logs",
     ],
+    "bench grammar": ["--model", "--repeats", "--json"],
     "bench hostile": ["--seconds", "--concurrency", "--logs"],
     "bench faults": ["--litellm", "--cases", "--repeats", "--logs"],
     "bench fairness": [

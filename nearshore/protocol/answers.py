@@ -25,6 +25,9 @@ from nearshore.protocol.schemas import (
     CompletionChoice,
     CompletionLogprobs,
     FinishReason,
+    FunctionCallDelta,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
 
@@ -32,13 +35,18 @@ from nearshore.protocol.schemas import (
 class _Ids:
     """What every object of one answer carries: its id, creation time (seconds) and model."""
 
-    __slots__ = ("created", "id", "model")
+    __slots__ = ("created", "id", "index", "model")
     prefix: ClassVar[str]  # of the id the region gives a request's answer
 
-    def __init__(self, id: str, model: str, *, created: int | None = None) -> None:
+    def __init__(self, id: str, model: str, *, created: int | None = None, index: int = 0) -> None:
         self.id = id
         self.model = model
         self.created = int(time.time()) if created is None else created
+        self.index = index  # which choice (n > 1) this builder's choices are
+
+    def choice(self, index: int) -> Self:
+        """The builder of another choice of the same answer (same id, time and model)."""
+        return type(self)(self.id, self.model, created=self.created, index=index)
 
     @classmethod
     def for_request(cls, request_id: str, model: str, *, created: int | None = None) -> Self:
@@ -53,10 +61,28 @@ class ChatAnswer(_Ids):
     prefix = "chatcmpl"
 
     def whole(
-        self, text: str, finish: FinishReason, usage: Usage, logprobs: ChatLogprobs | None = None
+        self,
+        text: str | None,
+        finish: FinishReason,
+        usage: Usage,
+        logprobs: ChatLogprobs | None = None,
+        tool_calls: list[ToolCall] | None = None,
     ) -> ChatCompletion:
-        choice = ChatChoice(0, AssistantMessage(text), finish, logprobs)
+        """The answer; with ``tool_calls``, ``text`` is the content beside them (None: none)."""
+        message = AssistantMessage(text, tool_calls=tool_calls) if tool_calls else AssistantMessage(text)
+        choice = ChatChoice(self.index, message, finish, logprobs)
         return ChatCompletion(self.id, self.created, self.model, [choice], usage)
+
+    def tool_call_opened(self, index: int, call_id: str, name: str) -> ChatCompletionChunk:
+        """A streamed call's first chunk: its index, id, type and name, and no arguments yet."""
+        delta = ToolCallDelta(index, call_id, "function", FunctionCallDelta(name=name, arguments=""))
+        return self._chunk(ChatDelta(tool_calls=[delta]))
+
+    def tool_call_arguments(self, index: int, fragment: str) -> ChatCompletionChunk:
+        """More of call ``index``'s arguments: joined, the fragments are its arguments exactly."""
+        return self._chunk(
+            ChatDelta(tool_calls=[ToolCallDelta(index, function=FunctionCallDelta(arguments=fragment))])
+        )
 
     def opener(self) -> ChatCompletionChunk:
         """The stream's first chunk, before any text: the assistant's role, with an empty content."""
@@ -64,7 +90,7 @@ class ChatAnswer(_Ids):
 
     def content(self, text: str, logprobs: ChatLogprobs | None = None) -> ChatCompletionChunk:
         # Once per token, so built inline: one call fewer than through _chunk (~10% of the chunk's cost).
-        choice = ChatChunkChoice(0, ChatDelta(content=text), None, logprobs)
+        choice = ChatChunkChoice(self.index, ChatDelta(content=text), None, logprobs)
         return ChatCompletionChunk(self.id, self.created, self.model, [choice])
 
     def finish(self, reason: FinishReason) -> ChatCompletionChunk:
@@ -77,7 +103,7 @@ class ChatAnswer(_Ids):
     def _chunk(
         self, delta: ChatDelta, finish: FinishReason | None = None, logprobs: ChatLogprobs | None = None
     ) -> ChatCompletionChunk:
-        choice = ChatChunkChoice(0, delta, finish, logprobs)
+        choice = ChatChunkChoice(self.index, delta, finish, logprobs)
         return ChatCompletionChunk(self.id, self.created, self.model, [choice])
 
 
@@ -90,7 +116,7 @@ class TextAnswer(_Ids):
     def whole(
         self, text: str, finish: FinishReason, usage: Usage, logprobs: CompletionLogprobs | None = None
     ) -> Completion:
-        choice = CompletionChoice(0, text, finish, logprobs)
+        choice = CompletionChoice(self.index, text, finish, logprobs)
         return Completion(self.id, self.created, self.model, [choice], usage=usage)
 
     def opener(self) -> None:
@@ -98,10 +124,11 @@ class TextAnswer(_Ids):
         return None
 
     def content(self, text: str, logprobs: CompletionLogprobs | None = None) -> Completion:
-        return Completion(self.id, self.created, self.model, [CompletionChoice(0, text, None, logprobs)])
+        choice = CompletionChoice(self.index, text, None, logprobs)
+        return Completion(self.id, self.created, self.model, [choice])
 
     def finish(self, reason: FinishReason) -> Completion:
-        return Completion(self.id, self.created, self.model, [CompletionChoice(0, "", reason)])
+        return Completion(self.id, self.created, self.model, [CompletionChoice(self.index, "", reason)])
 
     def usage(self, usage: Usage) -> Completion:
         return Completion(self.id, self.created, self.model, [], usage=usage)

@@ -6,7 +6,7 @@ value limits live in ``Annotated`` aliases so the error names the offending ``pa
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -26,8 +26,11 @@ ChoiceCount = Annotated[int, Meta(ge=1, le=128)]
 StopString = Annotated[str, Meta(min_length=1)]
 Stop = StopString | Annotated[list[StopString], Meta(max_length=16)]
 ModelName = Annotated[str, Meta(min_length=1, max_length=256)]
-Role = Literal["system", "developer", "user", "assistant"]
-FinishReason = Literal["stop", "length", "content_filter"]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "content_filter", "tool_calls"]
+# OpenAI's rule for a function's (and a response format's) name; and its cap on the tools of one request.
+FunctionName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+MAX_TOOLS = 128
 
 
 class TextPart(Struct, forbid_unknown_fields=True):
@@ -35,10 +38,23 @@ class TextPart(Struct, forbid_unknown_fields=True):
     text: str
 
 
+class FunctionCall(Struct, forbid_unknown_fields=True):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(Struct, forbid_unknown_fields=True):
+    id: str
+    function: FunctionCall
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(Struct, forbid_unknown_fields=True):
     role: Role
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall], Meta(max_length=MAX_TOOLS)] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool's answer: the call it answers
 
     def text(self) -> str:
         if self.content is None:
@@ -52,6 +68,55 @@ class StreamOptions(Struct, forbid_unknown_fields=True):
     include_usage: bool = False
 
 
+# --- structured output and tools -----------------------------------------------------------------------
+
+
+class JsonSchemaFormat(Struct, forbid_unknown_fields=True):
+    name: FunctionName
+    schema: dict[str, Any] | None = None  # a JSON Schema (the region compiles it, the edge bounds its size)
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextFormat(Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+class JsonObjectFormat(Struct, tag="json_object", tag_field="type", forbid_unknown_fields=True):
+    pass
+
+
+class JsonSchemaResponseFormat(Struct, tag="json_schema", tag_field="type", forbid_unknown_fields=True):
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaResponseFormat
+
+
+class FunctionDefinition(Struct, forbid_unknown_fields=True):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of the arguments (absent: no arguments)
+    strict: bool | None = None
+
+
+class Tool(Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(Struct, forbid_unknown_fields=True):
+    name: str
+
+
+class NamedToolChoice(Struct, forbid_unknown_fields=True):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
 class _SamplingFields(Struct, forbid_unknown_fields=True, kw_only=True):
     """The fields chat and completion requests share."""
 
@@ -61,6 +126,10 @@ class _SamplingFields(Struct, forbid_unknown_fields=True, kw_only=True):
     top_p: TopP | None = None
     top_k: TopK | None = None
     seed: int | None = None
+    # OpenAI's: token id (as a string) -> a bias from -100 (never) to 100 (always), added to its logit.
+    logit_bias: (
+        Annotated[dict[str, Annotated[float, Meta(ge=-100, le=100)]], Meta(max_length=1024)] | None
+    ) = None
     stop: Stop | None = None
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
@@ -70,6 +139,12 @@ class _SamplingFields(Struct, forbid_unknown_fields=True, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Annotated[str, Meta(max_length=256)] | None = None
+    response_format: ResponseFormat | None = None
+    # vLLM's guided decoding, on both APIs: a JSON schema, a regex, a Lark grammar, or one of some strings.
+    guided_json: dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: Annotated[list[str], Meta(min_length=1, max_length=1024)] | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -93,6 +168,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     # The chosen token's log-probability, and with top_logprobs that many alternatives, per output token.
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None
+    tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def top_logprobs_asked(self) -> int | None:
         """Alternatives per output token, or None when no log-probabilities are asked for."""
@@ -172,8 +250,9 @@ class CompletionLogprobs(Struct):
 
 
 class AssistantMessage(Struct):
-    content: str
+    content: str | None  # null beside tool calls when the model wrote nothing else
     role: Literal["assistant"] = "assistant"
+    tool_calls: list[ToolCall] | msgspec.UnsetType = msgspec.UNSET  # left out of the JSON when unset
 
 
 class ChatChoice(Struct):
@@ -193,9 +272,24 @@ class ChatCompletion(Struct):
     system_fingerprint: str | None = None
 
 
+class FunctionCallDelta(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(Struct, omit_defaults=True):
+    """A streamed call: its first delta has the id, the type and the name; the others more arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class ChatDelta(Struct, omit_defaults=True):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(Struct):

@@ -1,14 +1,15 @@
 """The request rules no schema can say (nearshore/protocol/checks.py), on bodies decoded as the edge and the
-region decode them: one choice only, stream_options only with a stream, top_logprobs only with logprobs,
-max_tokens 0 only with echo; each refusal an OpenAI-shaped 400 naming its ``param``."""
+region decode them: schemas of bounded size, stream_options only with a stream, top_logprobs only with
+logprobs, max_tokens 0 only with echo, the tool rules; each refusal an OpenAI-shaped 400 naming its
+``param``."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
 
-from nearshore.protocol.checks import check_supported
-from nearshore.protocol.errors import INVALID_REQUEST, UNSUPPORTED_PARAMETER, ApiError
+from nearshore.protocol.checks import MAX_SCHEMA_BYTES, check_supported, check_tools
+from nearshore.protocol.errors import INVALID_REQUEST, ApiError
 from nearshore.protocol.schemas import chat_request_decoder, completion_request_decoder
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -48,17 +49,48 @@ def test_supported_requests_pass(body):
 
 
 @pytest.mark.parametrize("make", [chat, completion])
-def test_more_than_one_choice_is_an_unsupported_parameter(make):
-    error = refusal(make(n=2))
-    assert error.kind is UNSUPPORTED_PARAMETER and error.status == 400 and error.param == "n"
-    assert "n=1" in error.message
-    envelope = msgspec.json.decode(error.to_json())
-    assert envelope["error"] == {
-        "message": "Only n=1 is supported: send one request per choice.",
-        "type": "invalid_request_error",
-        "param": "n",
-        "code": "unsupported_parameter",
-    }
+def test_several_choices_pass_and_oversized_schemas_are_refused(make):
+    assert check_supported(make(n=3)) is None
+    huge = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5000)}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "huge", "schema": huge}}
+    error = refusal(make(response_format=fmt))
+    assert error.kind is INVALID_REQUEST and error.param == "response_format"
+    assert f"at most {MAX_SCHEMA_BYTES}" in error.message
+
+
+CALL = {"name": "a", "arguments": "{}"}
+
+
+def tool(name: str) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": [tool("a"), tool("a")]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"messages": [{"role": "tool", "content": "31 C"}]}, "messages.[0].tool_call_id"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "tool_calls": [
+                            {"id": "c", "type": "function", "function": {"name": "a", "arguments": "{}"}}
+                        ],
+                    }
+                ]
+            },
+            "messages.[0].tool_calls",
+        ),
+    ],
+)
+def test_tool_rules_the_schema_cannot_say(extra: dict, param: str):
+    with pytest.raises(ApiError) as caught:
+        check_tools(chat(**extra))
+    assert caught.value.kind is INVALID_REQUEST and caught.value.param == param
+    assert check_tools(chat(tools=[tool("a"), tool("b")], tool_choice="required")) is None
 
 
 @pytest.mark.parametrize("make", [chat, completion])
@@ -89,5 +121,5 @@ def test_max_tokens_zero_without_echo_is_refused_for_completions():
 
 
 def test_the_first_rule_broken_is_the_one_named():
-    assert refusal(chat(n=3, stream_options={}, top_logprobs=1)).param == "n"
+    assert refusal(chat(n=3, stream_options={}, top_logprobs=1)).param == "stream_options"
     assert refusal(completion(stream_options={}, max_tokens=0)).param == "stream_options"

@@ -61,7 +61,14 @@ CASES = [
     ("top_p zero", js({**GOOD, "top_p": 0}), 400, None, "top_p"),
     ("penalty out of range", js({**GOOD, "presence_penalty": 9}), 400, None, "presence_penalty"),
     ("empty stop string", js({**GOOD, "stop": [""]}), 400, None, "stop[0]"),
-    ("n > 1", js({**GOOD, "n": 2}), 400, "unsupported_parameter", "n"),
+    ("n above 128", js({**GOOD, "n": 129}), 400, None, "n"),
+    (
+        "tool message without its call",
+        js({**GOOD, "messages": [{"role": "tool", "content": "x"}]}),
+        400,
+        None,
+        "messages.[0].tool_call_id",
+    ),
     (
         "image part",
         js({**GOOD, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}),

@@ -60,7 +60,7 @@ async def until(condition, timeout_s: float = 10.0) -> None:
 
 
 class FailingSampler(TokenSampler):
-    def sample(self, logits) -> int:
+    def sample(self, logits, mask=None) -> int:
         raise RuntimeError("injected sampling fault")
 
 

@@ -4,8 +4,6 @@ items 2 and 3)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from edge.token_count import GgufCounter
@@ -14,7 +12,7 @@ from nearshore.protocol.prompt_segments import PIECE_CHARS, Segment, text_pieces
 from nearshore.protocol.schemas import ChatMessage
 from regional.chat_template import ChatFormatter
 from regional.engine import PromptTooLong
-from regional.llama_model import ContextSettings, LlamaModel
+from regional.llama_model import LlamaModel
 from regional.model_store import resolve_model_path
 from regional.prompt_tokens import PromptTokenizer
 
@@ -28,13 +26,6 @@ TEMPLATE = (
     "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
-
-
-@pytest.fixture(scope="module")
-def model() -> Iterator[LlamaModel]:
-    vocab = LlamaModel(str(resolve_model_path("")), ContextSettings(256, 64, 1, 1), vocab_only=True)
-    yield vocab
-    vocab.close()
 
 
 @pytest.fixture(scope="module")

@@ -6,39 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
-from tests.conftest import MODEL, Node, start_region
+from tests.conftest import MODEL, TORCH_ENGINE, Node, start_region
 from tests.regional.test_api import post, stream
 
 pytestmark = pytest.mark.slow
 
-TORCH_ENGINE = {
-    "kind": "gpu",
-    "device": "cpu",
-    "max_sequences": 4,
-    "kv_cache_tokens": 2048,
-    "context_window": 1024,
-    "batch_tokens": 256,
-    "prefill_chunk": 64,
-}
 TEXT = (
     "The harbour of Lagos is one of the busiest in West Africa. Ships arrive from Europe, Asia and the "
     "Americas, and the city's markets sell what they carry. In the evening the traffic on the bridges "
     "slows to a crawl, and people on their way home listen to the radio, talk on the phone or sleep."
 )
-
-
-@pytest.fixture(scope="module")
-def torch_region(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    node = start_region(tmp_path_factory.mktemp("torch-region"), engine=TORCH_ENGINE)
-    yield node
-    node.process.stop()
 
 
 def user(content: str) -> dict:
