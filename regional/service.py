@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from nearshore.protocol.checks import check_supported, check_tools
+from nearshore.protocol.checks import check_supported
 from nearshore.protocol.errors import (
     CONTEXT_LENGTH_EXCEEDED,
     ENGINE_FAILED,
@@ -135,7 +135,6 @@ class RegionService:
                 param="continue_final_message",
             )
         await self._ready()  # the template comes from the model file
-        check_tools(body)
         parallel = body.parallel_tool_calls is not False
         messages = prompt_messages(body.messages, body.tools, body.tool_choice, parallel)
         try:

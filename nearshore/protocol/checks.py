@@ -67,6 +67,8 @@ def check_supported(body: ChatCompletionRequest | CompletionRequest) -> None:
     """Raise the OpenAI-shaped 400 for what no Nearshore server does: usage off-stream; and for fields
     that only mean something with another: top_logprobs without logprobs, max_tokens 0 without echo."""
     check_schema_sizes(body)
+    if isinstance(body, ChatCompletionRequest):
+        check_tools(body)
     if body.stream_options is not None and not body.stream:
         raise ApiError(
             INVALID_REQUEST, "stream_options is only allowed with stream=true.", param="stream_options"
