@@ -124,8 +124,8 @@ def test_streamed_calls_reassemble_into_the_answers_calls(node: Node):
         messages=user("Weather in Accra please."),
         tools=TOOLS,
         tool_choice="required",
-        temperature=0.7,
-        seed=5,
+        # Greedy: a sampled draw on llama.cpp can feel what else shares its batch (its logits round apart).
+        temperature=0,
         max_tokens=120,
     )
     whole = client.chat.completions.create(**asked)
