@@ -115,7 +115,7 @@ def test_tool_calls_stream_through_the_edge_are_billed_and_never_cached(edge: Ed
 
 def test_three_choices_through_the_edge(edge: Edge):
     c = client(edge)
-    answer = c.chat.completions.create(
+    asked = dict(
         model=MODEL,
         messages=[{"role": "user", "content": "Name a fruit."}],
         max_tokens=6,
@@ -123,17 +123,10 @@ def test_three_choices_through_the_edge(edge: Edge):
         temperature=1.0,
         seed=3,
     )
+    answer = c.chat.completions.create(**asked)
     assert [ch.index for ch in answer.choices] == [0, 1, 2]
     streamed: dict[int, str] = {}
-    for chunk in c.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Name a fruit."}],
-        max_tokens=6,
-        n=3,
-        temperature=1.0,
-        seed=3,
-        stream=True,
-    ):
+    for chunk in c.chat.completions.create(**asked, stream=True):
         for ch in chunk.choices:
             streamed[ch.index] = streamed.get(ch.index, "") + (ch.delta.content or "")
     assert sorted(streamed) == [0, 1, 2]
