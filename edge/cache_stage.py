@@ -201,8 +201,13 @@ def _store_later(
         answer = journey.relayed.answer  # the region's answer, if it reached the client whole
         ok = journey.outcome.status == "ok" and journey.cache.status == "miss" and answer and answer.text
         allowed = ("stop", "length") if settings.store_truncated else ("stop",)
-        whole = ok and answer is not None and _complete(journey.body, answer.text, answer.finish_reason)
-        if not whole or answer is None or answer.finish_reason not in allowed or journey.body is None:
+        if (
+            not ok
+            or answer is None
+            or answer.finish_reason not in allowed
+            or journey.body is None
+            or not _complete(journey.body, answer.text, answer.finish_reason)
+        ):
             if lookup is not None and not lookup.done():
                 lookup.cancel()
             return

@@ -98,7 +98,7 @@ def may_continue(journey: Journey, outcome: StreamOutcome) -> bool:
         return False  # the region said no (an error event): another would likely say the same
     if outcome.content_events == 0 and not outcome.text:
         return True  # nothing reached the client: another replica answers the request afresh
-    if outcome.called or outcome.choices > 1 or admission.choices > 1:
+    if outcome.called or admission.choices > 1:
         return False  # tool calls, or several choices' texts: the relayed text is not one answer to extend
     if not up.continue_streams or journey.request.headers.get(CONTINUE, "").strip().lower() == "off":
         return False

@@ -75,7 +75,6 @@ class StreamOutcome:
     bad_events: int = 0  # events that did not parse, skipped
     expired: bool = False  # the request's deadline passed: nothing may continue it
     called: bool = False  # it streamed tool calls: its text is not all the answer, nothing continues it
-    choices: int = 1  # the most choices seen (n > 1): their texts interleave, nothing continues it
 
 
 class UpstreamIdle(Exception):
@@ -379,9 +378,7 @@ class SseRelay:
         text = choice.delta.content if choice.delta is not None else choice.text
         if choice.delta is not None and choice.delta.tool_calls:
             outcome.called = True
-            text = (text or "") + choice.delta.calls_text() or " "  # a call's first delta may be all empty
-        if choice.index:
-            outcome.choices = max(outcome.choices, choice.index + 1)
+            text = (text or "") + choice.delta.calls_text()  # a call's name and arguments are its tokens
         if text:
             if self._echo_pending:
                 self._echo_pending = False

@@ -97,7 +97,7 @@ async def stream(request: web.Request, runs: Sequence[tuple[Generation, Chunks]]
         try:
             async for item in generation:
                 await queue.put((i, item))
-        except ApiError as exc:
+        except Exception as exc:  # every failure reaches the writer, which would otherwise wait forever
             await queue.put((i, exc))
         else:
             await queue.put((i, _END))
@@ -112,8 +112,8 @@ async def stream(request: web.Request, runs: Sequence[tuple[Generation, Chunks]]
             if item is _END:
                 running -= 1
                 continue
-            if isinstance(item, ApiError):
-                if not response.prepared:
+            if isinstance(item, Exception):
+                if not response.prepared or not isinstance(item, ApiError):
                     raise item
                 await response.write(sse.error(item))
                 break

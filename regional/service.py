@@ -39,7 +39,7 @@ from regional.engine import (
     PromptTooLong,
     SamplingParams,
 )
-from regional.grammar import GrammarError, check
+from regional.grammar import GrammarError, GrammarSpec, check
 from regional.logprob_wire import TokenNames
 from regional.metrics import RegionMetrics
 from regional.output_gate import OutputGate
@@ -48,6 +48,17 @@ from regional.structured import ConflictingFormats, requested_grammar
 from regional.tool_grammar import UnknownTool, tool_grammar
 
 log = logging.getLogger("nearshore.region.requests")
+
+
+@dataclass(frozen=True, slots=True)
+class AskedGrammar:
+    """The checked grammar a request's output follows, the parameter that asked for it (for an error to
+    name) and the text after which it applies (None: from the first token; ``auto`` tool calls: the call's
+    opening tag)."""
+
+    text: str
+    param: str
+    trigger: str | None = None
 
 
 @dataclass(slots=True)
@@ -62,9 +73,7 @@ class Prepared:
     logprobs: int | None = None  # alternatives per output token (0: the chosen token's alone)
     prompt_logprobs: int | None = None  # alternatives per prompt token (completions with echo)
     share_key: str = ""  # whose share of the node (the edge's opaque per-key id; scheduler.py)
-    grammar: str | None = None  # the checked grammar its output follows (response_format, guided_*)
-    grammar_param: str = ""  # the parameter that asked for it, for an error to name
-    grammar_trigger: str | None = None  # the text after which the grammar applies (auto tool calls)
+    grammar: AskedGrammar | None = None  # response_format, guided_*, or the tool choice's
     tool_names: frozenset[str] | None = None  # the functions offered, whose calls the answer reads out
 
 
@@ -143,12 +152,11 @@ class RegionService:
             raise ApiError(UNSUPPORTED_PARAMETER, str(exc), param="continue_final_message") from None
         except ChatTemplateError as exc:
             raise ApiError(UNSUPPORTED_PARAMETER, str(exc), param="messages") from None
-        tool = await self._tool_grammar(body, parallel)
-        grammar, param, trigger = tool if tool is not None else (*await self._grammar(body), None)
+        grammar = await self._tool_grammar(body, parallel) or await self._grammar(body)
         tokens = await self._tokenize(segments, timings, "messages")
         prepared = self._prepared(request_id, body.model, tokens, body.token_limit(), body, "messages")
         prepared.logprobs = body.top_logprobs_asked()
-        prepared.grammar, prepared.grammar_param, prepared.grammar_trigger = grammar, param, trigger
+        prepared.grammar = grammar
         if tools_offered(body.tools, body.tool_choice):
             prepared.tool_names = frozenset(t.function.name for t in body.tools or ())
         return prepared
@@ -167,33 +175,24 @@ class RegionService:
         prepared.prompt_text = text if body.echo else ""
         prepared.logprobs = body.logprobs
         prepared.prompt_logprobs = body.logprobs if body.echo else None
-        prepared.grammar, prepared.grammar_param = grammar
+        prepared.grammar = grammar
         return prepared
 
     def _check_common(self, body: ChatCompletionRequest | CompletionRequest) -> None:
         self.check_model(body.model)
         check_supported(body)
 
-    async def _grammar(self, body: ChatCompletionRequest | CompletionRequest) -> tuple[str | None, str]:
-        """The checked grammar the request asks for (and its parameter), or (None, ""); a 400 naming the
-        parameter and the part of the schema at fault. Checked off the event loop: a large schema takes
-        milliseconds."""
+    async def _grammar(self, body: ChatCompletionRequest | CompletionRequest) -> AskedGrammar | None:
+        """The checked grammar ``response_format`` or ``guided_*`` asks for, or None; a 400 naming the
+        parameter and the part of the schema at fault."""
         try:
             asked = requested_grammar(body)
         except ConflictingFormats as exc:
             raise ApiError(INVALID_REQUEST, str(exc), param=exc.params[-1]) from None
-        if asked is None:
-            return None, ""
-        spec, param = asked
-        try:
-            return await asyncio.to_thread(check, spec), param
-        except GrammarError as exc:
-            raise ApiError(INVALID_REQUEST, f"Invalid {param}: {exc}.", param=param) from None
+        return None if asked is None else await _checked(*asked)
 
-    async def _tool_grammar(
-        self, body: ChatCompletionRequest, parallel: bool
-    ) -> tuple[str, str, str | None] | None:
-        """The checked grammar of the request's tool choice, its parameter and trigger, or None."""
+    async def _tool_grammar(self, body: ChatCompletionRequest, parallel: bool) -> AskedGrammar | None:
+        """The checked grammar of the request's tool choice, or None when it constrains nothing."""
         try:
             asked = tool_grammar(body.tools, body.tool_choice, parallel)
         except UnknownTool as exc:
@@ -208,10 +207,7 @@ class RegionService:
                 param="response_format",
             )
         spec, trigger = asked
-        try:
-            return await asyncio.to_thread(check, spec), "tools", trigger
-        except GrammarError as exc:
-            raise ApiError(INVALID_REQUEST, f"Invalid tools: {exc}.", param="tools") from None
+        return await _checked(spec, "tools", trigger)
 
     async def _ready(self) -> None:
         try:
@@ -300,6 +296,14 @@ class RegionService:
         return Generation(self, prepared, timings)
 
 
+async def _checked(spec: GrammarSpec, param: str, trigger: str | None = None) -> AskedGrammar:
+    """``spec`` checked off the event loop (a large schema takes milliseconds); a 400 naming ``param``."""
+    try:
+        return AskedGrammar(await asyncio.to_thread(check, spec), param, trigger)
+    except GrammarError as exc:
+        raise ApiError(INVALID_REQUEST, f"Invalid {param}: {exc}.", param=param) from None
+
+
 def engine_failed(exc: EngineFailed) -> ApiError:
     return ApiError(
         ENGINE_FAILED,
@@ -341,8 +345,8 @@ class Generation:
             p.logprobs,
             p.prompt_logprobs,
             p.share_key,
-            p.grammar,
-            p.grammar_trigger,
+            p.grammar.text if p.grammar is not None else None,
+            p.grammar.trigger if p.grammar is not None else None,
         )
         last_token_at = 0.0
         events = self.service.engine.generate(request)
@@ -377,8 +381,8 @@ class Generation:
                     if self.finish_reason is not None:
                         return  # leaving the aclosing block aborts the sequence if it still runs
         except GrammarError as exc:  # before anything was queued: the grammar allows no output at all
-            message = f"Invalid {p.grammar_param}: {exc}."
-            raise ApiError(INVALID_REQUEST, message, param=p.grammar_param) from None
+            param = p.grammar.param if p.grammar is not None else "response_format"
+            raise ApiError(INVALID_REQUEST, f"Invalid {param}: {exc}.", param=param) from None
         except EngineOverloaded as exc:
             m.request_errors.labels("503").inc()
             raise ApiError(

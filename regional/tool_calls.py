@@ -57,7 +57,6 @@ class ToolCallReader:
     _in_call: bool = False
     _streaming: bool = False  # the current block's name is out and its arguments are streaming
     _args_scan: _JsonScan | None = None
-    _after_args: str = ""
 
     def feed(self, text: str) -> list[Event]:
         self._pending += text

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from tests.conftest import MODEL, Node
+from tests.edge.test_region import client as https_client
 from tests.edge_fixtures import Edge, start_edge
 from tests.regional.structured_models import MODELS
 from tests.regional.test_tools_api import SCHEMAS, TOOLS, valid_calls
@@ -27,12 +28,7 @@ def edge(tmp_path_factory: pytest.TempPathFactory, region: Node) -> Iterator[Edg
 
 
 def client(edge: Edge) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=edge.url + "/v1",
-        api_key=edge.new_key(),
-        max_retries=0,
-        http_client=openai.DefaultHttpxClient(verify=edge.ssl_context()),
-    )
+    return https_client(edge, edge.new_key())
 
 
 def cache_header(c: openai.OpenAI, **asked) -> str:
