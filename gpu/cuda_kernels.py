@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from gpu import kernel_build
-from gpu.sampling_rows import RowParams, uniform
+from gpu.sampling_rows import SamplingRow, uniform
 
 # Fixed by the kernels' sources (paged_attention.cu, sampling.cu).
 ATTN_THREADS = 128
@@ -137,14 +137,14 @@ def check_attention_args(
 SAMPLING_ORDER = ("temperature", "top_k", "top_p", "min_p", "uniform")
 
 
-def sampling_arrays(rows: Sequence[RowParams]) -> dict[str, torch.Tensor]:
+def sampling_arrays(rows: Sequence[SamplingRow]) -> dict[str, torch.Tensor]:
     """Per-row parameters as the sampling kernel takes them (CPU tensors); the uniform is draw()'s, rounded
     to float32 as draw() rounds it."""
     return {
-        "temperature": torch.tensor([r.temperature for r in rows], dtype=torch.float32),
-        "top_k": torch.tensor([r.top_k for r in rows], dtype=torch.int32),
-        "top_p": torch.tensor([r.top_p for r in rows], dtype=torch.float32),
-        "min_p": torch.tensor([r.min_p for r in rows], dtype=torch.float32),
+        "temperature": torch.tensor([r.params.temperature for r in rows], dtype=torch.float32),
+        "top_k": torch.tensor([r.params.top_k for r in rows], dtype=torch.int32),
+        "top_p": torch.tensor([r.params.top_p for r in rows], dtype=torch.float32),
+        "min_p": torch.tensor([r.params.min_p for r in rows], dtype=torch.float32),
         "uniform": torch.tensor([uniform(r.seed, r.index) for r in rows], dtype=torch.float32),
     }
 

@@ -1,9 +1,10 @@
 """Batched token sampling on the model's device: one call draws a token for every row of a step.
 
-Each row carries its own parameters (greedy, temperature, top-k, top-p, min-p, penalties) and its own
-random stream. The draw is by inverse CDF over the row's probabilities in descending order, with one
-uniform number per row that depends only on the request's seed and the index of the token being drawn
-(:func:`uniform`), so a seeded request gets the same tokens whatever else shares its batch, on any device.
+Each row (:class:`gpu.sampling_rows.SamplingRow`) holds its request's parameters (greedy, temperature,
+top-k, top-p, min-p, penalties) and its own random stream. The draw is by inverse CDF over the row's
+probabilities in descending order, with one uniform number per row that depends only on the request's seed
+and the index of the token being drawn (:func:`uniform`), so a seeded request gets the same tokens whatever
+else shares its batch, on any device.
 
 The order of the adjustments is vLLM's: repetition penalty, then frequency and presence penalties, then
 temperature, then the top-k / top-p / min-p filters. Log-probabilities are those of the raw logits (before
@@ -20,9 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.sampling_rows import RowParams, uniform
+from gpu.sampling_rows import SamplingRow, uniform
 
-__all__ = ["RowParams", "Sampled", "apply_token_bitmask", "draw", "sample", "uniform"]
+__all__ = ["Sampled", "SamplingRow", "apply_token_bitmask", "draw", "sample", "uniform"]
 
 
 @dataclass(slots=True)
@@ -32,7 +33,7 @@ class Sampled:
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
 
 
-def sample(logits: torch.Tensor, rows: Sequence[RowParams], bitmask: torch.Tensor | None = None) -> Sampled:
+def sample(logits: torch.Tensor, rows: Sequence[SamplingRow], bitmask: torch.Tensor | None = None) -> Sampled:
     """Draw one token for each row of ``logits`` [N, vocab] (float32, any device); where ``bitmask``
     [N, ceil(vocab / 32)] (int32, on the same device) is given, only among the tokens its rows allow (bit
     ``t & 31`` of word ``t >> 5``; a row of all ones allows everything)."""
@@ -41,8 +42,8 @@ def sample(logits: torch.Tensor, rows: Sequence[RowParams], bitmask: torch.Tenso
     if bitmask is not None:
         adjusted = apply_token_bitmask(adjusted, bitmask)
     tokens = torch.empty(len(rows), dtype=torch.int64, device=logits.device)
-    greedy = [i for i, r in enumerate(rows) if r.greedy]
-    drawn = [i for i, r in enumerate(rows) if not r.greedy]
+    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+    drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
     if greedy:
         index = torch.tensor(greedy, device=logits.device)
         tokens[index] = adjusted[index].argmax(dim=-1)
@@ -72,7 +73,7 @@ def _fused_kernel_usable(device: torch.device) -> bool:
     return _FUSED
 
 
-def _draw_on_device(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
+def _draw_on_device(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """:func:`draw` as the fused CUDA kernel: the same token for the same inputs (but for exact ties)."""
     from gpu import cuda_kernels
 
@@ -81,9 +82,9 @@ def _draw_on_device(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Te
     return cuda_kernels.sample_from_logits(logits.float().contiguous(), *on_device)
 
 
-def _biased(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
+def _biased(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """The logits with each row's ``logit_bias`` added (a copy when any row has one)."""
-    at = [(i, token, value) for i, r in enumerate(rows) for token, value in r.logit_bias]
+    at = [(i, token, value) for i, r in enumerate(rows) for token, value in r.params.logit_bias]
     if not at:
         return logits
     out = logits.clone()
@@ -93,7 +94,7 @@ def _biased(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
     return out
 
 
-def _penalised(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
+def _penalised(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """The logits after each row's repetition, frequency and presence penalties (a copy when any applies)."""
     rep_rows: list[int] = []
     rep_ids: list[int] = []
@@ -102,16 +103,17 @@ def _penalised(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
     pen_ids: list[int] = []
     pen_amounts: list[float] = []
     for i, r in enumerate(rows):
-        if r.repetition_penalty != 1.0:
+        p = r.params
+        if p.repetition_penalised:
             seen = set(r.prompt_tokens) | r.output_counts.keys()
             rep_rows += [i] * len(seen)
             rep_ids += seen
-            rep_factors += [r.repetition_penalty] * len(seen)
-        if (r.presence_penalty or r.frequency_penalty) and r.output_counts:
+            rep_factors += [p.repetition_penalty] * len(seen)
+        if p.penalised and r.output_counts:
             for token, count in r.output_counts.items():
                 pen_rows.append(i)
                 pen_ids.append(token)
-                pen_amounts.append(count * r.frequency_penalty + r.presence_penalty)
+                pen_amounts.append(count * p.frequency_penalty + p.presence_penalty)
     if not rep_rows and not pen_rows:
         return logits
     out = logits.clone()
@@ -137,15 +139,15 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Te
     return logits.masked_fill(~allowed, float("-inf"))
 
 
-def draw(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
+def draw(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Inverse-CDF draws for non-greedy rows: temperature, then top-k, top-p and min-p over the row's
     probabilities sorted from the most likely; one uniform per row from (seed, index)."""
     device = logits.device
     vocab = logits.shape[1]
-    temperature = torch.tensor([r.temperature for r in rows], device=device, dtype=torch.float32)
+    temperature = torch.tensor([r.params.temperature for r in rows], device=device, dtype=torch.float32)
     probs = torch.softmax(logits.float() / temperature[:, None], dim=-1)
     # Only the head of the sorted row can be kept when every row has a top-k: sort that much.
-    ks = [r.top_k if 0 < r.top_k < vocab else vocab for r in rows]
+    ks = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
     width = max(ks)
     if width < vocab:
         sorted_probs, sorted_ids = torch.topk(probs, width, dim=-1)
@@ -154,10 +156,10 @@ def draw(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
     keep = torch.ones_like(sorted_probs, dtype=torch.bool)
     positions = torch.arange(width, device=device)[None, :]
     keep &= positions < torch.tensor(ks, device=device)[:, None]
-    top_p = torch.tensor([r.top_p for r in rows], device=device, dtype=torch.float32)
+    top_p = torch.tensor([r.params.top_p for r in rows], device=device, dtype=torch.float32)
     before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass strictly above each token
     keep &= (before < top_p[:, None]) | (top_p[:, None] >= 1.0)  # 1.0 keeps all, whatever the rounding
-    min_p = torch.tensor([r.min_p for r in rows], device=device, dtype=torch.float32)
+    min_p = torch.tensor([r.params.min_p for r in rows], device=device, dtype=torch.float32)
     keep &= sorted_probs >= min_p[:, None] * sorted_probs[:, :1]
     keep[:, 0] = True  # the most likely token always survives the filters
     kept = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
@@ -172,7 +174,7 @@ def draw(logits: torch.Tensor, rows: Sequence[RowParams]) -> torch.Tensor:
 
 
 def _logprobs(
-    raw: torch.Tensor, rows: Sequence[RowParams], tokens: torch.Tensor
+    raw: torch.Tensor, rows: Sequence[SamplingRow], tokens: torch.Tensor
 ) -> list[tuple[float, list[tuple[int, float]]] | None]:
     wanted = [i for i, r in enumerate(rows) if r.logprobs is not None]
     out: list[tuple[float, list[tuple[int, float]]] | None] = [None] * len(rows)

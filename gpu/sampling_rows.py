@@ -1,10 +1,13 @@
-"""One row's sampling parameters and its random stream: what the torch sampler (gpu/sampler.py) and the
-fused CUDA kernel's launcher (gpu/cuda_kernels.py) both read."""
+"""One row of the batched sampler: the request's :class:`nearshore.sampling.SamplingParams` (the same object
+the llama.cpp engine's sampler reads), its random stream and what it has drawn; what the torch sampler
+(gpu/sampler.py) and the fused CUDA kernel's launcher (gpu/cuda_kernels.py) both read."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from nearshore.sampling import SamplingParams
 
 MASK64 = (1 << 64) - 1
 
@@ -22,23 +25,12 @@ def uniform(seed: int, index: int) -> float:
 
 
 @dataclass(slots=True)
-class RowParams:
-    """One row's sampling: the request's parameters, its seed, and what it has seen so far."""
+class SamplingRow:
+    """One row's sampling: the request's parameters (held, not copied), its seed, what it has seen so far."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int = 0
+    params: SamplingParams
+    seed: int = 0  # the stream's seed, resolved (a request without one has been given one)
     index: int = 0  # which output token this draw is (0 for the first): the random stream's counter
     output_counts: dict[int, int] = field(default_factory=dict)  # generated token -> times
     prompt_tokens: Sequence[int] = ()  # for the repetition penalty
     logprobs: int | None = None  # top-N log-probabilities to return (0: the chosen token's only)
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to the logits before all else
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1

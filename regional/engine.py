@@ -14,37 +14,13 @@ from typing import Literal, Protocol
 import msgspec
 
 from nearshore.protocol.prompt_segments import Segment
+from nearshore.sampling import SamplingParams
 
 EngineState = Literal["loading", "ready", "unloaded", "failed"]
 # "stop": the model emitted an end-of-generation token; "length": max_tokens reached;
 # "abort": the request was aborted; "error": the engine failed this request; "failed": the engine failed
 # for good (generate() raises EngineFailed on it).
 EngineFinish = Literal["stop", "length", "abort", "error", "failed"]
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias) added to the logits before all else
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
-    @property
-    def penalised(self) -> bool:
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-
-    @property
-    def repetition_penalised(self) -> bool:
-        return self.repetition_penalty != 1.0
 
 
 @dataclass(frozen=True, slots=True)

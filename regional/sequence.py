@@ -19,7 +19,7 @@ import codecs
 from dataclasses import dataclass, field
 
 from gpu.kv_blocks import BlockTable
-from gpu.sampling_rows import RowParams
+from gpu.sampling_rows import SamplingRow
 from regional.engine import EngineFinish, GenerationRequest, Logprobs
 from regional.grammar import Constraint, LazyConstraint
 from regional.sampler import TokenSampler
@@ -33,8 +33,9 @@ class Sequence:
     arrived_at: float
     sampler: TokenSampler  # the llama.cpp engine's: its random stream and output counts (numpy, per row)
     events: asyncio.Queue | None = None
-    # The torch engine's row of its batched sampler (seed, output counts): made at its first draw.
-    sampling_row: RowParams | None = None
+    # The torch engine's row of its batched sampler (the request's params, its seed, output counts): made at
+    # its first draw.
+    sampling_row: SamplingRow | None = None
     # What its grammar allows next (response_format, a tool call), advanced by each token drawn; its state
     # moves with the outputs alone, so preemptions and prefix reuse leave it right.
     constraint: Constraint | LazyConstraint | None = None

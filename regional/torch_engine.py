@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpu.sampling_rows import RowParams
+from gpu.sampling_rows import SamplingRow
 from regional.config import EngineConfig
-from regional.engine import Logprobs, SamplingParams
+from regional.engine import Logprobs
 from regional.kv_memory import KvMemory
 from regional.kv_paged import PagedMemory
 from regional.kv_slots import SlotMemory
@@ -237,22 +237,16 @@ class DeviceLogits:
         return self.values[self.index[batch_row]].float().cpu().numpy()
 
 
-def sampling_row(seq: Sequence) -> RowParams:
-    """``seq``'s row of the batched sampler for this draw: made at its first (its seed fixed there), kept
-    on the sequence (preemptions too), its counter moved to the token being drawn."""
+def sampling_row(seq: Sequence) -> SamplingRow:
+    """``seq``'s row of the batched sampler for this draw: made at its first (holding the request's params,
+    its seed fixed there), kept on the sequence (preemptions too), its counter moved to the token being
+    drawn."""
     row = seq.sampling_row
     if row is None:
-        p: SamplingParams = seq.request.sampling
-        row = seq.sampling_row = RowParams(
-            temperature=p.temperature,
-            top_p=p.top_p,
-            top_k=p.top_k,
-            min_p=p.min_p,
-            presence_penalty=p.presence_penalty,
-            frequency_penalty=p.frequency_penalty,
-            repetition_penalty=p.repetition_penalty,
-            seed=p.seed if p.seed is not None else random.getrandbits(64),
-            logit_bias=p.logit_bias,
+        params = seq.request.sampling
+        row = seq.sampling_row = SamplingRow(
+            params,
+            seed=params.seed if params.seed is not None else random.getrandbits(64),
             prompt_tokens=seq.prompt,
             logprobs=seq.request.logprobs,
         )

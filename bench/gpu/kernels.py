@@ -21,8 +21,9 @@ import torch
 
 from gpu import cuda_kernels
 from gpu.attention import paged_attention
-from gpu.sampler import RowParams, draw
+from gpu.sampler import SamplingRow, draw
 from gpu.step_inputs import StepInputs
+from nearshore.sampling import SamplingParams
 
 # Largest |kernel - reference| allowed, relative to the reference's largest value, per storage dtype.
 TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 4e-3, torch.float32: 1e-4}
@@ -140,16 +141,18 @@ def check_attention(
     return KernelCheck(name, passed, detail, kernel_ms, _time_ms(reference, device, min(repeats, 3)))
 
 
-def _sampling_rows(num_rows: int, gen: random.Random) -> list[RowParams]:
+def _sampling_rows(num_rows: int, gen: random.Random) -> list[SamplingRow]:
     rows = []
     for i in range(num_rows):
         kind = i % 5
         rows.append(
-            RowParams(
-                temperature=gen.choice([0.5, 0.8, 1.0, 1.3]),
-                top_k=gen.choice([0, 1, 5, 40, 1000]) if kind in (1, 4) else 0,
-                top_p=gen.choice([0.5, 0.9, 0.95]) if kind in (2, 4) else 1.0,
-                min_p=gen.choice([0.02, 0.1]) if kind in (3, 4) else 0.0,
+            SamplingRow(
+                SamplingParams(
+                    temperature=gen.choice([0.5, 0.8, 1.0, 1.3]),
+                    top_k=gen.choice([0, 1, 5, 40, 1000]) if kind in (1, 4) else 0,
+                    top_p=gen.choice([0.5, 0.9, 0.95]) if kind in (2, 4) else 1.0,
+                    min_p=gen.choice([0.02, 0.1]) if kind in (3, 4) else 0.0,
+                ),
                 seed=gen.getrandbits(63),
                 index=gen.randrange(1000),
             )
@@ -175,8 +178,8 @@ def check_sampling(
     logits[:, :64] += torch.rand(num_rows, 1, device=device) * 12
     rows = _sampling_rows(num_rows, gen)
     arrays = {k: t.to(device) for k, t in cuda_kernels.sampling_arrays(rows).items()}
-    greedy = [i for i, r in enumerate(rows) if r.greedy]
-    drawn = [i for i, r in enumerate(rows) if not r.greedy]
+    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+    drawn = [i for i, r in enumerate(rows) if not r.params.greedy]
     arrays["temperature"][greedy] = 0.0  # top_k == 1 is greedy in sample(); the kernel's greedy is T <= 0
 
     def kernel() -> torch.Tensor:
@@ -208,11 +211,11 @@ def check_sampling(
     return KernelCheck(name, passed, detail, kernel_ms, reference_ms)
 
 
-def _near_tie(row_logits: torch.Tensor, params: RowParams, got: int, want: int) -> bool:
+def _near_tie(row_logits: torch.Tensor, row: SamplingRow, got: int, want: int) -> bool:
     """Whether two picks can differ by rounding alone: equal probabilities (an order the sort may break
     either way), or neighbours in the descending order (a cumulative sum or a filter's cutoff rounded to the
     other side of the target)."""
-    probs = torch.softmax(row_logits.double() / params.temperature, dim=-1)
+    probs = torch.softmax(row_logits.double() / row.params.temperature, dim=-1)
     a, b = probs[got].item(), probs[want].item()
     rank_a, rank_b = int((probs > a).sum()), int((probs > b).sum())
     return abs(a - b) <= 1e-6 * max(a, b) or abs(rank_a - rank_b) <= 1

@@ -18,7 +18,8 @@ import torch
 from bench.gpu.kernels import decode_inputs
 from gpu import cuda_kernels as ck
 from gpu import kernel_build as kb
-from gpu.sampler import RowParams, draw, uniform
+from gpu.sampler import SamplingRow, draw, uniform
+from nearshore.sampling import SamplingParams
 
 REPO = Path(__file__).resolve().parents[2]
 needs_nvrtc = pytest.mark.skipif(
@@ -203,7 +204,7 @@ def test_attention_arguments_match_the_kv_cache_layout() -> None:
 
 def test_sampling_arrays_carry_draws_uniforms() -> None:
     rows = [
-        RowParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=s, index=i)
+        SamplingRow(SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05), seed=s, index=i)
         for s, i in [(1, 0), (2**62, 7)]
     ]
     arrays = ck.sampling_arrays(rows)
@@ -287,21 +288,23 @@ def test_the_kernels_threshold_search_picks_draws_token() -> None:
     logits = torch.randn(num_rows, vocab) * 2
     logits[:, :20] += torch.rand(num_rows, 1) * 8
     rows = [
-        RowParams(
-            temperature=gen.choice([0.5, 1.0, 1.5]),
-            top_k=gen.choice([0, 0, 2, 10, 300]),
-            top_p=gen.choice([1.0, 0.3, 0.9, 0.99]),
-            min_p=gen.choice([0.0, 0.0, 0.05, 0.3]),
+        SamplingRow(
+            SamplingParams(
+                temperature=gen.choice([0.5, 1.0, 1.5]),
+                top_k=gen.choice([0, 0, 2, 10, 300]),
+                top_p=gen.choice([1.0, 0.3, 0.9, 0.99]),
+                min_p=gen.choice([0.0, 0.0, 0.05, 0.3]),
+            ),
             seed=gen.getrandbits(63),
             index=gen.randrange(100),
         )
         for _ in range(num_rows)
     ]
     want = draw(logits, rows).tolist()
-    got = [
-        _kernel_pick(logits[i].numpy(), r.temperature, r.top_k, r.top_p, r.min_p, uniform(r.seed, r.index))
-        for i, r in enumerate(rows)
-    ]
+    got = []
+    for i, r in enumerate(rows):
+        p, u = r.params, uniform(r.seed, r.index)
+        got.append(_kernel_pick(logits[i].numpy(), p.temperature, p.top_k, p.top_p, p.min_p, u))
     assert got == want
     # u rounded up to 1: the least likely kept token, as draw() clamps to its last kept one.
     row = logits[0].numpy()
@@ -368,7 +371,10 @@ def test_launch_arguments_follow_the_kernels_signatures(dtype: torch.dtype) -> N
     assert only.kernel == decode.kernel and only.launch.grid[2] == 1
 
     sampling = (kb.KERNEL_DIR / "sampling.cu").read_text()
-    rows = [RowParams(temperature=0.8, top_k=5), RowParams(top_p=0.9)]
+    rows = [
+        SamplingRow(SamplingParams(temperature=0.8, top_k=5), seed=0),
+        SamplingRow(SamplingParams(top_p=0.9), seed=0),
+    ]
     a = ck.sampling_arrays(rows)
     tokens = torch.empty(2, dtype=torch.int64)
     logits = torch.zeros(2, 1000)

@@ -13,7 +13,8 @@ import torch
 from bench.gpu.kernels import check_attention, check_sampling, decode_inputs
 from gpu import cuda_kernels as ck
 from gpu.attention import paged_attention
-from gpu.sampler import RowParams, draw, uniform
+from gpu.sampler import SamplingRow, draw, uniform
+from nearshore.sampling import SamplingParams
 from tests import cuda_emulation as emulated
 
 pytestmark = [
@@ -78,17 +79,16 @@ def test_sampling_kernel_picks_draws_token() -> None:
     gen = random.Random(5)
     torch.manual_seed(5)
     vocab = 1500
-    rows = [
-        RowParams(temperature=1.0, top_k=0, top_p=1.0),  # the plain draw
-        RowParams(temperature=0.7, top_k=40),
-        RowParams(temperature=1.3, top_p=0.9),
-        RowParams(temperature=1.0, min_p=0.1),
-        RowParams(temperature=0.5, top_k=300, top_p=0.95, min_p=0.02),
-        RowParams(temperature=1.0, top_k=2, top_p=0.3),
-        RowParams(temperature=1.0, top_k=1),  # top-1 by the filters: the most likely token
+    params = [
+        SamplingParams(temperature=1.0, top_k=0, top_p=1.0),  # the plain draw
+        SamplingParams(temperature=0.7, top_k=40),
+        SamplingParams(temperature=1.3, top_p=0.9),
+        SamplingParams(temperature=1.0, min_p=0.1),
+        SamplingParams(temperature=0.5, top_k=300, top_p=0.95, min_p=0.02),
+        SamplingParams(temperature=1.0, top_k=2, top_p=0.3),
+        SamplingParams(temperature=1.0, top_k=1),  # top-1 by the filters: the most likely token
     ]
-    for r in rows:
-        r.seed, r.index = gen.getrandbits(63), gen.randrange(1000)
+    rows = [SamplingRow(p, seed=gen.getrandbits(63), index=gen.randrange(1000)) for p in params]
     logits = torch.randn(len(rows) + 1, vocab) * 2
     logits[:, :30] += torch.rand(len(rows) + 1, 1) * 6
     arrays = ck.sampling_arrays(rows)
@@ -112,18 +112,17 @@ def _seeds_drawing_near_one(count: int) -> list[int]:
 def test_sampling_kernel_keeps_what_the_filters_keep() -> None:
     torch.manual_seed(6)
     vocab = 1200
-    rows = [
-        RowParams(temperature=1.0, top_k=2),
-        RowParams(temperature=1.0, top_k=40),
-        RowParams(temperature=1.0, top_p=0.5),
-        RowParams(temperature=1.0, min_p=0.5),
-        RowParams(temperature=2.0, top_k=100, top_p=0.3, min_p=0.9),
+    params = [
+        SamplingParams(temperature=1.0, top_k=2),
+        SamplingParams(temperature=1.0, top_k=40),
+        SamplingParams(temperature=1.0, top_p=0.5),
+        SamplingParams(temperature=1.0, min_p=0.5),
+        SamplingParams(temperature=2.0, top_k=100, top_p=0.3, min_p=0.9),
     ]
-    for r, seed in zip(rows, _seeds_drawing_near_one(len(rows)), strict=True):
-        r.seed = seed
+    rows = [SamplingRow(p, seed=s) for p, s in zip(params, _seeds_drawing_near_one(len(params)), strict=True)]
     logits = torch.randn(len(rows), vocab) * 0.5  # flat: the last kept token has a visible share
     want = draw(logits, rows)
-    probs = torch.softmax(logits / torch.tensor([r.temperature for r in rows])[:, None], dim=-1)
+    probs = torch.softmax(logits / torch.tensor([p.temperature for p in params])[:, None], dim=-1)
     ranks = [int((probs[i] > probs[i, t]).sum()) for i, t in enumerate(want.tolist())]
     assert ranks[:2] == [1, 39]  # the k-th most likely: the reference itself draws at the filter's edge
 

@@ -9,13 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from gpu.sampler import RowParams, draw, sample, uniform
+from gpu.sampler import SamplingRow, draw, sample, uniform
+from nearshore.sampling import SamplingParams
 
 
 def logits_of(probs: list[float], vocab: int = 0) -> torch.Tensor:
     row = torch.full((max(vocab, len(probs)),), -1e9)
     row[: len(probs)] = torch.log(torch.tensor(probs))
     return row
+
+
+def row(seed: int = 0, index: int = 0, **params) -> SamplingRow:
+    """A row of the request's ``params`` at draw ``index`` of the stream ``seed``."""
+    return SamplingRow(SamplingParams(**params), seed=seed, index=index)
 
 
 def test_uniform_is_a_function_of_seed_and_index_and_looks_uniform():
@@ -30,40 +36,36 @@ def test_uniform_is_a_function_of_seed_and_index_and_looks_uniform():
 def test_greedy_rows_take_the_argmax_and_drawn_rows_follow_the_distribution():
     probs = [0.5, 0.3, 0.15, 0.05]
     logits = logits_of(probs, vocab=16)
-    rows = [RowParams(temperature=1.0, seed=1, index=i) for i in range(6000)]
+    rows = [row(temperature=1.0, seed=1, index=i) for i in range(6000)]
     batch = logits.repeat(len(rows), 1)
     tokens = draw(batch, rows).tolist()
     freq = np.bincount(tokens, minlength=16)[:4] / len(tokens)
     assert np.all(np.abs(freq - probs) < 0.025), freq
-    assert sample(logits[None], [RowParams(temperature=0.0)]).tokens == [0]
-    assert sample(logits[None], [RowParams(temperature=0.7, top_k=1)]).tokens == [0]
+    assert sample(logits[None], [row(temperature=0.0)]).tokens == [0]
+    assert sample(logits[None], [row(temperature=0.7, top_k=1)]).tokens == [0]
 
 
 @pytest.mark.parametrize(
     ("params", "allowed"),
     [
-        (RowParams(top_k=2), {0, 1}),
-        (RowParams(top_p=0.7), {0, 1}),  # 0.5 alone is short of 0.7; 0.5 + 0.3 covers it
-        (RowParams(top_p=0.5), {0}),
-        (RowParams(min_p=0.5), {0, 1}),  # 0.3 >= 0.25; 0.15 is not
-        (RowParams(min_p=0.2), {0, 1, 2}),
+        (SamplingParams(top_k=2), {0, 1}),
+        (SamplingParams(top_p=0.7), {0, 1}),  # 0.5 alone is short of 0.7; 0.5 + 0.3 covers it
+        (SamplingParams(top_p=0.5), {0}),
+        (SamplingParams(min_p=0.5), {0, 1}),  # 0.3 >= 0.25; 0.15 is not
+        (SamplingParams(min_p=0.2), {0, 1, 2}),
     ],
 )
-def test_filters_keep_only_their_tokens(params: RowParams, allowed: set[int]):
+def test_filters_keep_only_their_tokens(params: SamplingParams, allowed: set[int]):
     logits = logits_of([0.5, 0.3, 0.15, 0.05], vocab=8)
-    rows = [RowParams(**{**_fields(params), "seed": 3, "index": i}) for i in range(800)]
+    rows = [SamplingRow(params, seed=3, index=i) for i in range(800)]
     tokens = set(draw(logits.repeat(len(rows), 1), rows).tolist())
     assert tokens == allowed
 
 
-def _fields(p: RowParams) -> dict:
-    return {name: getattr(p, name) for name in RowParams.__slots__}
-
-
 def test_temperature_sharpens_and_flattens():
     logits = logits_of([0.6, 0.4])
-    cold = [RowParams(temperature=0.25, seed=9, index=i) for i in range(3000)]
-    hot = [RowParams(temperature=4.0, seed=9, index=i) for i in range(3000)]
+    cold = [row(temperature=0.25, seed=9, index=i) for i in range(3000)]
+    hot = [row(temperature=4.0, seed=9, index=i) for i in range(3000)]
     share_cold = np.mean(draw(logits.repeat(3000, 1), cold).numpy() == 0)
     share_hot = np.mean(draw(logits.repeat(3000, 1), hot).numpy() == 0)
     expected_cold = 0.6**4 / (0.6**4 + 0.4**4)
@@ -75,14 +77,14 @@ def test_a_seeded_row_draws_the_same_tokens_in_any_batch():
     torch.manual_seed(0)
     vocab = 512
     mine = torch.randn(vocab) * 3
-    params = [RowParams(temperature=0.9, top_p=0.95, seed=1234, index=i) for i in range(20)]
+    params = [row(temperature=0.9, top_p=0.95, seed=1234, index=i) for i in range(20)]
     alone = [sample(mine[None], [p]).tokens[0] for p in params]
     crowd = []
     for i, p in enumerate(params):  # at a different row each time, among other requests
         others = torch.randn(i % 5 + 1, vocab)
         at = min(i % 3, len(others))
         batch = torch.cat([others[:at], mine[None], others[at:]])
-        rows = [RowParams(temperature=1.0, seed=j, index=i) for j in range(len(batch))]
+        rows = [row(temperature=1.0, seed=j, index=i) for j in range(len(batch))]
         rows[at] = p
         crowd.append(sample(batch, rows).tokens[at])
     assert alone == crowd
@@ -91,21 +93,19 @@ def test_a_seeded_row_draws_the_same_tokens_in_any_batch():
 
 def test_penalties_follow_their_definitions():
     logits = torch.tensor([[2.0, -1.0, 0.5, 0.0]])
-    row = RowParams(
-        temperature=0.0,
-        repetition_penalty=2.0,
-        frequency_penalty=0.5,
-        presence_penalty=0.25,
+    penalised = SamplingRow(
+        SamplingParams(temperature=0.0, repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
+        seed=0,
         output_counts={0: 2},
         prompt_tokens=[1],
         logprobs=4,
     )
     from gpu.sampler import _penalised
 
-    out = _penalised(logits, [row])[0].tolist()
+    out = _penalised(logits, [penalised])[0].tolist()
     # token 0: 2.0 / 2 (repetition) - (2 * 0.5 + 0.25); token 1: -1.0 * 2 (prompt, negative); others as is
     assert out == pytest.approx([1.0 - 1.25, -2.0, 0.5, 0.0])
-    result = sample(logits, [row])
+    result = sample(logits, [penalised])
     assert result.tokens == [2]  # the penalties moved the argmax from 0 to 2
     chosen, top = result.logprobs[0]
     raw = torch.log_softmax(logits[0], -1).tolist()
@@ -116,7 +116,8 @@ def test_penalties_follow_their_definitions():
 
 def test_rows_without_logprobs_get_none_and_zero_gives_only_the_chosen():
     logits = torch.randn(3, 50)
-    rows = [RowParams(temperature=0.0), RowParams(temperature=0.0, logprobs=0), RowParams(temperature=0.0)]
+    greedy = SamplingParams(temperature=0.0)
+    rows = [SamplingRow(greedy, seed=0), SamplingRow(greedy, seed=0, logprobs=0), SamplingRow(greedy, seed=0)]
     result = sample(logits, rows)
     assert result.logprobs[0] is None and result.logprobs[2] is None
     chosen, top = result.logprobs[1]

@@ -201,8 +201,8 @@ def test_logit_bias_moves_the_same_tokens_in_numpy_and_torch():
     assert TokenSampler(greedy).sample(logits) == 7
     torch = pytest.importorskip("torch")
     from gpu.sampler import sample
-    from gpu.sampling_rows import RowParams
+    from gpu.sampling_rows import SamplingRow
 
-    rows = [RowParams(temperature=0.0, logit_bias=bias), RowParams(temperature=0.0)]
+    rows = [SamplingRow(greedy, seed=0), SamplingRow(SamplingParams(temperature=0.0), seed=0)]
     drawn = sample(torch.from_numpy(np.stack([logits, logits])), rows).tokens
     assert drawn == [7, int(np.argmax(logits))]  # the bias is its row's alone

@@ -49,6 +49,7 @@ def test_a_preemption_frees_the_sequences_blocks_through_it_and_keeps_its_sampli
     rows = {s: sampling_row(s) for s in (old, new)}  # as the torch engine's first draw makes them
     new.sampler.counts[99] = 1  # and as the llama.cpp engine's sampler counts
     seed = rows[new].seed
+    assert rows[new].params is new.request.sampling  # held, not copied
     while not new.num_preemptions:
         plan, _ = step(sched)
     # The preempting step: new gave its blocks back from schedule itself, before anything ran.
