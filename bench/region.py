@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
-from bench import peers
+from bench import node_counters, peers
 from bench.peers import Endpoint
 from harness.client import Stream, stream_once
 from harness.stats import percentile
@@ -70,14 +71,25 @@ class RegionBench:
     logs: str  # folder for server logs ("": a temp folder)
     engine: str = "llama.cpp"  # "gpu": the torch engine too, beside the llama.cpp engine
     schema: bool = False  # each Nearshore server also runs every level constrained to a JSON schema
+    repeats: int = 1  # runs of each level per server; with schema, the modes alternate (ABBA)
 
 
 @dataclass
 class LevelResult:
+    """One server at one stream count: its runs' streams together (a level run several times)."""
+
     server: str
     concurrency: int
     wall_s: float
     streams: list[Stream]
+    runs_tok_per_s: list[float] = field(default_factory=list)  # each run's throughput
+    node: list[dict[str, float]] = field(default_factory=list)  # each run's step counters (ours only)
+
+    def add(self, run: LevelResult) -> None:
+        self.wall_s += run.wall_s
+        self.streams += run.streams
+        self.runs_tok_per_s += run.runs_tok_per_s
+        self.node += run.node
 
     @property
     def ok(self) -> list[Stream]:
@@ -87,14 +99,16 @@ class LevelResult:
         ttfts = [s.ttft_s for s in self.ok]
         gaps = [g for s in self.ok for g in s.gaps_s]
         tokens = sum(s.tokens for s in self.ok)
+        runs = self.runs_tok_per_s or [tokens / self.wall_s if self.wall_s else 0.0]
         return {
             "ttft_p50_ms": percentile(ttfts, 50) * 1000,
             "ttft_p99_ms": percentile(ttfts, 99) * 1000,
             "itl_p50_ms": percentile(gaps, 50) * 1000,
             "itl_p99_ms": percentile(gaps, 99) * 1000,
             "tokens": tokens,
-            "tok_per_s": tokens / self.wall_s if self.wall_s else 0.0,
+            "tok_per_s": statistics.median(runs),
             "errors": len(self.streams) - len(self.ok),
+            **(node_counters.step_cost(self.node) if self.node else {}),
         }
 
 
@@ -119,7 +133,8 @@ async def drive(server: Endpoint, concurrency: int, max_tokens: int, extra: dict
             )
         )
         wall = time.perf_counter() - started
-    return LevelResult(server.name, concurrency, wall, streams)
+    tokens = sum(s.tokens for s in streams if not s.error)
+    return LevelResult(server.name, concurrency, wall, streams, [tokens / wall if wall else 0.0])
 
 
 def run(bench: RegionBench) -> list[LevelResult]:
@@ -131,19 +146,20 @@ def run(bench: RegionBench) -> list[LevelResult]:
     logs = Path(bench.logs or tempfile.mkdtemp(prefix="nearshore-bench-"))
     logs.mkdir(parents=True, exist_ok=True)
     sequences = max(16, max(levels))
-    ours = {"guided_json": JSON_SCHEMA} if bench.schema else None
-    servers: list[tuple[Callable[[], Endpoint], dict, dict | None]] = [
-        (lambda: peers.start_region(logs, model_path, bench.threads, sequences), {}, ours)
+    schema = {"guided_json": JSON_SCHEMA} if bench.schema else None
+    # (start it, fields for every request, fields of the constrained runs, one of our nodes)
+    servers: list[tuple[Callable[[], Endpoint], dict, dict | None, bool]] = [
+        (lambda: peers.start_region(logs, model_path, bench.threads, sequences), {}, schema, True)
     ]
     if bench.engine == "gpu":
         gpu = lambda: peers.start_region(logs, model_path, bench.threads, sequences, "gpu")  # noqa: E731
-        servers.append((gpu, {}, ours))
+        servers.append((gpu, {}, schema, True))
     if not bench.no_peer:
         peer = lambda: peers.start_llama_cpp_server(logs, model_path, bench.threads)  # noqa: E731
-        servers.append((peer, PEER_GREEDY, None))
+        servers.append((peer, PEER_GREEDY, None, False))
     results: list[LevelResult] = []
-    for start, extra, constrained in servers:
-        results += _run_server(start(), levels, bench.max_tokens, extra, constrained)
+    for start, extra, constrained, ours in servers:
+        results += _run_server(start(), levels, bench, extra, constrained, ours)
     _print_table(results, levels)
     if bench.json:
         rows = [{"server": r.server, "concurrency": r.concurrency, **r.summary()} for r in results]
@@ -153,29 +169,47 @@ def run(bench: RegionBench) -> list[LevelResult]:
 
 
 def _run_server(
-    server: Endpoint, levels: list[int], max_tokens: int, extra: dict, constrained: dict | None = None
+    server: Endpoint,
+    levels: list[int],
+    bench: RegionBench,
+    extra: dict,
+    constrained: dict | None = None,
+    ours: bool = True,
 ) -> list[LevelResult]:
-    """Every level on ``server``; with ``constrained``, each level again with those fields (the pair run
-    back to back on one process, so that they meet the same machine)."""
-    out = []
+    """Every level on ``server``, ``bench.repeats`` times; with ``constrained``, each run again with those
+    fields, the two modes alternating (ABBA: neither always meets the machine first) on one process."""
     modes = [("", extra)] + ([(CONSTRAINED, {**extra, **constrained})] if constrained else [])
+    merged: dict[tuple[str, int], LevelResult] = {}
     try:
         for _suffix, fields in modes:
             asyncio.run(drive(server, 1, 4, fields))  # warm-up (and the grammar engine's vocabulary)
         for level in levels:
-            for suffix, fields in modes:
-                result = asyncio.run(drive(server, level, max_tokens, fields))
-                result.server += suffix
-                out.append(result)
-                s = result.summary()
-                print(
-                    f"  {result.server:>18} x{level:<3} {s['tok_per_s']:7.1f} tok/s  "
-                    f"itl p50 {s['itl_p50_ms']:6.1f} ms  ttft p99 {s['ttft_p99_ms']:8.0f} ms",
-                    flush=True,
-                )
+            for repeat in range(bench.repeats):
+                for suffix, fields in modes if repeat % 2 == 0 else modes[::-1]:
+                    before = node_counters.read(server.url) if ours else None
+                    result = asyncio.run(drive(server, level, bench.max_tokens, fields))
+                    if before is not None:
+                        result.node.append(node_counters.delta(before, node_counters.read(server.url)))
+                    result.server += suffix
+                    _print_run(result)
+                    key = (result.server, level)
+                    if key in merged:
+                        merged[key].add(result)
+                    else:
+                        merged[key] = result
     finally:
         server.stop()
-    return out
+    return list(merged.values())
+
+
+def _print_run(result: LevelResult) -> None:
+    s = result.summary()
+    step = f"  step {s['step_ms']:5.1f} ms" if "step_ms" in s else ""
+    print(
+        f"  {result.server:>18} x{result.concurrency:<3} {s['tok_per_s']:7.1f} tok/s  "
+        f"itl p50 {s['itl_p50_ms']:6.1f} ms  ttft p99 {s['ttft_p99_ms']:8.0f} ms{step}",
+        flush=True,
+    )
 
 
 def _print_table(results: list[LevelResult], levels: list[int]) -> None:
@@ -206,6 +240,13 @@ def _print_table(results: list[LevelResult], levels: list[int]) -> None:
                 f"the throughput and {s['itl_p50_ms'] / free['itl_p50_ms']:.2f}x the ITL p50 of the same "
                 "streams unconstrained"
             )
+            if s.get("step_ms") and free.get("step_ms"):
+                print(
+                    f"x{level} {name}: a step {s['step_ms']:.1f} ms against {free['step_ms']:.1f} ms "
+                    f"unconstrained ({s['step_ms'] / free['step_ms']:.2f}x); the grammar "
+                    f"{s['grammar_us_per_token']:.0f} us a token, {s['grammar_share'] * 100:.1f}% of the "
+                    "step time (its masks on their own thread, beside the model)"
+                )
     for level in levels:
         ours, peer = by_key.get(("nearshore", level)), by_key.get(("llama_cpp.server", level))
         if ours and peer and peer["tok_per_s"] and ours["ttft_p99_ms"]:

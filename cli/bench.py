@@ -127,6 +127,12 @@ def add_region_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run every level constrained to a JSON schema (guided_json), beside the same unconstrained",
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each level per server (with --schema, the two modes alternate: ABBA)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--logs", default="", help="folder for server logs (default: a temp folder)")
 

@@ -88,6 +88,9 @@ class EngineStats(msgspec.Struct):
     engine: str = ""  # which engine decodes, on what ("llama.cpp", "gpu (cuda, bfloat16)")
     num_preemptions: int = 0  # sequences whose KV was freed for others' (they recompute)
     prefill_tokens: int = 0  # prompt (and recomputed) tokens the steps have computed, as they ran
+    step_s: float = 0.0  # seconds the steps ran (model, sampling, grammars)
+    grammar_s: float = 0.0  # of which computing grammar masks (beside the model) and advancing grammars
+    grammar_tokens: int = 0  # tokens drawn under a grammar (response_format, guided_*, a tool call)
 
 
 class EngineOverloaded(Exception):

@@ -145,26 +145,44 @@ class Vocabulary:
 
 
 class Constraint:
-    """One sequence's grammar state: the mask of its next token, advanced by each token drawn."""
+    """One sequence's grammar state: the mask of its next token, advanced by each token drawn. The mask is
+    computed once per state (:meth:`prepare`, on the grammar thread while the model runs) and read by the
+    sampler (:meth:`mask`); advancing makes it stale."""
 
-    __slots__ = ("_mask", "_matcher", "tokens")
+    __slots__ = ("_error", "_fresh", "_mask", "_matcher", "tokens")
 
     def __init__(self, matcher: Any, words: int) -> None:
         self._matcher = matcher
         self._mask = np.zeros(words, dtype=np.int32)
+        self._fresh = False  # _mask (or _error) is the current state's
+        self._error: GrammarError | None = None
         self.tokens = 0  # tokens accepted so far
 
-    def mask(self) -> np.ndarray:
-        """The next token's bitmask (bit ``t & 31`` of word ``t >> 5`` set: token ``t`` allowed), valid
-        until the next call; raises :class:`GrammarError` when the grammar allows nothing."""
-        self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
+    def prepare(self) -> None:
+        """Compute the current state's mask if it is not yet; a grammar that allows nothing is kept for
+        :meth:`mask` to raise, on the thread that samples."""
+        if self._fresh:
+            return
+        self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)  # drops the GIL
+        self._error = None
         if self._matcher.is_error() or not self._mask.any():
             reason = (self._matcher.get_error() or "no token allowed").splitlines()[0]
             if self.tokens == 0:
-                raise GrammarError(
+                self._error = GrammarError(
                     "the grammar allows no output at all (a $ref loop, or bounds no value meets): " + reason
                 )
-            raise GrammarError(f"constrained decoding failed after {self.tokens} tokens: {reason}")
+            else:
+                self._error = GrammarError(
+                    f"constrained decoding failed after {self.tokens} tokens: {reason}"
+                )
+        self._fresh = True
+
+    def mask(self) -> np.ndarray:
+        """The next token's bitmask (bit ``t & 31`` of word ``t >> 5`` set: token ``t`` allowed), valid
+        until the next :meth:`advance`; raises :class:`GrammarError` when the grammar allows nothing."""
+        self.prepare()
+        if self._error is not None:
+            raise self._error
         return self._mask
 
     def check(self) -> None:
@@ -172,6 +190,7 @@ class Constraint:
         self.mask()
 
     def advance(self, token: int) -> None:
+        self._fresh = False
         if not self._matcher.consume_token(token):
             reason = (self._matcher.get_error() or "token refused").splitlines()[0]
             raise GrammarError(f"constrained decoding failed after {self.tokens} tokens: {reason}")
@@ -201,6 +220,10 @@ class LazyConstraint:
         self._vocab = vocab
         self._tail = b""  # the output's last bytes, as long as the trigger
         self.state: Literal["waiting", "triggered", "free"] = "waiting"
+
+    def prepare(self) -> None:
+        if self.state == "triggered":
+            self.inner.prepare()
 
     def mask(self) -> np.ndarray | None:
         return self.inner.mask() if self.state == "triggered" else None

@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from regional.engine import Engine
+from regional.metrics_catalog import GRAMMAR_SECONDS, GRAMMAR_TOKENS, STEP_SECONDS
 
 P = "nearshore:"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
@@ -120,3 +121,6 @@ class _EngineCollector(Collector):
         yield counter(
             "prefill_tokens", "Prompt tokens computed by the engine's steps, as they ran.", s.prefill_tokens
         )
+        yield counter("engine_step_seconds", STEP_SECONDS, s.step_s)
+        yield counter("grammar_seconds", GRAMMAR_SECONDS, s.grammar_s)
+        yield counter("grammar_tokens", GRAMMAR_TOKENS, s.grammar_tokens)

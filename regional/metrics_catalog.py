@@ -11,6 +11,11 @@ from nearshore.metrics_catalog import MetricSpec
 
 P = "nearshore:"
 M = ("model_name",)
+STEP_SECONDS = "Seconds the engine's steps ran: model, sampling and grammars."
+GRAMMAR_SECONDS = (
+    "Seconds computing grammar masks (on their own thread, while the model runs) and advancing grammars."
+)
+GRAMMAR_TOKENS = "Tokens drawn under a grammar (response_format, guided_*, a tool call)."
 
 REGION_METRICS: tuple[MetricSpec, ...] = (
     # Per request, observed by the request service
@@ -40,4 +45,7 @@ REGION_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(
         P + "prefill_tokens", "counter", M, "Prompt tokens computed by the engine's steps, as they ran."
     ),
+    MetricSpec(P + "engine_step_seconds", "counter", M, STEP_SECONDS),
+    MetricSpec(P + "grammar_seconds", "counter", M, GRAMMAR_SECONDS),
+    MetricSpec(P + "grammar_tokens", "counter", M, GRAMMAR_TOKENS),
 )

@@ -38,6 +38,7 @@ from regional.engine import (
     TokenEvent,
 )
 from regional.grammar import Constraint, LazyConstraint, Vocabulary
+from regional.grammar_step import GrammarStep, checked
 from regional.kv_memory import KvMemory
 from regional.llama_model import LlamaModel
 from regional.logprobs import score_prompt_rows
@@ -46,7 +47,7 @@ from regional.sampler import TokenSampler
 from regional.scheduler import Scheduler
 from regional.sequence import Sequence
 from regional.step_cost import StepCost
-from regional.step_output import Events, StepLogits, StepOutput, advance_grammars, step_events
+from regional.step_output import Events, StepLogits, StepOutput, step_events
 from regional.step_plan import StepPlan
 from regional.token_rate import TokenRate
 
@@ -80,9 +81,11 @@ class StepEngine:
         self._by_id: dict[str, Sequence] = {}  # the live sequences (an index: their state is their own)
         self._scheduler = self._new_scheduler(_never_ends)  # no model yet: it only answers stats()
         self._steps = 0
+        self._step_s = 0.0  # the steps' model, sampling and grammar time (stats)
         self._prefill_tokens = 0  # prompt tokens the steps computed (stats)
         self._prefix_queries = 0
         self._prefix_hits = 0
+        self._grammars = GrammarStep()  # masks beside the model; the grammars' cost
         self._generated = TokenRate(time.monotonic())  # added to by the worker thread, read by stats()
         self._last_active = time.monotonic()
         self.model_load_s = 0.0
@@ -212,6 +215,7 @@ class StepEngine:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._grammars.close()
         self._prompts = None
         self._grammar_vocab = None  # it points into the vocabulary about to be freed
         if self._vocab is not None:
@@ -284,19 +288,10 @@ class StepEngine:
                 self.abort(request.request_id)
 
     async def constraint(self, grammar: str, trigger: str | None = None) -> Constraint | LazyConstraint:
-        """A sequence's matcher of a checked grammar, with its first mask computed: a grammar that allows
-        no output at all (a ``$ref`` loop, bounds no value meets) raises :class:`GrammarError` here,
-        before anything is queued."""
+        """A sequence's matcher of a checked grammar, its first mask computed (see :func:`checked`)."""
         await self.ready()
-        vocab = self._grammar_vocab
-        assert vocab is not None
-
-        def build() -> Constraint | LazyConstraint:
-            constraint = vocab.constraint(grammar, trigger)
-            constraint.check()
-            return constraint
-
-        return await asyncio.to_thread(build)
+        assert self._grammar_vocab is not None
+        return await asyncio.to_thread(checked, self._grammar_vocab, grammar, trigger)
 
     def abort(self, request_id: str) -> None:
         with self._cv:
@@ -333,6 +328,9 @@ class StepEngine:
                 engine=self.description(),
                 num_preemptions=sched.num_preemptions,
                 prefill_tokens=self._prefill_tokens,
+                step_s=self._step_s,
+                grammar_s=self._grammars.seconds,
+                grammar_tokens=self._grammars.tokens,
             )
 
     def description(self) -> str:
@@ -406,7 +404,11 @@ class StepEngine:
         if not plan.tokens:  # nobody runs: the waiting ones wait for room
             return StepOutput()
         started = time.perf_counter()
-        logits = self._run_model(plan)
+        masks = self._grammars.begin(plan)
+        try:
+            logits = self._run_model(plan)
+        finally:
+            self._grammars.ready(masks)
         if logits is None:  # nothing ran: the scheduler makes room in the next plan, which retries
             return StepOutput(model_full=True)
         self._steps += 1
@@ -414,8 +416,9 @@ class StepEngine:
         self._prefill_tokens += sum(n for seq, n in plan.advances if seq.is_prefilling)
         prompt_scores = score_prompt_rows(plan, logits.row)
         sampled, logprobs, failures = self._sample(plan, logits)
-        advance_grammars(plan, sampled, failures)
+        self._grammars.advance(plan, sampled, failures)
         self._generated.add(len(sampled) - len(failures), time.monotonic())
+        self._step_s += time.perf_counter() - started
         return StepOutput(True, False, started, sampled, logprobs, failures, prompt_scores)
 
     def _postprocess(self, plan: StepPlan, output: StepOutput) -> Events:

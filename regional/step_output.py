@@ -14,7 +14,6 @@ from typing import Protocol
 import numpy as np
 
 from regional.engine import Logprobs, TokenEvent
-from regional.grammar import GrammarError
 from regional.sequence import Sequence
 from regional.step_plan import StepPlan
 
@@ -90,17 +89,3 @@ def token_event(
         if seq.request.prompt_logprobs is not None:
             event.prompt_logprobs = [Logprobs(seq.prompt[0], None, []), *seq.prompt_logprobs]
     return event
-
-
-def advance_grammars(plan: StepPlan, sampled: list[int | None], failures: dict[Sequence, str]) -> None:
-    """Each constrained sequence's grammar takes the token it drew; one that refuses it (never, with the
-    mask applied) fails that sequence alone."""
-    for i, ((seq, _row), token) in enumerate(zip(plan.samples, sampled, strict=True)):
-        if token is None or seq.constraint is None:
-            continue
-        try:
-            seq.constraint.advance(token)
-        except GrammarError as exc:
-            log.error("request %s: %s", seq.request_id, exc)
-            sampled[i] = None
-            failures[seq] = str(exc)

@@ -211,6 +211,7 @@ FLAGS = {
         "--no-peer",
         "--engine",
         "--schema",
+        "--repeats",
         "--json",
         "--logs",
     ],
