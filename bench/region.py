@@ -43,12 +43,14 @@ QUESTIONS = [
     "Describe how bread is made.",
     "Explain the rules of football to a child.",
 ]
-# What the constrained runs follow (guided_json): long answers, so that a stream decodes its whole budget.
+# What the constrained runs follow (guided_json): an answer longer than the budget (minItems), so that every
+# constrained stream decodes its whole budget as the free ones do; one that closed its JSON early would
+# shrink the batch and its run's tokens, and the two modes would no longer compare step for step.
 JSON_SCHEMA = {
     "type": "object",
     "properties": {
         "title": {"type": "string", "maxLength": 60},
-        "points": {"type": "array", "items": {"type": "string", "maxLength": 80}},
+        "points": {"type": "array", "items": {"type": "string", "maxLength": 80}, "minItems": 32},
     },
     "required": ["title", "points"],
     "additionalProperties": False,
