@@ -61,6 +61,8 @@ class GrammarStep:
     def advance(self, plan: StepPlan, sampled: list[int | None], failures: dict[Sequence, str]) -> None:
         """Each constrained sequence's grammar takes the token it drew; one that refuses it (never, with the
         mask applied) fails that sequence alone."""
+        if all(seq.constraint is None for seq, _row in plan.samples):
+            return
         started = time.perf_counter()
         for i, ((seq, _row), token) in enumerate(zip(plan.samples, sampled, strict=True)):
             if token is None or seq.constraint is None:

@@ -140,6 +140,9 @@ def test_torch_applies_the_same_masks_row_by_row():
     out = apply_token_bitmask(torch.from_numpy(logits), torch.from_numpy(masks)).numpy()
     for row in range(3):
         assert np.array_equal(out[row], masked(logits[row], masks[row]))
+    # The device path (shift and mask; here taken by float64 logits) masks alike; the input is left as it was.
+    wide = apply_token_bitmask(torch.from_numpy(logits).double(), torch.from_numpy(masks)).float().numpy()
+    assert np.array_equal(wide, out) and not np.isinf(logits).any()
 
 
 @pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=3)])
