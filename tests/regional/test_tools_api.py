@@ -83,11 +83,11 @@ def valid_calls(message, allowed: set[str], cut: bool = False) -> list[tuple[str
     return calls
 
 
-def test_required_and_named_choices_always_give_valid_arguments(node: Node, engine: str):
-    client = client_of(node)
-    # 25 required + 25 named: 50 trials (6 on the torch engine, which runs on the CPU here at a few
-    # tokens a second).
-    for i in range(25 if engine == "llama.cpp" else 3):
+def test_required_and_named_choices_always_give_valid_arguments(region: Node):
+    client = client_of(region)
+    # 25 required + 25 named: 50 trials, one request each (the torch engine, on the CPU here at a few
+    # tokens a second, runs them as 25 seeded choices of one request each: see the test below).
+    for i in range(25):
         answer = client.chat.completions.create(
             model=MODEL,
             messages=user("What is the weather in Lagos, and what is 100 USD in NGN?"),
@@ -115,6 +115,40 @@ def test_required_and_named_choices_always_give_valid_arguments(node: Node, engi
         )
         calls = valid_calls(named.choices[0].message, {"convert"})
         assert named.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+
+
+def test_fifty_seeded_choices_of_required_and_named_calls_all_validate_on_the_torch_engine(
+    torch_region: Node,
+):
+    pytest.importorskip("torch")
+    client = client_of(torch_region)
+    # 25 choices of one request, each its own seed (seed + i), batched: 25 required + 25 named trials.
+    required = client.chat.completions.create(
+        model=MODEL,
+        messages=user("What is the weather in Lagos, and what is 100 USD in NGN?"),
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=1.0,
+        seed=7,
+        n=25,
+        max_tokens=120,
+    )
+    named = client.chat.completions.create(
+        model=MODEL,
+        messages=user("Convert 50 euros to cedis."),
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "convert"}},
+        temperature=1.0,
+        seed=1007,
+        n=25,
+        max_tokens=120,
+    )
+    for answer, allowed in ((required, {"get_weather", "convert"}), (named, {"convert"})):
+        assert [c.index for c in answer.choices] == list(range(25))
+        for choice in answer.choices:
+            assert choice.finish_reason == "tool_calls", choice
+            assert len(valid_calls(choice.message, allowed)) == 1 and not choice.message.content
 
 
 def test_streamed_calls_reassemble_into_the_answers_calls(node: Node):
