@@ -214,6 +214,17 @@ def _print_run(result: LevelResult) -> None:
     )
 
 
+def paired_step_ratios(constrained: LevelResult, free: LevelResult) -> list[float]:
+    """Each repeat's constrained step time over its free one's (the pair ran back to back): a machine
+    that slows for a while slows both of a pair, so the median of the ratios is steadier than the means'."""
+    ratios = []
+    for a, b in zip(constrained.node, free.node, strict=False):
+        mine, theirs = node_counters.step_cost([a])["step_ms"], node_counters.step_cost([b])["step_ms"]
+        if mine and theirs:
+            ratios.append(mine / theirs)
+    return ratios
+
+
 def _print_table(results: list[LevelResult], levels: list[int]) -> None:
     header = (
         f"{'server':>18} {'streams':>7} {'TTFT p50':>9} {'TTFT p99':>9} "
@@ -234,6 +245,7 @@ def _print_table(results: list[LevelResult], levels: list[int]) -> None:
                 f"x{level}: the torch engine's throughput {gpu['tok_per_s'] / ours['tok_per_s']:.2f}x the "
                 f"llama.cpp engine's; TTFT p99 {gpu['ttft_p99_ms'] / ours['ttft_p99_ms']:.1f}x its"
             )
+    runs = {(r.server, r.concurrency): r for r in results}
     for (name, level), s in by_key.items():
         free = by_key.get((name.removesuffix(CONSTRAINED), level))
         if name.endswith(CONSTRAINED) and free and free["tok_per_s"] and free["itl_p50_ms"]:
@@ -248,6 +260,13 @@ def _print_table(results: list[LevelResult], levels: list[int]) -> None:
                     f"unconstrained ({s['step_ms'] / free['step_ms']:.2f}x); the grammar "
                     f"{s['grammar_us_per_token']:.0f} us a token, {s['grammar_share'] * 100:.1f}% of the "
                     "step time (its masks on their own thread, beside the model)"
+                )
+            ratios = paired_step_ratios(runs[(name, level)], runs[(name.removesuffix(CONSTRAINED), level)])
+            if len(ratios) > 1:
+                print(
+                    f"x{level} {name}: step time over the free run of the same repeat, median "
+                    f"{statistics.median(ratios):.2f}x (from {min(ratios):.2f}x to {max(ratios):.2f}x, "
+                    f"{len(ratios)} pairs)"
                 )
     for level in levels:
         ours, peer = by_key.get(("nearshore", level)), by_key.get(("llama_cpp.server", level))

@@ -63,6 +63,10 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     fallback_from: str = ""
     attempts: int = 0  # requests sent to regions for it (failover, retries, fallbacks, continuations)
     bad_events: int = 0  # stream events from a region that did not parse and were skipped
+    # What shaped the answer: "tools", "json_schema", "json_object", "guided_json" (regex, grammar, choice),
+    # or "" for free text; and how many choices it asked for (n): its completion tokens are all of theirs.
+    output: str = ""
+    choices: int = 1
 
 
 class ReportRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,7 +103,9 @@ CREATE TABLE IF NOT EXISTS usage (
     continued_from    TEXT NOT NULL DEFAULT '',
     fallback_from     TEXT NOT NULL DEFAULT '',
     attempts          INTEGER NOT NULL DEFAULT 0,
-    bad_events        INTEGER NOT NULL DEFAULT 0
+    bad_events        INTEGER NOT NULL DEFAULT 0,
+    output            TEXT NOT NULL DEFAULT '',
+    choices           INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS usage_key_ts ON usage (key_id, ts);
 CREATE INDEX IF NOT EXISTS usage_request ON usage (request_id);
@@ -112,6 +118,8 @@ _ADDED_COLUMNS = {
     "fallback_from": "TEXT NOT NULL DEFAULT ''",
     "attempts": "INTEGER NOT NULL DEFAULT 0",
     "bad_events": "INTEGER NOT NULL DEFAULT 0",
+    "output": "TEXT NOT NULL DEFAULT ''",
+    "choices": "INTEGER NOT NULL DEFAULT 1",
 }
 _INSERT = f"INSERT INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
 # A replayed row is written unless its request already has one (a crash between commit and spool removal).

@@ -11,6 +11,7 @@ from edge.journey import Journey
 from edge.ledger import UsageRecord
 from edge.metric_labels import error_code_label, model_label
 from edge.usage_audit import AuditedUsage, audit_usage
+from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("nearshore.edge")
 
@@ -27,6 +28,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
     if audited.anomalies:
         _report_anomalies(journey, audited)
     cached = usage.prompt_tokens_details.cached_tokens
+    body = journey.body
     cost = state.prices.cost(model, usage.prompt_tokens, cached, usage.completion_tokens)
     if journey.cache.status in ("exact", "semantic"):
         cost *= state.config.cache.price_factor  # an answer that never crossed the ocean
@@ -55,6 +57,8 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         fallback_from=journey.body.model if forwarded.served_model and journey.body is not None else "",
         attempts=forwarded.attempts,
         bad_events=journey.relayed.bad_events,
+        output=body.output_shape() if isinstance(body, ChatCompletionRequest | CompletionRequest) else "",
+        choices=body.n if isinstance(body, ChatCompletionRequest | CompletionRequest) else 1,
     )
     try:
         await state.ledger.record(record)

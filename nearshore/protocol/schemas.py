@@ -154,6 +154,16 @@ class _SamplingFields(Struct, forbid_unknown_fields=True, kw_only=True):
     def wants_usage_chunk(self) -> bool:
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
+    def output_shape(self) -> str:
+        """What shapes the answer (the ledger's ``output``): the response format or guided decoding asked
+        for ("json_object", "json_schema", "guided_json", ...), or "" for free text."""
+        if self.response_format is not None and not isinstance(self.response_format, TextFormat):
+            return "json_object" if isinstance(self.response_format, JsonObjectFormat) else "json_schema"
+        for name in ("guided_json", "guided_regex", "guided_grammar", "guided_choice"):
+            if getattr(self, name) is not None:
+                return name
+        return ""
+
 
 # OpenAI's API caps a request at 2048 messages; the cap also bounds the work of rendering and tokenizing.
 MAX_MESSAGES = 2048
@@ -175,6 +185,10 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     def top_logprobs_asked(self) -> int | None:
         """Alternatives per output token, or None when no log-probabilities are asked for."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def output_shape(self) -> str:
+        # Tools the model may call come first: with them the answer is a call or text (auto), or a call.
+        return "tools" if self.tools and self.tool_choice != "none" else super().output_shape()
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -32,4 +32,4 @@ def test_the_region_bench_reports_the_grammars_share_of_the_step_from_the_nodes_
     assert free["step_ms"] > 0 and constrained["step_ms"] > 0
     assert free["grammar_us_per_token"] == 0 and free["grammar_share"] == 0
     assert constrained["grammar_us_per_token"] > 0 and 0 < constrained["grammar_share"] < 1
-    assert "of the step time" in result.stdout
+    assert "of the step time" in result.stdout and "2 pairs" in result.stdout

@@ -56,6 +56,7 @@ def test_parse_through_the_edge_and_a_structured_answer_is_cached_whole(edge: Ed
             temperature=0,
         )
         assert isinstance(answer.choices[0].message.parsed, model)
+    assert {r["output"] for r in rows_for(edge, 5)[-5:]} == {"json_schema"}  # parse() sends a json_schema
     model, question = MODELS[0]
     asked = dict(
         model=MODEL,
@@ -104,6 +105,7 @@ def test_tool_calls_stream_through_the_edge_are_billed_and_never_cached(edge: Ed
     assert cache_header(c, **asked) == ""  # a request that offers tools is not looked up, nor stored
     rows = rows_for(edge, before + 3)
     assert len(rows) == before + 3  # each request billed once
+    assert [(r["output"], r["choices"]) for r in rows[before:]] == [("tools", 1)] * 3  # what shaped them
     plain = c.chat.completions.create(model=MODEL, messages=asked["messages"], max_tokens=1)
     assert whole.usage.prompt_tokens > plain.usage.prompt_tokens + 40  # the tools are prompt tokens
     assert set(SCHEMAS) == {"get_weather", "convert"}
@@ -111,6 +113,7 @@ def test_tool_calls_stream_through_the_edge_are_billed_and_never_cached(edge: Ed
 
 def test_three_choices_through_the_edge(edge: Edge):
     c = client(edge)
+    before = len(edge.ledger_rows())
     asked = dict(
         model=MODEL,
         messages=[{"role": "user", "content": "Name a fruit."}],
@@ -126,3 +129,6 @@ def test_three_choices_through_the_edge(edge: Edge):
         for ch in chunk.choices:
             streamed[ch.index] = streamed.get(ch.index, "") + (ch.delta.content or "")
     assert sorted(streamed) == [0, 1, 2]
+    billed = rows_for(edge, before + 2)[before:]
+    assert [(r["choices"], r["output"]) for r in billed] == [(3, ""), (3, "")]
+    assert billed[0]["completion_tokens"] == answer.usage.completion_tokens  # every choice's tokens
