@@ -7,7 +7,8 @@ slower than the challenger's whole score: a hold there would make every request 
 Exploration: observations go stale on a replica that lost its traffic to them. One request every
 ``explore_after_s`` goes to such a replica while its probes and load report alone would make it better than
 the best by the switch margin; its sample after the silence replaces the stale estimate (geo/latency.py),
-and one that finds it recovered moves the group there at once. Chosen over a time decay of the estimate,
+and one that finds it recovered (within the switch margin of the group's region) moves the group there at
+once. Chosen over a time decay of the estimate,
 which would send a whole burst of requests to a replica that may still be slow before the first of them has
 answered: exploration costs one request per replica per interval, bounded however busy the edge is.
 """
@@ -49,22 +50,26 @@ def hold(
             groups.clear()
         groups[key] = Group(best.region)
         return scored, False
+    current_ms = current[1]
+    margin = max(routing.switch_margin_ms, routing.switch_margin_ratio * current_ms)
+    # An exploration just measured another region's replica recovered: a real request said so, not probe
+    # noise. Within the margin of the current region it wins its traffic back at once (the margin is what the
+    # hold calls noise: one sample cannot say it is worse, and staying would send that request away and
+    # back), without waiting hold_s (the explored request still in flight adds to its load term).
+    back = next(
+        (s for s in scored if s[2].region != group.region and _explored_lately(s, routing, now)), None
+    )
+    if back is not None and back[1] < current_ms + margin:
+        group.region, group.challenger = back[2].region, ""
+        first = [s for s in scored if s[2].region == group.region]
+        return first + [s for s in scored if s[2].region != group.region], False
     if group.region == best.region:
         group.challenger = ""
         return scored, False
-    current_ms = current[1]
-    margin = max(routing.switch_margin_ms, routing.switch_margin_ratio * current_ms)
     # Measured far slower: real requests there waited longer beyond the network (and the scope's baseline)
     # than the best's whole expected TTFT. Probe noise cannot do that (it moves round trips, not
     # observations): no hold.
     if current[2].latency.observed.value - baseline_ms > best_ms + margin:
-        group.region, group.challenger = best.region, ""
-        return scored, False
-    latency = best.latency
-    if best_ms < current_ms and latency.observed.at >= latency.explored_at > now - routing.explore_after_s:
-        # An exploration just measured it recovered: a real request said so, not probe noise. It moves the
-        # group at once and without the margin (the explored request still in flight adds to its load term,
-        # and waiting hold_s or the margin would send traffic there, away and back).
         group.region, group.challenger = best.region, ""
         return scored, False
     # A challenger must lead by the margin to be noted, and keep at least half of it while it waits
@@ -81,6 +86,12 @@ def hold(
     # The current region first (its replicas in score order), then the rest as scored.
     first = [s for s in scored if s[2].region == group.region]
     return first + [s for s in scored if s[2].region != group.region], True
+
+
+def _explored_lately(s: Scored, routing: RoutingSettings, now: float) -> bool:
+    """Its replica's latest sample came from an exploration within explore_after_s."""
+    latency = s[2].latency
+    return latency.observed.at >= latency.explored_at > now - routing.explore_after_s
 
 
 def explore(routing: RoutingSettings, scored: list[Scored], now: float) -> int:

@@ -366,3 +366,19 @@ def test_an_exploration_that_found_it_recovered_moves_the_group_while_that_reque
     times["london"] = 105.0
     picks = [serve(r, 10.5 + 0.5 * i, times) for i in range(8)]
     assert picks == ["london"] * 8, picks
+
+
+def test_an_exploration_that_found_it_about_as_good_brings_the_group_back_at_once():
+    # The explored sample puts London within the switch margin of Frankfurt, a hair behind: one sample
+    # cannot say it is worse, so the group comes back now rather than going there, away and back (the
+    # degraded-link scenario's 2 flaps in CI); the hold then keeps it there.
+    r = measured(router("london", "frankfurt"), london=100.0, frankfurt=120.0)
+    times = {"london": 3000.0, "frankfurt": 125.0}
+    assert serve(r, 0.0, times) == "london"
+    assert [serve(r, 0.5 * i, times) for i in range(1, 19)] == ["frankfurt"] * 18
+    route = r.route(MODEL, LAGOS, "t", 10, (), 10.0)
+    assert route.explored and route.ranked[0].id == "london"
+    r.answered(route.ranked[0], 132.0, None, prompt_tokens=10, now=10.2)  # 7 ms behind Frankfurt's 125
+    times["london"] = 132.0
+    picks = [serve(r, 10.5 + 0.5 * i, times) for i in range(8)]
+    assert picks == ["london"] * 8, picks
