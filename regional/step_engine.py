@@ -140,8 +140,9 @@ class StepEngine:
     def state(self) -> EngineState:
         thread = self._thread
         if self._state == "ready" and thread is not None and not thread.is_alive() and not self._stopping:
-            # Cannot happen; never go silent if it does.
-            self._fail_engine("the engine's worker thread is gone")
+            self._fail_engine(
+                "the engine's worker thread is gone"
+            )  # cannot happen; never go silent if it does
         return self._state
 
     async def start(self) -> None:
@@ -252,9 +253,6 @@ class StepEngine:
 
     def special_tokens(self) -> dict[str, str]:
         return self._vocab.special_tokens() if self._vocab is not None else {}
-
-    def adds_bos(self) -> bool:
-        return bool(self._vocab.bos_prefix()) if self._vocab is not None else True
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         await self.ready()
@@ -466,7 +464,9 @@ class StepEngine:
 
     def _fail_engine(self, reason: str, pending: Events | None = None) -> None:
         """Give up for good: every request, now and later, gets ``reason``; the node is told to exit.
-        ``pending``: the last step's events (the requests that step failed get the engine's failure too)."""
+
+        ``pending`` holds the last step's events: the requests that step failed get the engine's failure too.
+        """
         with self._cv:
             if self._failure is not None:
                 return
