@@ -351,15 +351,21 @@ def test_among_three_a_replica_that_recovered_is_explored_and_wins_its_traffic_b
     assert later[-20:] == ["london"] * 20  # and back for good
 
 
-def test_an_exploration_that_found_it_recovered_moves_the_group_while_that_request_still_streams():
-    # The explored request is still in flight when the next one is routed: its load term must not keep the
-    # group away (it did, for one hold, and traffic went there, back and there again).
+def london_explored_after_losing_its_traffic():
+    """London found slow once loses its traffic to Frankfurt; at 10 s a request explores it again."""
     r = measured(router("london", "frankfurt"), london=100.0, frankfurt=120.0)
     times = {"london": 3000.0, "frankfurt": 125.0}
     assert serve(r, 0.0, times) == "london"
     assert [serve(r, 0.5 * i, times) for i in range(1, 19)] == ["frankfurt"] * 18
     route = r.route(MODEL, LAGOS, "t", 10, (), 10.0)
     assert route.explored and route.ranked[0].id == "london"
+    return r, route, times
+
+
+def test_an_exploration_that_found_it_recovered_moves_the_group_while_that_request_still_streams():
+    # The explored request is still in flight when the next one is routed: its load term must not keep the
+    # group away (it did, for one hold, and traffic went there, back and there again).
+    r, route, times = london_explored_after_losing_its_traffic()
     london = replica(r, "london")
     r.answered(route.ranked[0], 105.0, None, prompt_tokens=10, now=10.2)  # its first token: recovered
     london.inflight += 1  # ... and it streams on
@@ -372,12 +378,7 @@ def test_an_exploration_that_found_it_about_as_good_brings_the_group_back_at_onc
     # The explored sample puts London within the switch margin of Frankfurt, a hair behind: one sample
     # cannot say it is worse, so the group comes back now rather than going there, away and back (the
     # degraded-link scenario's 2 flaps in CI); the hold then keeps it there.
-    r = measured(router("london", "frankfurt"), london=100.0, frankfurt=120.0)
-    times = {"london": 3000.0, "frankfurt": 125.0}
-    assert serve(r, 0.0, times) == "london"
-    assert [serve(r, 0.5 * i, times) for i in range(1, 19)] == ["frankfurt"] * 18
-    route = r.route(MODEL, LAGOS, "t", 10, (), 10.0)
-    assert route.explored and route.ranked[0].id == "london"
+    r, route, times = london_explored_after_losing_its_traffic()
     r.answered(route.ranked[0], 132.0, None, prompt_tokens=10, now=10.2)  # 7 ms behind Frankfurt's 125
     times["london"] = 132.0
     picks = [serve(r, 10.5 + 0.5 * i, times) for i in range(8)]
