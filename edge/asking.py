@@ -1,8 +1,9 @@
 """Asking the regions for one request: its model's replicas, then its fallbacks (edge/attempts.py), all
 within the request's attempts and deadline, leaving out the replicas that already failed it.
 
-The forward stage asks first; a unary answer whose body failed after its head, and a stream that failed
-before its first token, ask again here: nothing reached the client, so any replica or fallback may answer.
+The local stand-in (edge/degraded.py) comes after the fallbacks, when the request may have it. The forward
+stage asks first; a unary answer whose body failed after its head, and a stream that failed before its first
+token, ask again here: nothing reached the client, so any replica or fallback may answer.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 from collections.abc import Sequence
 
 from edge.attempts import Attempts, Target
+from edge.degraded import stand_ins
 from edge.fallbacks import context_models, fallback_models, targets
 from edge.journey import Journey
 from edge.opened import Opened
@@ -44,7 +46,7 @@ async def ask_regions(
     try:
         return await attempts.open(
             first,
-            lambda: untried(targets(journey, chain)),
+            lambda: untried(targets(journey, chain) + stand_ins(journey, chain)),
             lambda: untried(targets(journey, context_models(journey))),
             call.path,
             call.headers,

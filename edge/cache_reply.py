@@ -10,6 +10,7 @@ import time
 from aiohttp import web
 
 from cache.response_cache import Hit
+from edge.degraded import answered_by, cut_now
 from edge.journey import CacheUse, Journey
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
@@ -42,6 +43,8 @@ class CachedReply:
         usage = Usage.of(admission.prompt_estimate, entry.completion_tokens)
         journey.answered(json_encoder.encode(usage))
         journey.cache = CacheUse(self.hit.kind, lookup_s)
+        if cut_now(journey):  # the remote regions are out: the cache answers in their place
+            answered_by(journey, "cache", entry.model)
         journey.relayed.events = entry.completion_tokens if journey.body and journey.body.stream else None
 
     def _headers(self, audited: AuditedUsage | None) -> dict[str, str]:

@@ -71,6 +71,8 @@ def _embedder(
     settings: CacheSettings, upstreams: UpstreamPool
 ) -> tuple[EmbedderPool | RegionEmbedder, int, str]:
     """Who embeds the questions, the vectors' size, and why there is no semantic level ("" if there is)."""
+    if not settings.semantic:  # exact hits only: no question is ever embedded, no model loaded
+        return EmbedderPool(lambda: load_embedder(""), source="<none>"), 0, "cache.semantic = false"
     try:
         model_dir = (
             Path(settings.embedder_path).expanduser() if settings.embedder_path else embedded_model_dir()

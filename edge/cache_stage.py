@@ -11,10 +11,11 @@ Policy: only temperature-0 requests are cached (``cache.any_temperature_tenants`
 answers for its own requests (``cache.scope``: the tenant, the key, or the key's end user);
 ``Cache-Control: no-cache`` skips the lookup and its fresh answer replaces the stored one, ``no-store``
 skips the write, ``max-age=N`` accepts only entries younger than N seconds and keeps a new one at most N
-seconds. Errors, filtered and cut-short answers are never stored; answers cut at max_tokens only with
-``cache.store_truncated``. A question the verifier does not compare (code, or longer than it reads) gets
-exact hits only: no embedding, no semantic search. Where a region embeds (``cache.embed = "region"``), the
-question goes only to a region the request's data-residency policy allows.
+seconds. Errors, filtered and cut-short answers are never stored, nor one another model gave (a fallback,
+the degraded tier's stand-in); answers cut at max_tokens only with ``cache.store_truncated``. A question the
+verifier does not compare (code, or longer than it reads) gets exact hits only: no embedding, no semantic
+search. Where a region embeds (``cache.embed = "region"``), the question goes only to a region the
+request's data-residency policy allows.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from cache.store import Entry
 from cache.verify import semantic_allowed
 from edge.cache_audit import Audited
 from edge.cache_reply import CachedReply
+from edge.degraded import cut_now
 from edge.journey import CacheUse, Journey, Racing, Reply
 from edge.keys import ApiKey
 from edge.opened import Opened
@@ -181,8 +183,8 @@ class _Preempting(CachedReply):
         self.taken(self.lookup_s)
         state = self.journey.state
         book = state.cache.audit if state.cache is not None else None
-        if self.hit.kind != "semantic" or book is None or state.auditor is None:
-            return False
+        if self.hit.kind != "semantic" or book is None or state.auditor is None or cut_now(self.journey):
+            return False  # (in a cut, the answer to judge it by would be the local tier's, not the model's)
         if not book.should_audit(self.audited.partition):
             return False
         return state.auditor.take(self.audited, self.hit, upstream)
@@ -206,6 +208,7 @@ def _store_later(
             or answer is None
             or answer.finish_reason not in allowed
             or journey.body is None
+            or journey.model != journey.body.model  # a fallback's or the local stand-in's: not this model's
             or not _complete(journey.body, answer.text, answer.finish_reason)
         ):
             if lookup is not None and not lookup.done():

@@ -137,6 +137,37 @@ class FallbackConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     max_header_models: Annotated[int, Meta(ge=0, le=8)] = 3
 
 
+LocalTraffic = Literal["standby", "share"]
+Substitution = Literal["sized", "always", "never"]
+
+
+class DegradedRule(Struct, forbid_unknown_fields=True, kw_only=True):
+    # The requests it covers: by key tier and by the model asked for (or the size alias that chose it);
+    # empty: every one. What it sets wins over the section's (the first rule that covers and sets it).
+    tiers: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    traffic: LocalTraffic | None = None
+    substitute: Substitution | None = None
+
+
+class DegradedConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """The degraded tier (edge/degraded.py): regions marked ``local = true``, on this side of the ocean."""
+
+    # "standby": a local region answers only what the remote regions cannot (every remote replica of the
+    # model down, or failing this request); "share": it takes its pool's traffic as any replica does.
+    traffic: LocalTraffic = "standby"
+    # When every remote replica of a model no local region serves is unreachable, whether the local model
+    # answers in its place: "sized" (for a size alias's request, and for a small-pool model), "always", or
+    # "never" (a 503 with Retry-After).
+    substitute: Substitution = "sized"
+    # The model that stands in (empty: the first model of a local small-pool region, else of any local one).
+    model: str = ""
+    # Retry-After on the 503 when nothing on this side may answer.
+    retry_after_s: Seconds = 30.0
+    # By key tier and model, e.g. [{ tiers = ["premium"], substitute = "always" }].
+    rules: list[DegradedRule] = field(default_factory=list)
+
+
 class PoolLimits(Struct, forbid_unknown_fields=True, kw_only=True):
     # Requests this edge keeps in flight in the pool at once (0: the sum of its replicas' capacities).
     max_inflight: Annotated[int, Meta(ge=0)] = 0
@@ -224,6 +255,9 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     upstream: UpstreamConfig = field(default_factory=UpstreamConfig)
     # Fallback chains: which models answer when a model's own replicas cannot.
     fallbacks: FallbackConfig = field(default_factory=FallbackConfig)
+    # What answers when every remote region of a model is unreachable (a cable cut): the cache, then the
+    # regions marked local = true, as this policy allows.
+    degraded: DegradedConfig = field(default_factory=DegradedConfig)
     # Models this edge accepts; anything else is a 404 before it leaves the edge. At least one.
     models: Annotated[list[ModelName], Meta(min_length=1)] = field(
         default_factory=lambda: [*EMBEDDED_MODELS, EMBEDDING_MODEL]

@@ -21,6 +21,7 @@ from typing import Any
 from edge.answer import UpstreamFault
 from edge.asking import ask_regions, fell_back
 from edge.attempts import Refused
+from edge.degraded import answered_locally, cut_now, cut_off, may_answer
 from edge.fallbacks import fallback_models
 from edge.journey import Journey, Racing, Reply
 from edge.opened import Opened
@@ -51,7 +52,13 @@ async def forward(journey: Journey, racing: Racing | None = None) -> Reply | Non
     chain = fallback_models(journey)
     stream = start_stream(journey) if body.stream else None
     state.metrics.overhead.observe(time.perf_counter() - journey.started)
-    opening = ask_regions(journey, head_timeout_s(journey), chain=chain)
+    cut = cut_now(journey)
+    if cut and journey.routed.unrouted and not may_answer(journey, chain):
+        opening: Coroutine[Any, Any, Opened] = _refuse(cut_off(journey))  # nothing on this side may answer
+    else:
+        opening = ask_regions(journey, head_timeout_s(journey), chain=chain)
+    if cut and racing is not None:  # the cache first: the local tier only once the lookup missed
+        opening = _after(racing.pending, opening)
     try:
         if racing is None:
             opened = await opening
@@ -84,6 +91,7 @@ def take(journey: Journey, opened: Opened) -> None:
     elif forwarded.served_model:  # asked again, the model itself answered after a fallback had failed
         forwarded.served_model = ""
         journey.call = journey.call.without_client_header(MODEL)
+    answered_locally(journey, opened)  # the degraded tier, if the remote regions could not
     journey.cleanups.append(_release(journey, opened))
 
 
@@ -136,6 +144,20 @@ async def _race(
                 _abandon(upstream)
             return reply
     return await upstream
+
+
+async def _after(pending: asyncio.Task, opening: Coroutine[Any, Any, Opened]) -> Opened:
+    """``opening``, once ``pending`` (the cache's lookup) has ended."""
+    try:
+        await asyncio.wait({pending})
+    except BaseException:
+        opening.close()  # never started
+        raise
+    return await opening
+
+
+async def _refuse(error: ApiError) -> Opened:
+    raise error
 
 
 def _abandon(upstream: asyncio.Future[Opened]) -> None:

@@ -8,9 +8,9 @@ audit, the ledger, and every reason at once.
 Degraded means one of :func:`readiness`'s reasons holds. Some refuse requests (the limiter is down in
 fail-closed mode, the ledger takes no new rows): the edge answers them with 503, so its public health does
 too and a load balancer sends the traffic to another edge. Others leave the edge serving (the ledger
-spooling to its side file, no region routable: the cache still answers): health says so, with 200. A
-cache that is off or bypassed is not degraded for serving (the edge still answers every request) and shows
-in the details only.
+spooling to its side file, no region routable: the cache still answers; only local regions routable: a
+cable cut, edge/degraded.py): health says so, with 200. A cache that is off or bypassed is not degraded
+for serving (the edge still answers every request) and shows in the details only.
 """
 
 from __future__ import annotations
@@ -53,10 +53,14 @@ def readiness(state: EdgeState, now: float) -> Readiness:
         refusing.append(ledger or "ledger")
     elif ledger:
         serving.append(ledger)
-    if not any(u.replica.health.routable(now) for u in state.pool.upstreams):
+    replicas = [u.replica for u in state.pool.upstreams]
+    routable = [r for r in replicas if r.health.routable(now)]
+    if not routable:
         # Degraded but not refusing: the cache still answers, a region's first probe may not have run yet
         # (an edge starting), and edges that all lost their regions at once must not all leave the pool.
         serving.append("regions")
+    elif all(r.local for r in routable) and any(not r.local for r in replicas):
+        serving.append("cut")  # every remote region is out (a cable cut): the cache and the local ones answer
     return Readiness(tuple(refusing + serving), bool(refusing))
 
 

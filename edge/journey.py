@@ -2,11 +2,11 @@
 
 The arrival (who asked, when, with which ids) is fixed when the journey starts; after that each stage owns
 one small record that it produces and later stages read (authenticate the key, parse the body, rightsize
-its :class:`Sizing`, admit its :class:`Admission` and :class:`Call`, cache its :class:`CacheUse`, route its
-:class:`Routed`, gate its :class:`Gated`, forward its :class:`Forwarded`, relay its :class:`Relayed`,
-continue its :class:`Continued`), and whichever stage ends the request records its :class:`Outcome`. The
-pipeline's one exit bills from it (:mod:`edge.settle`). Values flow through it as fields, never through
-module-level context.
+its :class:`Sizing`, admit its :class:`Admission` and :class:`Call`, cut its :class:`Cut`, cache its
+:class:`CacheUse`, route its :class:`Routed`, gate its :class:`Gated`, forward its :class:`Forwarded`,
+relay its :class:`Relayed`, continue its :class:`Continued`), and whichever stage ends the request records
+its :class:`Outcome`. The pipeline's one exit bills from it (:mod:`edge.settle`). Values flow through it as
+fields, never through module-level context.
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ class Sizing:
 
     chosen_model: str = ""  # for x-nearshore-model
     other_size: str = ""  # the alias's other model: its fallback when no chain is configured
+    alias: str = ""  # the size alias the request named
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +118,18 @@ class Call:
         return dataclasses.replace(self, client_headers=headers)
 
 
+@dataclass(slots=True)
+class Cut:
+    """The cut stage's (edge/degraded.py): whether the request's model is cut off from its remote regions,
+    the degraded tier's policy for it, and who answered because the remote regions could not."""
+
+    served_remotely: bool = False  # remote regions serve its model (False: no local region, no cut stage)
+    remote_out: bool = False  # every remote replica of the model is down or ejected (by the probes)
+    share_local: bool = False  # local regions take its traffic as any replica (else only what remote cannot)
+    stand_in: str = ""  # the local model that may answer in its place ("": none may)
+    by: str = ""  # "cache" | "local" | "none" (refused): the degraded tier's answer, set by who gave it
+
+
 @dataclass(frozen=True, slots=True)
 class CacheUse:
     """What the response cache did for the request (the ledger's ``cache_status``)."""
@@ -131,6 +144,7 @@ class Routed:
 
     route: Route | None = None
     unrouted: str = ""  # why no replica may serve the model asked for (its fallbacks may)
+    cut: bool = False  # every remote replica of the model is out (the route is local, or there is none)
     route_s: float = 0.0  # the route stage's time (Server-Timing route;dur)
 
 
@@ -217,6 +231,7 @@ class Journey:
     sizing: Sizing = Sizing()  # rightsize
     admission: Admission | None = None  # admit
     call: Call | None = None  # admit
+    cut: Cut = field(default_factory=Cut)  # cut (written by the degraded tier's answer too)
     cache: CacheUse = CacheUse()  # cache
     routed: Routed = Routed()  # route
     gated: Gated = Gated()  # gate

@@ -67,6 +67,9 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     # or "" for free text; and how many choices it asked for (n): its completion tokens are all of theirs.
     output: str = ""
     choices: int = 1
+    # "cable-cut": every remote region of its model was unreachable and the degraded tier answered it (the
+    # cache: see cache_status; a local region: see region) or refused it (edge/degraded.py); else "".
+    degraded: str = ""
 
 
 class ReportRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -105,7 +108,8 @@ CREATE TABLE IF NOT EXISTS usage (
     attempts          INTEGER NOT NULL DEFAULT 0,
     bad_events        INTEGER NOT NULL DEFAULT 0,
     output            TEXT NOT NULL DEFAULT '',
-    choices           INTEGER NOT NULL DEFAULT 1
+    choices           INTEGER NOT NULL DEFAULT 1,
+    degraded          TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS usage_key_ts ON usage (key_id, ts);
 CREATE INDEX IF NOT EXISTS usage_request ON usage (request_id);
@@ -120,6 +124,7 @@ _ADDED_COLUMNS = {
     "bad_events": "INTEGER NOT NULL DEFAULT 0",
     "output": "TEXT NOT NULL DEFAULT ''",
     "choices": "INTEGER NOT NULL DEFAULT 1",
+    "degraded": "TEXT NOT NULL DEFAULT ''",
 }
 _INSERT = f"INSERT INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
 # A replayed row is written unless its request already has one (a crash between commit and spool removal).

@@ -139,6 +139,13 @@ class EdgeMetrics:
             ["from_region", "region"],
             registry=r,
         )
+        self.degraded = Counter(
+            P + "degraded_answers",
+            "Requests the degraded tier took while every remote region of their model was unreachable, by "
+            "reason (cable-cut) and by who answered (cache, local) or none (refused with 503).",
+            ["reason", "by"],
+            registry=r,
+        )
         self.limiter_up = Gauge(
             P + "ratelimit_backend_up", "1 while the shared limit store answers.", registry=r
         )

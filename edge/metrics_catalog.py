@@ -73,6 +73,13 @@ EDGE_METRICS: tuple[MetricSpec, ...] = (
         ("from_region", "region"),
         "Streams whose region died mid-answer, finished by another.",
     ),
+    MetricSpec(
+        P + "degraded_answers",
+        "counter",
+        ("reason", "by"),
+        "Requests the degraded tier took while every remote region of their model was unreachable, by reason "
+        "(cable-cut) and by who answered (cache, local) or none (refused with 503).",
+    ),
     # Latency as the client sees it
     MetricSpec(P + "time_to_first_token_seconds", "histogram", (), "Arrival to first byte sent."),
     MetricSpec(P + "e2e_request_latency_seconds", "histogram", (), "Arrival to last byte sent."),

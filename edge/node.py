@@ -21,6 +21,7 @@ from edge.budget import BudgetBook, SharedBudgets
 from edge.cache_audit import Auditor
 from edge.cache_setup import cache_lifetime, make_cache
 from edge.config import EdgeConfig, FallbackConfig, open_named_file, value_problems
+from edge.degraded_policy import check_degraded, make_degraded
 from edge.gate_stage import make_gates
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
 from edge.keys import KeyStore, refresh_keys
@@ -84,6 +85,7 @@ def check_config(config: EdgeConfig) -> None:
         check_catalog(config.regions, config.geo, config.models)
         + check_aliases(config.aliases, config.models)
         + check_fallbacks(config.fallbacks, config.models)
+        + check_degraded(config)
     )
     if problems:
         raise ValueError("; ".join(problems))
@@ -187,6 +189,7 @@ def build_edge_app(
         )
         state.auditor = Auditor(state.cache, config, state.metrics, state.prices, state.in_background)
     state.aliases = {a.name: a for a in config.aliases}
+    state.degraded = make_degraded(config)
     if pipeline is None and not config.geo.route:
         pipeline = default_pipeline().without("route")
     app = create_app(state, pipeline)

@@ -14,8 +14,9 @@ is under ``upstream.continue_max_tokens``; a key's request opts out with ``x-nea
 continued but asked again of another replica (nothing reached the client), whatever those settings say.
 
 The continue stage runs after the relay stage, on the stream the relay reported cut: while the stream may be
-continued, it opens the next replica's stream (taken on the journey by the forward stage, as the first
-was) and relays it to the same client; then it ends the stream as the last region left it.
+continued, it opens the next replica's stream (taken on the journey by the forward stage, as the first was)
+and relays it to the same client; then it ends the stream as the last region left it. The model's own local
+replicas come last in its order, then the local stand-in, if the request may have it (edge/degraded.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import msgspec
 from edge.answer import with_usage
 from edge.asking import ask_regions
 from edge.attempts import Attempts, Refused, Target
+from edge.degraded import stand_ins
 from edge.forward import take
 from edge.journey import CutShort, Journey, Reply
 from edge.opened import Opened
@@ -109,12 +111,13 @@ def may_continue(journey: Journey, outcome: StreamOutcome) -> bool:
     return isinstance(body, ChatCompletionRequest)
 
 
-def continuation_body(journey: Journey, text: str, remaining: int) -> bytes:
-    """The request that continues ``text`` with at most ``remaining`` more tokens (of the model serving)."""
+def continuation_body(journey: Journey, text: str, remaining: int, model: str = "") -> bytes:
+    """The request that continues ``text`` with at most ``remaining`` more tokens (of ``model``, else of the
+    model serving)."""
     body = journey.body
     assert body is not None
-    if journey.forwarded.served_model:
-        body = msgspec.structs.replace(body, model=journey.forwarded.served_model)
+    if model or journey.forwarded.served_model:
+        body = msgspec.structs.replace(body, model=model or journey.forwarded.served_model)
     usage = StreamOptions(include_usage=True)
     if isinstance(body, ChatCompletionRequest):
         messages = list(body.messages)
@@ -179,7 +182,8 @@ async def open_continuation(
 
 
 async def _continued(journey: Journey, outcome: StreamOutcome, tried: list[Upstream]) -> Opened | None:
-    """The serving model's next replica, asked to continue the relayed text."""
+    """The serving model's next replica, asked to continue the relayed text; else the local stand-in, when
+    the request may have it (edge/degraded.py: the cable took the model's remote regions away)."""
     state, call, admission, deadline = (
         journey.state,
         journey.call,
@@ -189,15 +193,23 @@ async def _continued(journey: Journey, outcome: StreamOutcome, tried: list[Upstr
     assert call is not None and admission is not None and deadline is not None
     up = state.config.upstream
     order = [u for u in _order(journey) if u not in tried]
-    if not order:
-        return None
     remaining = admission.max_tokens - outcome.content_events
-    body = continuation_body(journey, "".join(outcome.text), remaining)
+    text = "".join(outcome.text)
+    stand_in = [
+        Target(t.model, untried, continuation_body(journey, text, remaining, t.model))
+        for t in stand_ins(journey, [journey.model])
+        if (untried := [u for u in t.upstreams if u not in tried])
+    ]
+    if not order and not stand_in:
+        return None
+    body = continuation_body(journey, text, remaining)
     attempts = Attempts(state.pool, up, state.metrics, deadline, admission.prompt_estimate)
-    no_more: Callable[[], list[Target]] = list  # a continuation stays with the model that began it
+    no_more: Callable[[], list[Target]] = list  # else a continuation stays with the model that began it
     try:
         target = Target(journey.model, order, body)
-        return await attempts.open(target, no_more, no_more, call.path, call.headers, up.ttft_timeout_s)
+        return await attempts.open(
+            target, lambda: stand_in, no_more, call.path, call.headers, up.ttft_timeout_s
+        )
     finally:
         journey.forwarded.attempts += attempts.made
 

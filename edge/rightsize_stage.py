@@ -36,5 +36,5 @@ async def rightsize_stage(journey: Journey) -> Reply | None:
     other = alias.small if model == alias.large else alias.large
     # The large pool down: the small one answers (and back).
     other_size = other if other != model and key.allows(other) else ""
-    journey.sizing = Sizing(f"{model}; alias={alias.name}; {why}", other_size)
+    journey.sizing = Sizing(f"{model}; alias={alias.name}; {why}", other_size, alias.name)
     return None

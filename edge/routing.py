@@ -4,7 +4,9 @@ The client's address is the socket peer, or, behind a trusted proxy, X-Forwarded
 the GeoIP lookup is memory-mapped and cached. The router's decision is pure and in memory (microseconds);
 what it decides on is kept current by probes and responses off the request path. A request that no
 replica may serve (every allowed one down, or a residency policy that allows none) gets a 503 here that
-says why and names the policy, never a silent detour.
+says why and names the policy, never a silent detour. Local regions (the degraded tier) are ranked as the
+cut stage's policy says; a request whose model's remote replicas are all out goes on to the forward stage,
+which answers it from the cache or the local tier, or refuses it (edge/degraded.py).
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def route_for(journey: Journey, model: str) -> Route:
     routing = router.config.routing
     text = prompt_text(journey, routing.affinity_block_chars * 64)
     prefix = prefix_chain(text, routing.affinity_block_chars, routing.affinity_min_chars)
-    return router.route(model, where, key.tenant, admission.prompt_estimate, prefix, time.monotonic())
+    now, share_local = time.monotonic(), journey.cut.share_local
+    return router.route(model, where, key.tenant, admission.prompt_estimate, prefix, now, share_local)
 
 
 def _may_fall_back(journey: Journey) -> bool:
@@ -99,13 +102,15 @@ async def route_stage(journey: Journey) -> Reply | None:
     try:
         route = route_for(journey, body.model)
     except NoRoute as exc:
-        if _may_fall_back(journey):  # the fallbacks may serve it: the forward stage tries them
-            journey.routed = Routed(unrouted=str(exc), route_s=time.perf_counter() - started)
+        # The fallbacks may serve it, or in a cut the cache and the degraded tier (edge/degraded.py): the
+        # forward stage tries them.
+        if _may_fall_back(journey) or exc.cut:
+            journey.routed = Routed(unrouted=str(exc), cut=exc.cut, route_s=time.perf_counter() - started)
             return None
         kind = RESIDENCY_UNAVAILABLE if exc.policies else NO_REGION_AVAILABLE
         raise ApiError(kind, str(exc), retry_after_s=5) from None
     state.metrics.routed.labels(route.ranked[0].id).inc()
-    journey.routed = Routed(route, route_s=time.perf_counter() - started)
+    journey.routed = Routed(route, cut=route.cut, route_s=time.perf_counter() - started)
     if _explains(journey):
         explained = route.explain()
         journey.call = call.with_client_header(ROUTE, explained)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
+from edge.degraded_policy import REASON
 from edge.journey import Journey
 from edge.ledger import UsageRecord
 from edge.metric_labels import error_code_label, model_label
@@ -59,6 +60,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         bad_events=journey.relayed.bad_events,
         output=body.output_shape() if isinstance(body, ChatCompletionRequest | CompletionRequest) else "",
         choices=body.n if isinstance(body, ChatCompletionRequest | CompletionRequest) else 1,
+        degraded=REASON if journey.cut.by else "",
     )
     try:
         await state.ledger.record(record)
@@ -71,6 +73,8 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
     m.count_request(outcome.status, region, model_label(model, state.config.models), key.tenant, usage, cost)
     if outcome.error_code and outcome.status == "error" and not outcome.refused:
         m.upstream_errors.labels(error_code_label(outcome.error_code), region).inc()
+    if journey.cut.by:
+        m.degraded.labels(REASON, journey.cut.by).inc()
     return audited
 
 

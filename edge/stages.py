@@ -1,8 +1,9 @@
 """The edge's stages in order, and the pipeline they make (see ARCHITECTURE.md, "The journey of one request").
 
 authenticate -> parse (schema, size, model) -> rightsize (a size alias's model) -> admit (budget hold,
-RPM/TPM reservation; from here the request is billed) -> cache (an exact hit answers; a semantic lookup is
-handed on to race the region) -> route (geo: the replicas in failover order) -> gate (a slot in the pool,
+RPM/TPM reservation; from here the request is billed) -> cut (whether the model's remote regions are all
+out, and the degraded tier's policy for it) -> cache (an exact hit answers; a semantic lookup is handed on
+to race the region) -> route (geo: the replicas in failover order) -> gate (a slot in the pool,
 by tier) -> forward (choose and open the upstream, failover before the first byte, racing the lookup) ->
 relay (the answer to the client; a stream its region cut is reported) -> continue (another region
 continues a cut stream). The pipeline's exit then settles the bill (:mod:`edge.settle`).
@@ -13,6 +14,7 @@ from __future__ import annotations
 from edge.admission import admit, authenticate, check_request, read_body
 from edge.cache_stage import cache_stage
 from edge.call_body import region_body
+from edge.degraded import cut_stage
 from edge.forward import forward
 from edge.gate_stage import gate_stage
 from edge.journey import Call, Journey, Reply
@@ -90,6 +92,7 @@ def default_pipeline() -> Pipeline:
             Stage("parse", parse_stage),
             Stage("rightsize", rightsize_stage),
             Stage("admit", admit_stage),
+            Stage("cut", cut_stage),
             Stage("cache", cache_stage),
             Stage("route", route_stage),
             Stage("gate", gate_stage),

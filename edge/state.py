@@ -14,6 +14,7 @@ from edge.billing import PriceTable
 from edge.budget import BudgetBook, Budgets
 from edge.cache_audit import Auditor
 from edge.config import EdgeConfig
+from edge.degraded_policy import DegradedTier
 from edge.keys import KeyStore
 from edge.ledger import Ledger
 from edge.limits import RateLimiter
@@ -42,6 +43,7 @@ class EdgeState:
     locator: Locator | None = None  # where clients are (the route stage needs it)
     aliases: dict[str, SizeAlias] = field(default_factory=dict)  # size aliases by name (the rightsize stage)
     gates: dict[str, PoolGate] = field(default_factory=dict)  # per-pool in-flight limits (the gate stage)
+    degraded: DegradedTier | None = None  # the local regions' policy (the cut stage); None: no local region
     background: set[asyncio.Task] = field(default_factory=set)
 
     def __post_init__(self) -> None:

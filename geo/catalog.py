@@ -37,6 +37,9 @@ class RegionSpec(Struct, forbid_unknown_fields=True, kw_only=True):
     pool: PoolClass = "large"
     # The most requests this edge keeps in flight at each replica (beyond it, it is overloaded).
     capacity: Annotated[int, Meta(ge=1)] = 64
+    # On this side of the ocean (the last mile only): the degraded tier, which answers what the remote
+    # regions cannot (a cable cut), or takes its pool's traffic, as the edge's [degraded] policy says.
+    local: bool = False
 
     def urls(self) -> list[str]:
         return list(self.replicas) if self.replicas else ([self.url] if self.url else [])

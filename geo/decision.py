@@ -40,6 +40,11 @@ class Replica:
     def loading(self) -> bool:
         return self.load is not None and not self.load.routable
 
+    @property
+    def local(self) -> bool:
+        """On this side of the ocean: the degraded tier (RegionSpec.local)."""
+        return self.spec.local
+
 
 @dataclass(frozen=True, slots=True)
 class Where:
@@ -80,6 +85,8 @@ class Route:
     affinity: bool = False  # a shared prefix decided
     held: bool = False  # hysteresis kept the current region over a better-scoring one
     explored: bool = False  # the first was measured again: its observations were stale (geo/route.py)
+    # Every remote replica of the model is down or ejected: the ranked ones are local (the degraded tier).
+    cut: bool = False
 
     @property
     def terms(self) -> list[Terms]:
@@ -103,12 +110,16 @@ class Route:
             parts.append(f"runner-up {self.ranked[1].id} (not scored)")
         flags = [f"policy={'+'.join(self.policies)}"] if self.policies else []
         flags += ["affinity"] * self.affinity + ["held"] * self.held + ["explored"] * self.explored
+        flags += ["cut"] * self.cut
         return "; ".join(parts + flags)
 
 
 class NoRoute(Exception):
-    """No replica may serve the request now; the message says why (and names the residency policy)."""
+    """No replica may serve the request now; the message says why (and names the residency policy).
+    ``cut``: the model's remote replicas are all down or ejected while the edge has local regions (none of
+    them serving it now), so that the edge's degraded tier decides what answers instead."""
 
-    def __init__(self, message: str, policies: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, policies: tuple[str, ...] = (), cut: bool = False) -> None:
         super().__init__(message)
         self.policies = policies
+        self.cut = cut

@@ -21,7 +21,7 @@ from geo.catalog import RoutingSettings
 from geo.decision import Scored
 from geo.terms import reported_queue_and_load
 
-GroupKey = tuple[str, str, tuple[str, ...]]
+GroupKey = tuple[str, str, tuple[str, ...], bool]  # model, client country, policies, local shared
 _MAX_GROUPS = 4096
 
 

@@ -25,6 +25,11 @@ to such a replica while probes alone would make it about as good as the best (ge
 time decay), and its sample after the silence replaces the stale estimate, so a recovered replica wins its
 traffic back.
 
+Local regions (``local = true``: this side of the ocean) are the degraded tier. By default (standby) they are
+left out of the ranking while any remote replica of the model is routable, and put last in its failover
+order; when none is, they are the route, marked ``cut``. With ``share_local`` they are ranked as any other
+replica (the nearest, they usually take their pool's traffic); its groups are kept apart from standby's.
+
 Everything here is pure and in memory: probes and responses update it off the request path.
 """
 
@@ -44,6 +49,7 @@ from geo.decision import NoRoute, Replica, Route, Scored, Where
 from geo.health import Health
 from geo.hold import Group, GroupKey, explore, hold
 from geo.latency import Latency
+from geo.orders import Order, Scope
 from geo.places import EARTH_RADIUS_KM, FIBRE_KM_PER_MS, floor_one_way_ms, great_circle_km
 from geo.residency import Allowed, Residency
 from geo.terms import LOAD_PENALTY_MS, queue_and_load
@@ -59,20 +65,6 @@ _ROUTABLE_STATES = frozenset(("ready", "unloaded"))  # LoadReport.routable, read
 # work: GeoIP places are cities, and a city's addresses are one place anyway.
 _PLACE_GRID = 4.0
 _SLACK_MS = 1.0  # scores within a millisecond tie (the catalog's order decides): scan those too
-
-
-@dataclass(slots=True)
-class _Order:
-    """The routable replicas serving a (model, residency) scope, in the catalog's order, with the part of
-    their bound that is the same for every client (the round trip) as an array."""
-
-    epoch: int
-    valid_until: float  # the next ejection's end: the set changes then
-    replicas: list[Replica]
-    rtt_ms: np.ndarray  # float64, each one's round trip (measured, floored; or the inflated floor)
-    index: np.ndarray  # each one's place in Router.replicas (to gather client terms)
-    position: dict[str, int]  # replica id -> its place in ``replicas``
-    by_region: dict[str, list[int]]  # region -> its replicas' places
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +102,12 @@ class Router:
     _groups: dict[GroupKey, Group] = field(default_factory=dict)
     # What depends only on the catalog: the replicas serving a model within a residency scope, and the
     # client term of every replica for a client's place (GeoIP places repeat: cities, not addresses).
-    _serving: dict[tuple[str, frozenset[str] | None], list[Replica]] = field(default_factory=dict)
+    _serving: dict[tuple[str, frozenset[str] | None], Scope] = field(default_factory=dict)
     _client_ms: dict[tuple[int, int, bool], np.ndarray] = field(default_factory=dict)
     _places: _PlaceArrays | None = None
     # The routable replicas in bound order, per (serving list, client place); valid while _epoch stands
     # (every probe sample, health change and ejection moves it) and until the next ejection ends.
-    _static: dict[tuple, _Order] = field(default_factory=dict)
+    _static: dict[tuple, Order] = field(default_factory=dict)
     _epoch: int = 0
     # Each replica's observed queue (Latency.observed), by its place in ``replicas``: part of the scan's
     # bound (the queue term is at least it), kept as it is answered.
@@ -125,8 +117,10 @@ class Router:
     # When each was last observed: a stale observation leaves the bound, so that the replica is scanned
     # and may be explored (geo.hold) rather than never looked at again.
     _observed_at: np.ndarray = None  # type: ignore[assignment]
+    has_local: bool = False  # some region is local (the degraded tier): set from the replicas
 
     def __post_init__(self) -> None:
+        self.has_local = any(r.local for r in self.replicas)
         self._observed_ms = np.array([r.latency.observed.value for r in self.replicas], dtype=np.float64)
         self._measured_ms = np.array(
             [r.latency.observed.value if r.latency.observed.samples else math.inf for r in self.replicas],
@@ -177,20 +171,22 @@ class Router:
         prompt_tokens: int,
         prefix: tuple[int, ...],
         now: float,
+        share_local: bool = False,
     ) -> Route:
         allowed = self.residency.allowed(where.country, where.continent, tenant)
-        serving = self._serving_now(model, allowed)
-        static = self._static_order(serving, now)
+        scope = self._serving_now(model, allowed)
+        static, tail, cut = self._tiers(scope, share_local, now)
         if not static.replicas:
-            why = "; ".join(f"{r.id}: {r.health.why_not(now)}" for r in serving)
-            scope = (
+            why = "; ".join(f"{r.id}: {r.health.why_not(now)}" for r in scope.every)
+            policy = (
                 f" allowed by data-residency policy {' + '.join(allowed.policies)}"
                 if allowed.policies
                 else ""
             )
-            raise NoRoute(f"Every region{scope} serving {model!r} is unavailable ({why}).", allowed.policies)
+            message = f"Every region{policy} serving {model!r} is unavailable ({why})."
+            raise NoRoute(message, allowed.policies, cut)
         holder = self.affinity.lookup(prefix) if prefix else None
-        group_key = (model, where.country if where.located else "", allowed.policies)
+        group_key = (model, where.country if where.located else "", allowed.policies, share_local)
         group = self._groups.get(group_key)
         measured = self._measured_ms[static.index]
         baseline = min(
@@ -211,11 +207,37 @@ class Router:
                 held, explored = False, True
         if prefix:
             self.affinity.record(prefix, scored[0][2].id)
-        return Route(
-            [s[2] for s in scored] + rest, [s[3] for s in scored], allowed.policies, affinity, held, explored
-        )
+        ranked = [s[2] for s in scored] + rest + tail
+        return Route(ranked, [s[3] for s in scored], allowed.policies, affinity, held, explored, cut)
 
-    def _static_order(self, serving: list[Replica], now: float) -> _Order:
+    def cut_off(self, model: str, where: Where, tenant: str, now: float) -> bool:
+        """Whether every remote replica serving ``model`` for this client is down or ejected while the edge
+        has local regions: the degraded tier's case (a cable cut)."""
+        if not self.has_local:
+            return False
+        allowed = self.residency.allowed(where.country, where.continent, tenant)
+        try:
+            scope = self._serving_now(model, allowed)
+        except NoRoute:
+            return False
+        return bool(scope.remote) and not self._static_order(scope.remote, now).replicas
+
+    def _tiers(self, scope: Scope, share_local: bool, now: float) -> tuple[Order, list[Replica], bool]:
+        """The replicas to rank, the local ones after them in the failover order (standby), and whether
+        every remote one is out (then the ranked are local only)."""
+        if not scope.local:  # every replica is remote: out, it is a cut only where the edge has local ones
+            every = self._static_order(scope.every, now)
+            return every, [], self.has_local and not every.replicas
+        remote = self._static_order(scope.remote, now) if scope.remote else None
+        cut = bool(scope.remote) and not (remote is not None and remote.replicas)
+        if share_local:
+            return self._static_order(scope.every, now), [], cut
+        local = self._static_order(scope.local, now)
+        if remote is not None and remote.replicas:
+            return remote, list(local.replicas), cut
+        return local, [], cut
+
+    def _static_order(self, serving: list[Replica], now: float) -> Order:
         """The routable replicas of a scope and their round trips: rebuilt when a probe moved a round trip
         by a millisecond, a replica went down or came back, or an ejection ended."""
         key = id(serving)
@@ -236,7 +258,7 @@ class Router:
         by_region: dict[str, list[int]] = {}
         for i, r in enumerate(replicas):
             by_region.setdefault(r.region, []).append(i)
-        built = _Order(
+        built = Order(
             self._epoch,
             valid_until,
             replicas,
@@ -252,7 +274,7 @@ class Router:
 
     def _scan(
         self,
-        static: _Order,
+        static: Order,
         where: Where,
         prompt_tokens: int,
         holder: tuple[str, int] | None,
@@ -319,25 +341,27 @@ class Router:
         queue_ms, load_ms = queue_and_load(r, self.config.routing.default_service_ms, baseline_ms)
         return near + queue_ms + load_ms + prefill_ms
 
-    def _serving_now(self, model: str, allowed: Allowed) -> list[Replica]:
+    def _serving_now(self, model: str, allowed: Allowed) -> Scope:
         """The replicas that serve ``model`` within the residency scope (the catalog's order)."""
         key = (model, allowed.regions)
-        serving = self._serving.get(key)
-        if serving is None:
+        scope = self._serving.get(key)
+        if scope is None:
             serving = [r for r in self.replicas if model in r.models]
             if serving and allowed.regions is not None:
                 serving = [r for r in serving if r.region in allowed.regions]
+            local = [r for r in serving if r.local]
+            remote = [r for r in serving if not r.local] if local else serving
             if len(self._serving) >= _MAX_CACHED:
                 self._serving.clear()
-            self._serving[key] = serving
-        if not serving:
+            scope = self._serving[key] = Scope(serving, remote, local)
+        if not scope.every:
             if not any(model in r.models for r in self.replicas):
                 raise NoRoute(f"No region serves the model {model!r}.")
             raise NoRoute(
                 f"Data-residency policy {' + '.join(allowed.policies)} allows no region serving {model!r}.",
                 allowed.policies,
             )
-        return serving
+        return scope
 
     def _score(
         self,

@@ -1,6 +1,8 @@
 """Turn chat messages into prompt segments: the GGUF's own Jinja template, or the Gemma turn format.
 
-The embedded model is a base model without a template, so the Gemma turn format is the default.
+``chat_template = "auto"`` takes the GGUF's template when the file has one, the Gemma turn format when not:
+the embedded Gemma 3 270M is a base model without a template (the Gemma format it is); the embedded
+SmolLM2-135M-Instruct carries its ChatML template (``<|im_start|>role ... <|im_end|>``), rendered here.
 
 Only the template's own text may hold control tokens; what callers wrote (message content and names) is
 plain text. A Jinja template is rendered with each caller-written string replaced by a unique sentinel,
@@ -43,10 +45,16 @@ class OpenTurnError(ChatTemplateError):
 
 
 class ChatFormatter:
-    """Renders a conversation with the chosen template; ``bos_token`` is left to the tokenizer."""
+    """Renders a conversation with the chosen template. ``adds_bos``: the tokenizer puts BOS before the
+    prompt, so a template that writes ``bos_token`` first has it cut (it would be doubled); a tokenizer that
+    adds none (SmolLM2's, whose BOS text ``<|im_start|>`` opens every turn) keeps the template's text
+    whole."""
 
-    def __init__(self, template: str | None, special_tokens: dict[str, str]) -> None:
+    def __init__(
+        self, template: str | None, special_tokens: dict[str, str], *, adds_bos: bool = True
+    ) -> None:
         self.special_tokens = special_tokens
+        self.adds_bos = adds_bos
         self._jinja = None
         if template:
             env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -86,7 +94,7 @@ class ChatFormatter:
             )
         except TemplateError as exc:
             raise ChatTemplateError(f"the model's chat template rejected the messages: {exc}") from exc
-        bos = self.special_tokens.get("bos_token", "")
+        bos = self.special_tokens.get("bos_token", "") if self.adds_bos else ""
         # The tokenizer adds BOS itself; a template that writes it too would double it.
         text = text[len(bos) :] if bos and text.startswith(bos) else text
         if not continue_final:

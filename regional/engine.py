@@ -166,6 +166,11 @@ class Engine(Protocol):
         """``bos_token`` and ``eos_token`` text, for chat templates."""
         ...
 
+    def adds_bos(self) -> bool:
+        """Whether :meth:`tokenize_prompt` puts BOS before the prompt itself (Gemma's vocabulary asks for it;
+        SmolLM2's does not, and its template's first token is its BOS text)."""
+        ...
+
     def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         """Stream the request's tokens; raises :class:`EngineOverloaded` before the first event, and
         :class:`EngineFailed` (at any point) once the engine has failed for good."""

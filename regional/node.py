@@ -16,7 +16,7 @@ from regional.app import SERVICE, create_app
 from regional.config import RegionConfig
 from regional.embeddings import EmbeddingsService
 from regional.engine_select import make_engine
-from regional.model_store import resolve_model_path
+from regional.model_store import EmbeddedModelError, embedded_model, resolve_model_path
 from regional.safety import build_filter
 from regional.service import RegionService
 
@@ -35,6 +35,10 @@ def check_config(config: RegionConfig) -> None:
     m, emb = config.model, config.embeddings
     if emb.enabled and (shared := {emb.model, *emb.aliases} & {m.name, *m.aliases}):
         raise ValueError(f"embeddings.model: {sorted(shared)[0]!r} also names the chat model")
+    try:
+        embedded_model(m.path)  # an unknown embedded name is refused before the listener is bound
+    except EmbeddedModelError as exc:
+        raise ValueError(f"model.path: {exc}") from None
     _check_tls(config)
 
 
@@ -74,7 +78,7 @@ def build_region_app(config: RegionConfig) -> web.Application:
     server_ssl_context(config)  # fail now, as a config error, not when the server starts
     try:
         model_path = resolve_model_path(config.model.path, config.model.cache_dir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, EmbeddedModelError) as exc:
         raise ValueError(f"model.path: {exc}") from exc
     engine = make_engine(config.model.name, str(model_path), config.engine)
     try:

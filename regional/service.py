@@ -131,7 +131,9 @@ class RegionService:
             template = self.engine.chat_template() if choice in ("auto", "gguf") else None
             if choice == "gguf" and not template:
                 raise ApiError(INTERNAL, "chat_template = 'gguf' but the model file carries no chat template")
-            self._formatter = ChatFormatter(template, self.engine.special_tokens())
+            self._formatter = ChatFormatter(
+                template, self.engine.special_tokens(), adds_bos=self.engine.adds_bos()
+            )
         return self._formatter
 
     async def prepare_chat(self, body: ChatCompletionRequest, request_id: str, timings: Timings) -> Prepared:

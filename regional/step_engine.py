@@ -140,9 +140,8 @@ class StepEngine:
     def state(self) -> EngineState:
         thread = self._thread
         if self._state == "ready" and thread is not None and not thread.is_alive() and not self._stopping:
-            self._fail_engine(
-                "the engine's worker thread is gone"
-            )  # cannot happen; never go silent if it does
+            # Cannot happen; never go silent if it does.
+            self._fail_engine("the engine's worker thread is gone")
         return self._state
 
     async def start(self) -> None:
@@ -253,6 +252,9 @@ class StepEngine:
 
     def special_tokens(self) -> dict[str, str]:
         return self._vocab.special_tokens() if self._vocab is not None else {}
+
+    def adds_bos(self) -> bool:
+        return bool(self._vocab.bos_prefix()) if self._vocab is not None else True
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         await self.ready()
@@ -464,9 +466,7 @@ class StepEngine:
 
     def _fail_engine(self, reason: str, pending: Events | None = None) -> None:
         """Give up for good: every request, now and later, gets ``reason``; the node is told to exit.
-
-        ``pending`` holds the last step's events: the requests that step failed get the engine's failure too.
-        """
+        ``pending``: the last step's events (the requests that step failed get the engine's failure too)."""
         with self._cv:
             if self._failure is not None:
                 return

@@ -13,6 +13,13 @@ from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps
 
 MODEL = "gemma-3-270m"
+# The second embedded model, instruction-tuned (one node per model: configs/region-small.toml).
+SMALL_MODEL = "smollm2-135m"
+SMALL_MODEL_SECTION = {
+    "name": SMALL_MODEL,
+    "aliases": ["smollm2-135m-instruct"],
+    "path": "embedded:smollm2-135m-instruct",
+}
 
 
 @dataclass
@@ -74,5 +81,25 @@ TORCH_ENGINE = {
 @pytest.fixture(scope="session")
 def torch_region(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     node = start_region(tmp_path_factory.mktemp("torch-region"), engine=TORCH_ENGINE)
+    yield node
+    node.process.stop()
+
+
+@pytest.fixture(scope="session")
+def small_region(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """A node on SmolLM2-135M-Instruct (llama.cpp), with the shared node's limits."""
+    folder = tmp_path_factory.mktemp("small-region")
+    node = start_region(
+        folder, model=SMALL_MODEL_SECTION, engine=SHARED_ENGINE, embeddings={"enabled": False}
+    )
+    yield node
+    node.process.stop()
+
+
+@pytest.fixture(scope="session")
+def small_torch_region(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    """A node on SmolLM2-135M-Instruct on the torch engine, on the CPU."""
+    folder = tmp_path_factory.mktemp("small-torch-region")
+    node = start_region(folder, model=SMALL_MODEL_SECTION, engine=TORCH_ENGINE, embeddings={"enabled": False})
     yield node
     node.process.stop()

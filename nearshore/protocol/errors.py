@@ -57,6 +57,9 @@ UPSTREAM_TIMEOUT = ErrorKind(504, "server_error", "upstream_timeout")
 # model), or none that the request's data-residency policy allows.
 NO_REGION_AVAILABLE = ErrorKind(503, "server_error", "no_region_available")
 RESIDENCY_UNAVAILABLE = ErrorKind(503, "server_error", "residency_unavailable")
+# Every remote region serving the model is unreachable (a cable cut) and nothing on the edge's side of the
+# ocean may answer for it (edge/degraded.py): retry later, or ask for a model a local region serves.
+CABLE_CUT = ErrorKind(503, "server_error", "cable_cut")
 # A request that no wait can make fit (bigger than the key's whole TPM or budget): retrying is pointless.
 EXCEEDS_LIMIT = ErrorKind(400, "invalid_request_error", "request_exceeds_limit")
 INTERNAL = ErrorKind(500, "server_error", "internal_error")

@@ -34,3 +34,6 @@ FALLBACK = "x-nearshore-fallback"
 # Whose share of a region a request uses: an opaque per-API-key id the edge sets (a hash, never the key or its
 # id), so that the region's scheduler admits and prefills round-robin across keys.
 SHARE_KEY = "x-nearshore-share-key"
+# Why an answer is not what the edge would normally give: `cable-cut` (every remote region serving the model
+# is unreachable; the cache or a local region answered, or the request was refused). Set by the edge.
+DEGRADED = "x-nearshore-degraded"

@@ -48,11 +48,15 @@ def text_pieces(text: str, max_chars: int = PIECE_CHARS) -> Iterator[str]:
     """``text`` in pieces of at most ``max_chars``, cut where no token spans the cut, so that the pieces'
     tokens are the whole text's.
 
-    Preferred cut: after a newline that is followed by another character (no token of Gemma's vocabulary
-    holds a newline followed by anything but newlines, and no control token holds a newline). Else before a
-    space that follows a non-space (Gemma's tokens start at a space, never end before one; one user-defined
-    token, "> </", is the exception). Else, a text of ``max_chars`` with neither is cut where it must be:
-    its tokens may then differ from the whole text's at that point, and only there.
+    Preferred cut: after a newline that stands alone between two characters other than whitespace (no
+    token of Gemma's vocabulary holds a newline followed by anything but newlines, and no control token
+    holds a newline; a GPT-2-style vocabulary such as SmolLM2's holds a newline followed by an indent, and
+    its pre-tokenizer reads a run of whitespace that ends a text whole but one before a letter less its last
+    character, so only a lone newline between two non-spaces is a cut it sees the same on both sides).
+    Else before a space that follows a character other than whitespace (Gemma's tokens start at a space,
+    never end before one; one user-defined token, "> </", is the exception; GPT-2's pre-tokenizer splits
+    there too). Else, a text of ``max_chars`` with neither is cut where it must be: its tokens may then
+    differ from the whole text's at that point, and only there.
     """
     start = 0
     while len(text) - start > max_chars:
@@ -70,7 +74,7 @@ def text_pieces(text: str, max_chars: int = PIECE_CHARS) -> Iterator[str]:
 def _last_newline_cut(text: str, start: int, end: int) -> int:
     i = text.rfind("\n", start, end)
     while i > start:
-        if text[i + 1] != "\n":
+        if not text[i + 1].isspace() and not text[i - 1].isspace():
             return i + 1
         i = text.rfind("\n", start, i)
     return -1
@@ -79,7 +83,7 @@ def _last_newline_cut(text: str, start: int, end: int) -> int:
 def _last_space_cut(text: str, start: int, end: int) -> int:
     i = text.rfind(" ", start + 1, end)
     while i > start:
-        if text[i - 1] != " ":
+        if not text[i - 1].isspace():
             return i
         i = text.rfind(" ", start + 1, i)
     return -1

@@ -1,5 +1,7 @@
-"""Tools in the conversation, for a model family whose chat template has no tool format of its own (Gemma's
-has none): the project's tool format, written out as plain messages before the template renders them.
+"""Tools in the conversation, for a model family whose chat template has no tool format of its own (neither
+the embedded Gemma's turn format nor SmolLM2's ChatML template has one): the project's tool format, written
+out as plain messages before the template renders them, whichever template that is (the Hermes style that
+ChatML models such as Qwen2.5 are trained on: a Gemma turn or a ChatML ``<|im_start|>`` turn holds it alike).
 
 - The tools are described at the top of the system text: what a call looks like, then one line of JSON
   per function (name, description, parameters).
@@ -7,7 +9,7 @@ has none): the project's tool format, written out as plain messages before the t
   block per call (:data:`CALL_OPEN`, :data:`CALL_CLOSE`); an assistant message's ``tool_calls`` in the
   history are written back in that form, so the model sees its own calls as it made them.
 - A tool's answer (``role: "tool"``) is a user turn ``<tool_response>`` + its content + ``</tool_response>``;
-  answers in a row share one turn (Gemma's turns must alternate).
+  answers in a row share one turn (Gemma's turns must alternate; ChatML's need not, and lose nothing).
 
 Shared by the region (which renders and tokenizes the prompt) and the edge (which counts its tokens: tool
 definitions are prompt tokens).

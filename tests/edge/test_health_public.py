@@ -26,12 +26,15 @@ ONE_WORD = re.compile(r"[a-z]*")
 
 
 def fake_state(
-    *, redis_up=True, fail_mode="closed", ledger="", accepting=True, routable=(True,)
+    *, redis_up=True, fail_mode="closed", ledger="", accepting=True, routable=(True,), local=()
 ) -> SimpleNamespace:
-    """Just what readiness() reads."""
+    """Just what readiness() reads (``local``: which replicas are on this side of the ocean)."""
+    local = local or (False,) * len(routable)
     upstreams = [
-        SimpleNamespace(replica=SimpleNamespace(health=SimpleNamespace(routable=lambda _now, up=up: up)))
-        for up in routable
+        SimpleNamespace(
+            replica=SimpleNamespace(health=SimpleNamespace(routable=lambda _now, up=up: up), local=here)
+        )
+        for up, here in zip(routable, local, strict=True)
     ]
     return SimpleNamespace(
         config=SimpleNamespace(limits=SimpleNamespace(fail_mode=fail_mode)),
@@ -53,6 +56,10 @@ def fake_state(
         (fake_state(ledger="unavailable", accepting=False), ("unavailable",), 503),
         (fake_state(ledger="spooling", routable=(False,)), ("spooling", "regions"), 200),
         (fake_state(redis_up=False, routable=(False,)), ("limits", "regions"), 503),  # refusing first
+        # Only the local region (this side of the ocean) left: a cable cut, still serving.
+        (fake_state(routable=(False, True), local=(False, True)), ("cut",), 200),
+        (fake_state(routable=(True, True), local=(False, True)), (), 200),
+        (fake_state(routable=(True,), local=(True,)), (), 200),  # no remote region at all: nothing cut
     ],
 )
 def test_readiness_collects_every_reason_and_refusing_ones_answer_503(state, reasons, http_status):

@@ -1,5 +1,6 @@
 """Config files decode into Structs; errors name the file and the key."""
 
+import msgspec
 import pytest
 
 from nearshore.config import ConfigError, load_config
@@ -16,6 +17,19 @@ def test_defaults_without_a_file():
 def test_the_shipped_region_config_is_valid():
     config = load_config("configs/region.toml", RegionConfig)
     assert config.name == "london" and config.engine.context_window <= config.engine.kv_cache_tokens
+
+
+def test_the_shipped_small_model_config_is_valid_and_names_smollm2():
+    from regional.node import check_config
+
+    config = load_config("configs/region-small.toml", RegionConfig)
+    check_config(config)
+    big = load_config("configs/region.toml", RegionConfig)
+    assert config.model.name == "smollm2-135m" and config.model.path == "embedded:smollm2-135m-instruct"
+    assert config.model.chat_template == "auto" and config.server.port != big.server.port
+    # The same settings as the Gemma node's file, but for the model and the port.
+    strip = lambda c: msgspec.structs.replace(c, model=big.model, server=big.server)  # noqa: E731
+    assert strip(config) == big
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from nearshore.protocol.prompt_segments import PIECE_CHARS, Segment, text_pieces
 from nearshore.protocol.schemas import ChatMessage
 from regional.chat_template import ChatFormatter
 from regional.engine import PromptTooLong
-from regional.llama_model import LlamaModel
+from regional.llama_model import ContextSettings, LlamaModel
 from regional.model_store import resolve_model_path
 from regional.prompt_tokens import PromptTokenizer
 
@@ -79,6 +79,29 @@ def test_long_texts_tokenize_in_pieces_exactly_as_whole(model):
         whole = model.tokenize(text, add_special=False, parse_special=special)
         pieced = [t for p in pieces for t in model.tokenize(p, add_special=False, parse_special=special)]
         assert pieced == whole
+
+
+@pytest.fixture(scope="module")
+def smollm2_vocab():
+    vocab = LlamaModel(
+        str(resolve_model_path("embedded:smollm2-135m-instruct")),
+        ContextSettings(0, 0, 1, 1),
+        vocab_only=True,
+    )
+    yield vocab
+    vocab.close()
+
+
+def test_long_texts_tokenize_in_pieces_exactly_as_whole_in_smollm2s_vocabulary(smollm2_vocab):
+    """A GPT-2-style vocabulary holds a newline followed by an indent ("\n   " before " return"): code is
+    cut after a newline only where a letter follows, and before a space only where a non-space precedes."""
+    block = "def f{i}(x):\n    if x:\n\t\treturn {i}\n    return  x  +  1\n\n"
+    text = "".join(block.format(i=i) for i in range(150)) + "word  " * 2000 + "end"
+    pieces = list(text_pieces(text))
+    assert len(pieces) > 5 and "".join(pieces) == text and all(len(p) <= PIECE_CHARS for p in pieces)
+    whole = smollm2_vocab.tokenize(text, add_special=False, parse_special=False)
+    pieced = [t for p in pieces for t in smollm2_vocab.tokenize(p, add_special=False, parse_special=False)]
+    assert pieced == whole
 
 
 class CountingModel:

@@ -1,0 +1,33 @@
+"""What the router keeps per (model, residency) scope: the replicas serving it by tier, and the routable ones
+in bound order (geo/route.py builds and reads them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from geo.decision import Replica
+
+
+@dataclass(slots=True)
+class Order:
+    """The routable replicas serving a (model, residency) scope, in the catalog's order, with the part of
+    their bound that is the same for every client (the round trip) as an array."""
+
+    epoch: int
+    valid_until: float  # the next ejection's end: the set changes then
+    replicas: list[Replica]
+    rtt_ms: np.ndarray  # float64, each one's round trip (measured, floored; or the inflated floor)
+    index: np.ndarray  # each one's place in Router.replicas (to gather client terms)
+    position: dict[str, int]  # replica id -> its place in ``replicas``
+    by_region: dict[str, list[int]]  # region -> its replicas' places
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The replicas serving a model within a residency scope, in the catalog's order, and their two tiers."""
+
+    every: list[Replica]
+    remote: list[Replica]  # across the ocean (every one, when no region is local)
+    local: list[Replica]  # on this side of it: the degraded tier
