@@ -14,6 +14,9 @@ from harness.launcher import RunningTopology
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question", help="what to ask")
     parser.add_argument("--max-tokens", type=int, default=120)
+    parser.add_argument(
+        "--model", default="", help="which model answers (default: the instruction-tuned one, where served)"
+    )
     parser.add_argument("--temperature", type=float, default=0.3)
     parser.add_argument("--state", type=Path, help="a topology's state.json (default: the one `up` started)")
 
@@ -24,4 +27,5 @@ def main(args: argparse.Namespace) -> int:
     except FileNotFoundError as exc:
         print(f"nearshore chat: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(stream_answer(running, args.question, args.max_tokens, args.temperature))
+    answer = stream_answer(running, args.question, args.max_tokens, args.temperature, model=args.model)
+    return asyncio.run(answer)

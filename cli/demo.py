@@ -18,6 +18,9 @@ DEFAULT_QUESTION = "Give three tips for a first visit to Lagos."
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question", nargs="?", default=DEFAULT_QUESTION, help="what to ask the model")
     parser.add_argument("--max-tokens", type=int, default=120)
+    parser.add_argument(
+        "--model", default="", help="which model answers (default: the instruction-tuned one, where served)"
+    )
     parser.add_argument("--topology", default="lagos", help="a name in configs/topologies or a file")
 
 
@@ -29,6 +32,6 @@ def main(args: argparse.Namespace) -> int:
     try:
         running = launcher.start()
         print(f"\n> {args.question}\n", flush=True)
-        return asyncio.run(stream_answer(running, args.question, args.max_tokens))
+        return asyncio.run(stream_answer(running, args.question, args.max_tokens, model=args.model))
     finally:
         launcher.stop()

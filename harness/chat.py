@@ -11,9 +11,8 @@ import aiohttp
 
 from harness.client import Stream, stream_once
 from harness.launcher import RunningTopology
+from harness.models import LARGE
 from nearshore import tls
-
-MODEL = "gemma-3-270m"
 
 
 async def stream_answer(
@@ -22,19 +21,23 @@ async def stream_answer(
     max_tokens: int,
     temperature: float = 0.3,
     out: TextIO = sys.stdout,
+    model: str = "",
 ) -> int:
-    """Stream one answer on a new connection (the user's own TCP and TLS handshakes included)."""
-    payload = {
-        "model": MODEL,
+    """Stream one answer on a new connection (the user's own TCP and TLS handshakes included), from
+    ``model`` (empty: the topology's chat model, the instruction-tuned one where it serves it)."""
+    model = model or running.chat_model
+    payload: dict[str, object] = {
+        "model": model,
         "messages": [{"role": "user", "content": question}],
         "max_tokens": max_tokens,
         "temperature": temperature,
         "seed": 1,
-        # The embedded model is a small base model: a mild penalty keeps it from looping.
-        "frequency_penalty": 0.5,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if model == LARGE:
+        # A small base model: a mild penalty keeps it from looping.
+        payload["frequency_penalty"] = 0.5
     headers = {"Authorization": f"Bearer {running.api_key}", "Content-Type": "application/json"}
     connector = aiohttp.TCPConnector(ssl=tls.client_context(ca=Path(running.edge_ca)), force_close=True)
     async with aiohttp.ClientSession(connector=connector) as session:

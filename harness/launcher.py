@@ -24,12 +24,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from edge.config import DATA_DIR
+import msgspec
+
+from edge.config import DATA_DIR, EMBEDDING_MODEL, EMBEDDING_PRICE
 from edge.keys import KeyStore
 from harness.leftovers import RunRecord, stop_orphans
+from harness.models import LARGE, MODELS, SMALL
 from harness.procs import ManagedProcess, ProcessFailed, free_port
 from harness.scrape_targets import write_prometheus_folder
-from harness.topology import Topology
+from harness.topology import Topology, serves
 from nearshore import tls, tomlw
 from nearshore.children import nearshore_argv
 
@@ -70,6 +73,8 @@ class RunningTopology:
     pids: list[int] = field(default_factory=list)
     metrics_url: str = ""  # the edge's operator listener: /metrics and /health (loopback, plain HTTP)
     prometheus_config: str = ""  # a scrape config for this run's ports (harness.scrape_targets)
+    # What `nearshore chat` and the demo ask: the instruction-tuned model where the topology serves it.
+    chat_model: str = LARGE
 
     def save(self) -> Path:
         path = Path(self.run_dir) / "state.json"
@@ -200,7 +205,8 @@ class Launcher:
 
         # 1. Regions, all loading at once.
         ports = {r.name: free_port() for r in t.regions}
-        self.progress(f"[1/4] regions {', '.join(ports)}: loading the embedded model ...")
+        models = ", ".join(dict.fromkeys(r.model for r in t.regions))
+        self.progress(f"[1/4] regions {', '.join(ports)}: loading the embedded models ({models}) ...")
         for region in t.regions:
             cert, key = tls.issue_certificate(ca_dir, region.name, certs, server=True)
             config = self.run_dir / f"region-{region.name}.toml"
@@ -211,7 +217,10 @@ class Launcher:
                 "tls_key": key,
                 "client_ca": ca,
             }
-            config.write_text(tomlw.dumps({"name": region.name, "server": server, "engine": self.engine}))
+            model = MODELS[region.model].region_section()
+            config.write_text(
+                tomlw.dumps({"name": region.name, "server": server, "model": model, "engine": self.engine})
+            )
             self._spawn(f"region-{region.name}", nearshore_argv("region", "--config", str(config)))
         self._region_context = tls.client_context(ca=ca, cert=edge_cert, key=edge_key)
         self._region_ports = ports
@@ -258,10 +267,7 @@ class Launcher:
                     # The embedded model is a base model: its answers run to max_tokens rather than stop,
                     # so the demo's cache keeps answers cut at max_tokens too (off by default).
                     "cache": {"store_truncated": True},
-                    "regions": [
-                        {"name": e.name, "url": e.via_edge_link, "city": r.city}
-                        for e, r in zip(endpoints, t.regions, strict=True)
-                    ],
+                    **catalog(t, endpoints),
                 }
             )
         )
@@ -288,6 +294,7 @@ class Launcher:
             regions=endpoints,
             pids=[p.proc.pid for p in self.processes if p.proc is not None],
             metrics_url=f"http://{HOST}:{metrics_port}",
+            chat_model=SMALL if serves(t, SMALL) else LARGE,
         )
         running.prometheus_config = str(write_prometheus_folder(running))
         running.save()
@@ -324,6 +331,29 @@ class Launcher:
         """Block until the region's node answers /health/ready (through no emulated link)."""
         url = f"https://{HOST}:{self._region_ports[name]}/health/ready"
         self.by_name[f"region-{name}"].wait_http(url, timeout_s=300, context=self._region_context)
+
+
+def catalog(t: Topology, endpoints: list[RegionEndpoints]) -> dict[str, object]:
+    """The edge config's models, prices, size alias and regions for the topology: each region serves its
+    node's model (and its aliases) in that model's pool; the large-pool nodes are where the edge sends the
+    embedding model's requests (every node serves ``/v1/embeddings``); a local region is the edge's degraded
+    tier."""
+    served = [MODELS[m] for m in dict.fromkeys(r.model for r in t.regions)]
+    regions = []
+    for e, r in zip(endpoints, t.regions, strict=True):
+        model = MODELS[r.model]
+        names = model.names + ([EMBEDDING_MODEL] if model.pool == "large" else [])
+        entry: dict[str, object] = {"name": e.name, "url": e.via_edge_link, "city": r.city, "models": names}
+        entry |= {"pool": model.pool, "local": r.local}
+        regions.append(entry)
+    names = [n for m in served for n in m.names] + [EMBEDDING_MODEL]
+    prices = {n: m.price for m in served for n in m.names}
+    embedding_price = msgspec.to_builtins(EMBEDDING_PRICE).items()
+    prices[EMBEDDING_MODEL] = {k: v for k, v in embedding_price if v is not None}  # (TOML has no null)
+    section: dict[str, object] = {"models": names, "prices": prices, "regions": regions}
+    if {LARGE, SMALL} <= {m.name for m in served}:
+        section["aliases"] = [{"name": "auto", "small": SMALL, "large": LARGE}]
+    return section
 
 
 def default_run_dir(topology: Topology) -> Path:

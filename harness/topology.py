@@ -1,9 +1,12 @@
 """Topologies: who sits where, and which emulated link joins them (``configs/topologies/*.toml``).
 
 A topology names a user (and the last-mile link to the edge), an edge, and regions, each with the link
-profile from ``configs/netem/`` that the edge's traffic to it crosses. Every place is a city of
-``configs/cities.toml``, and each link joins the places it stands between (a profile for another city pair
-would emulate the wrong distance, and the edge routes by the city the topology gives each region).
+profile from ``configs/netem/`` that the edge's traffic to it crosses. A region is one regional node serving
+one embedded model (``harness.models``: a city with two models is two regions, each on its own link); a
+region marked ``local`` is on the edge's side of the ocean (the last mile only), the edge's degraded tier.
+Every place is a city of ``configs/cities.toml``, and each link joins the places it stands between (a
+profile for another city pair would emulate the wrong distance, and the edge routes by the city the topology
+gives each region).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta, Struct, field
 
+from harness.models import LARGE, MODELS
 from nearshore.config import ConfigError, load_config
 from netem import geo_floor
 from netem.profiles import load_profile
@@ -35,6 +39,9 @@ class RegionSpec(Struct, forbid_unknown_fields=True, kw_only=True):
     name: Name
     city: str
     link: str  # profile of edge -> region
+    model: str = LARGE  # the embedded model its node serves (harness.models.MODELS)
+    # On the edge's side of the ocean: the degraded tier, which answers what the remote regions cannot.
+    local: bool = False
 
 
 class Topology(Struct, forbid_unknown_fields=True, kw_only=True):
@@ -66,6 +73,17 @@ def load_topology(name_or_path: str = "lagos") -> Topology:
     places = [("user.city", topology.user.city), ("edge.city", topology.edge.city)] + [
         (f"regions[{i}].city", r.city) for i, r in enumerate(topology.regions)
     ]
+    for i, region in enumerate(topology.regions):
+        if region.model not in MODELS:
+            known = ", ".join(MODELS)
+            raise ConfigError(f"{path}: regions[{i}].model: unknown model {region.model!r} (known: {known})")
+        if region.local and region.city != topology.edge.city:
+            raise ConfigError(
+                f"{path}: regions[{i}].local: a local region is in the edge's city ({topology.edge.city}), "
+                f"not {region.city}"
+            )
+    if all(r.local for r in topology.regions):
+        raise ConfigError(f"{path}: regions: every region is local; at least one must be across the ocean")
     for key, city in places:
         if city not in geo_floor.cities():
             known = ", ".join(sorted(geo_floor.cities()))
@@ -90,13 +108,33 @@ def load_topology(name_or_path: str = "lagos") -> Topology:
     return topology
 
 
-def nearest_region(topology: Topology) -> RegionSpec:
-    """The region whose link has the shortest round trip: where the edge's router sends the user at rest."""
-    return min(topology.regions, key=lambda r: load_profile(r.link).rtt_ms)
+def remote_regions(topology: Topology, model: str = LARGE) -> list[RegionSpec]:
+    """The regions across the ocean serving ``model``."""
+    return [r for r in topology.regions if r.model == model and not r.local]
+
+
+def local_regions(topology: Topology) -> list[RegionSpec]:
+    return [r for r in topology.regions if r.local]
+
+
+def nearest_region(topology: Topology, model: str = LARGE) -> RegionSpec:
+    """The remote region serving ``model`` whose link has the shortest round trip: where the edge's router
+    sends the user's requests for it at rest (local regions stand by)."""
+    remote = remote_regions(topology, model)
+    if not remote:
+        raise ConfigError(f"topology {topology.name}: no region across the ocean serves {model}")
+    return min(remote, key=lambda r: load_profile(r.link).rtt_ms)
+
+
+def serves(topology: Topology, model: str) -> bool:
+    return any(r.model == model for r in topology.regions)
 
 
 def describe(topology: Topology) -> str:
-    regions = ", ".join(f"{r.name} ({r.link})" for r in topology.regions)
+    def one(r: RegionSpec) -> str:
+        return f"{r.name} ({r.model}, {r.link}{', local' if r.local else ''})"
+
+    regions = ", ".join(one(r) for r in topology.regions)
     return (
         f"user in {topology.user.city} --{topology.user.link}--> edge in {topology.edge.city} --> {regions}"
     )

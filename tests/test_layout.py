@@ -172,7 +172,7 @@ FLAGS = {
     "ca init": ["--dir", "--name", "--force"],
     "ca issue": ["name", "--dir", "--out", "--host", "--client", "--server"],
     "up": ["topology", "--run-dir", "--restart"],
-    "chat": ["question", "--max-tokens", "--temperature", "--state"],
+    "chat": ["question", "--max-tokens", "--model", "--temperature", "--state"],
     "scenario": ["name", "--topology", "--out", "--repeats", "--phase-s", "--phases"],
     "link": ["--link", "--config", "--control", "--seed", "--no-handshake"],
     "fidelity": ["profiles", "--round-trips", "--seconds", "--seed"],
@@ -188,7 +188,7 @@ FLAGS = {
         "--name",
     ],
     "hostile": ["--host", "--port", "--mode", "--name", "--tokens", "--limit-s", "--max-connections"],
-    "demo": ["question", "--max-tokens", "--topology"],
+    "demo": ["question", "--max-tokens", "--model", "--topology"],
     "cache-eval": ["file", "--json", "--calibrate", "--misses", "--learned", "--answers"],
     "gpu-check": [
         "--device",

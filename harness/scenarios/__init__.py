@@ -7,10 +7,11 @@ Adding one is cheap: a module with a class that has ``name``, ``description`` an
 from __future__ import annotations
 
 from harness.scenarios.base import Scenario, ScenarioContext, ScenarioResult
+from harness.scenarios.cable_cut import CableCut
 from harness.scenarios.degraded_link import DegradedLink
 from harness.scenarios.lagos_ttft import LagosTtft
 from harness.scenarios.region_outage import RegionOutage
 
-SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (LagosTtft, RegionOutage, DegradedLink)}
+SCENARIOS: dict[str, type[Scenario]] = {s.name: s for s in (LagosTtft, RegionOutage, DegradedLink, CableCut)}
 
 __all__ = ["SCENARIOS", "Scenario", "ScenarioContext", "ScenarioResult"]

@@ -29,7 +29,7 @@ from harness.client import Stream, read_events, read_head
 from harness.launcher import RunningTopology
 from harness.stats import percentile
 from nearshore import tls
-from nearshore.protocol.headers import DEBUG, ROUTE
+from nearshore.protocol.headers import DEBUG, DEGRADED, ROUTE
 
 MODEL = "gemma-3-270m"
 OK = "ok"
@@ -46,6 +46,9 @@ class Attempt:
     route: str = ""  # x-nearshore-route: the edge's reasons for the region it chose
     error: str = ""
     ended: float = 0.0  # perf_counter when the answer ended (or failed)
+    cache: str = ""  # x-nearshore-cache: HIT or SEMANTIC when the edge's cache answered
+    degraded: str = ""  # x-nearshore-degraded: why a degraded tier answered (cable-cut)
+    status: int = 0  # the HTTP status of the answer's head
 
     def row(self, t0: float) -> dict[str, object]:
         """For a scenario's JSON: when it was sent (seconds from ``t0``), where it went, how it went."""
@@ -77,6 +80,8 @@ async def one_request(
             # region: the route's choice stands in.
             attempt.route = response.headers.get(ROUTE, "")
             attempt.region = stream.region or attempt.route.partition(" ")[0]
+            attempt.cache, attempt.status = stream.cache, response.status
+            attempt.degraded = response.headers.get(DEGRADED, "")
             if response.status != 200:
                 stream.error = f"HTTP {response.status}: {(await response.text())[:200]}"
             else:

@@ -139,3 +139,27 @@ def test_region_outage_takes_the_dead_region_out_and_lets_it_back_in(tmp_path):
     # Every stream under way at the kill either finished (continued elsewhere) or was counted as cut.
     assert data["continued"] + data["cut_mid_stream"] == data["in_flight_at_kill"]
     assert took_s < 90, f"took {took_s:.0f}s"
+
+
+@pytest.mark.slow
+def test_cable_cut_answers_from_lagos_and_goes_back_across_the_ocean(tmp_path):
+    """Every ocean link down under load: the chat (the small model) answered by the Lagos-local region, the
+    repeated questions by the cache, a new question for the large model refused at once with a 503; the
+    links back: the chat on London's small node again; a ledger row for every request."""
+    data, took_s = _scenario("cable-cut", tmp_path, "--phase-s", "3", timeout_s=300)
+    baseline, cut, restore = data["phases"]
+    assert (data["home"], data["local"]) == ("london-small", ["lagos-local"])
+    chat, repeat, large = (baseline["by_kind"][k] for k in ("chat", "repeat", "large"))
+    assert chat["remote"] > 0 and chat["local"] == 0, baseline  # the local region stands by
+    assert repeat["cache"] > 0 and large["remote"] > 0, baseline
+    chat, repeat, large = (cut["by_kind"][k] for k in ("chat", "repeat", "large"))
+    assert chat["local"] > 0 and chat["remote"] == chat["failed"] == chat["refused"] == 0, cut
+    assert repeat["cache"] > 0 and repeat["remote"] == repeat["failed"] == 0, cut
+    assert large["refused"] > 0 and large["remote"] == large["local"] == 0, cut
+    assert data["detect_s"] is not None and data["detect_s"] < 10, data
+    assert data["first_local_s"] is not None and data["first_local_s"] < 10, data
+    assert restore["by_kind"]["chat"]["remote"] > 0 and data["back_s"] is not None, restore
+    # Every stream the cut caught was continued in Lagos or counted as cut; nothing missing in the ledger.
+    assert data["continued_on_local"] <= data["in_flight_at_cut"]
+    assert data["ledger_rows"] == data["sent"], data
+    assert took_s < 240, f"took {took_s:.0f}s"

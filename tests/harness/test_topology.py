@@ -13,21 +13,26 @@ from pathlib import Path
 
 import pytest
 
-from harness.topology import load_topology
+from harness.topology import load_topology, nearest_region
 from nearshore.config import ConfigError
 from netem.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_default_topology_is_lagos_london_virginia_johannesburg():
+def test_default_topology_is_lagos_london_virginia_johannesburg_and_a_lagos_local_node():
     t = load_topology("lagos")
     assert (t.user.city, t.edge.city) == ("lagos", "lagos")
-    assert [(r.name, r.city, r.link) for r in t.regions] == [
-        ("london", "london", "lagos-london"),
-        ("virginia", "virginia", "lagos-virginia"),
-        ("johannesburg", "johannesburg", "lagos-johannesburg"),
+    assert [(r.name, r.city, r.link, r.model, r.local) for r in t.regions] == [
+        ("london", "london", "lagos-london", "gemma-3-270m", False),
+        ("london-small", "london", "lagos-london", "smollm2-135m", False),
+        ("virginia", "virginia", "lagos-virginia", "gemma-3-270m", False),
+        ("johannesburg", "johannesburg", "lagos-johannesburg", "gemma-3-270m", False),
+        ("lagos-local", "lagos", "lagos-metro", "smollm2-135m", True),
     ]
+    # At rest the user's requests cross to London, for either model; the local node stands by.
+    assert nearest_region(t).name == "london"
+    assert nearest_region(t, "smollm2-135m").name == "london-small"
 
 
 def test_every_profile_of_the_default_topology_is_sourced_and_above_the_floor():
@@ -76,6 +81,21 @@ def test_every_profile_of_the_default_topology_is_sourced_and_above_the_floor():
             'name = "x"\n[user]\ncity = "lagos"\nlink = "lagos-4g"\n[edge]\ncity = "lagos"\n'
             '[[regions]]\nname = "mars"\ncity = "olympus"\nlink = "lagos-london"\n',
             "regions[0].city: unknown city 'olympus'",
+        ),
+        (
+            'name = "x"\n[user]\ncity = "lagos"\nlink = "lagos-4g"\n[edge]\ncity = "lagos"\n'
+            '[[regions]]\nname = "london"\ncity = "london"\nlink = "lagos-london"\nmodel = "gpt-9"\n',
+            "regions[0].model: unknown model 'gpt-9' (known: gemma-3-270m, smollm2-135m)",
+        ),
+        (  # a local region is on the edge's side of the ocean
+            'name = "x"\n[user]\ncity = "lagos"\nlink = "lagos-4g"\n[edge]\ncity = "lagos"\n'
+            '[[regions]]\nname = "london"\ncity = "london"\nlink = "lagos-london"\nlocal = true\n',
+            "regions[0].local: a local region is in the edge's city (lagos), not london",
+        ),
+        (
+            'name = "x"\n[user]\ncity = "lagos"\nlink = "lagos-4g"\n[edge]\ncity = "lagos"\n'
+            '[[regions]]\nname = "here"\ncity = "lagos"\nlink = "lagos-metro"\nlocal = true\n',
+            "every region is local",
         ),
     ],
 )
