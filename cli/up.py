@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def usage_text(running: RunningTopology, restart: bool = False) -> str:
-    key, url, ca = running.api_key, running.edge_url, running.edge_ca
+    key, url, ca, model = running.api_key, running.edge_url, running.edge_ca, running.chat_model
     then = "; it is started again" if restart else ""
     return f"""
 Nearshore is up: {running.name}
@@ -46,12 +46,12 @@ Try it:
 
   curl --cacert {ca} {url}/v1/chat/completions \\
     -H "Authorization: Bearer {key}" -H 'Content-Type: application/json' \\
-    -d '{{"model": "gemma-3-270m", "stream": true, "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+    -d '{{"model": "{model}", "stream": true, "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
   python -c "
 import openai
 c = openai.OpenAI(base_url='{url}/v1', api_key='{key}', http_client=openai.DefaultHttpxClient(verify='{ca}'))
-print(c.chat.completions.create(model='gemma-3-270m', messages=[{{'role': 'user', 'content': 'Hello!'}}]))"
+print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hello!'}}]))"
 
 Ctrl-C stops everything. A region that dies is reported here and the rest keeps running{then}.
 """

@@ -37,6 +37,7 @@ import json
 import sqlite3
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -65,6 +66,8 @@ from netem.profiles import load_profile
 
 RATE_PER_S = 2.0
 MAX_TOKENS = 16
+LONG_STREAM_TOKENS = 96  # the chat the cut catches mid-answer (seconds of streaming on a busy machine)
+STREAMING_BEFORE_CUT_S = 0.2  # after its head: its first tokens are on their way to the user
 PHASE_S = 8.0  # each phase, once traffic is where it belongs (``--phase-s``)
 MAX_WAIT_S = 45.0  # for the edge to see the cut, or to send traffic back after the repair
 WARMUP_PROBES = 3
@@ -114,7 +117,7 @@ class MixedLoad:
     sent: list[Sent] = field(default_factory=list)
     _counter: itertools.count = field(default_factory=itertools.count)
 
-    def body(self, kind: Kind) -> bytes:
+    def body(self, kind: Kind, max_tokens: int = 0) -> bytes:
         n = next(self._counter)
         if kind.name == "repeat":
             question = REPEATED_QUESTIONS[n % len(REPEATED_QUESTIONS)]
@@ -125,7 +128,7 @@ class MixedLoad:
         payload = {
             "model": kind.model,
             "messages": [{"role": "user", "content": question}],
-            "max_tokens": self.max_tokens,
+            "max_tokens": max_tokens or self.max_tokens,
             "temperature": 0,
             "stream": True,
         }
@@ -142,13 +145,31 @@ class MixedLoad:
             headers["Cache-Control"] = "no-cache, no-store"
         return headers
 
-    async def send(self, session: aiohttp.ClientSession, kind: Kind) -> Sent:
-        client_id = uuid.uuid4().hex
-        sent = Sent(kind, client_id, Attempt(time.perf_counter()))
+    def new(self, kind: Kind) -> Sent:
+        sent = Sent(kind, uuid.uuid4().hex, Attempt(time.perf_counter()))
         self.sent.append(sent)
-        body, headers = self.body(kind), self.headers(kind, client_id)
+        return sent
+
+    async def send(
+        self, session: aiohttp.ClientSession, kind: Kind, max_tokens: int = 0, sent: Sent | None = None
+    ) -> Sent:
+        sent = sent or self.new(kind)
+        sent.attempt.started = time.perf_counter()
+        body, headers = self.body(kind, max_tokens), self.headers(kind, sent.client_id)
         await one_request(session, self.running.edge_url, body, headers, sent.attempt)
         return sent
+
+    async def catch_a_stream(self, cut: Callable[[], Awaitable[None]]) -> Sent:
+        """Start a long chat, ``cut`` once its first token is in, and wait for its end: a stream under way
+        when the cables go, which must finish on the local model."""
+        async with self.session() as session:
+            sent = self.new(ROTATION[0])
+            task = asyncio.create_task(self.send(session, sent.kind, LONG_STREAM_TOKENS, sent))
+            # The answer's head names its region as soon as it arrives; a few tokens follow it.
+            await until(lambda: bool(sent.attempt.region) or task.done(), MAX_WAIT_S)
+            await asyncio.sleep(STREAMING_BEFORE_CUT_S)
+            await cut()
+            return await task
 
     def session(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(ssl=tls.client_context(ca=Path(self.running.edge_ca)), limit=0)
@@ -281,9 +302,14 @@ class CableCut:
                                 loss = {"model": "bernoulli", "p": PATTERN_LOSS}
                                 await change(region, {"loss": loss})
                         elif phase == "cut":
-                            for region in ocean:
-                                await change(region, fault="down")
-                            marks["cut"] = started = time.perf_counter()
+
+                            async def cut() -> None:
+                                for region in ocean:
+                                    await change(region, fault="down")
+                                marks["cut"] = time.perf_counter()
+
+                            await load.catch_a_stream(cut)
+                            started = marks["cut"]
                             await until(lambda: chats_on(local, marks["cut"]), MAX_WAIT_S)
                         elif phase == "restore":
                             for region in ocean:

@@ -159,7 +159,7 @@ def test_cable_cut_answers_from_lagos_and_goes_back_across_the_ocean(tmp_path):
     assert data["detect_s"] is not None and data["detect_s"] < 10, data
     assert data["first_local_s"] is not None and data["first_local_s"] < 10, data
     assert restore["by_kind"]["chat"]["remote"] > 0 and data["back_s"] is not None, restore
-    # Every stream the cut caught was continued in Lagos or counted as cut; nothing missing in the ledger.
-    assert data["continued_on_local"] <= data["in_flight_at_cut"]
+    # The chat streaming when the cables went (the scenario starts one) finished on the local model.
+    assert 1 <= data["continued_on_local"] <= data["in_flight_at_cut"], data
     assert data["ledger_rows"] == data["sent"], data
     assert took_s < 240, f"took {took_s:.0f}s"
