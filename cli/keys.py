@@ -65,6 +65,11 @@ def add_keys_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the key may ask for the route explanation (x-nearshore-debug: route): regions, RTTs, policies",
     )
+    create.add_argument(
+        "--substitute",
+        action="store_true",
+        help="in a cable cut, the local stand-in may answer this key for a model only remote regions serve",
+    )
 
     listing = commands.add_parser("list", help="list keys (never their secrets)")
 
@@ -97,6 +102,7 @@ def _keys(args: argparse.Namespace) -> int:
                 models=args.models,
                 budget_usd=args.budget,
                 debug=args.debug,
+                substitute=args.substitute,
             )
         finally:
             store.close()

@@ -49,7 +49,7 @@ async def cut_stage(journey: Journey) -> Reply | None:
     if tier is None:
         return None  # no local region: nothing to degrade to
     assert body is not None and key is not None
-    policy = tier.policy(key.tier, body.model, journey.sizing.alias)
+    policy = tier.policy(key.tier, body.model, journey.sizing.alias, key.substitute)
     where = client_where(journey, state.locator)
     out = state.pool.router.cut_off(body.model, where, key.tenant, time.monotonic())
     stand_in = policy.stand_in

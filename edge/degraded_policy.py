@@ -34,8 +34,9 @@ class DegradedTier:
         )
         self.stand_in = config.model or default_stand_in(local, models)
 
-    def policy(self, tier: str, model: str, alias: str = "") -> Policy:
-        """The policy for a key of ``tier`` asking for ``model`` (``alias``: the size alias that chose it)."""
+    def policy(self, tier: str, model: str, alias: str = "", key_substitutes: bool = False) -> Policy:
+        """The policy for a key of ``tier`` asking for ``model`` (``alias``: the size alias that chose it;
+        ``key_substitutes``: the key itself allows a substitute, whatever the rules say)."""
         c = self.config
         traffic, substitute = c.traffic, c.substitute
         traffic_set = substitute_set = False
@@ -48,8 +49,10 @@ class DegradedTier:
                 traffic, traffic_set = rule.traffic, True
             if rule.substitute is not None and not substitute_set:
                 substitute, substitute_set = rule.substitute, True
-        may = substitute == "always" or (
-            substitute == "sized" and (bool(alias) or model in self.small_models)
+        may = (
+            key_substitutes
+            or substitute == "always"
+            or (substitute == "sized" and (bool(alias) or model in self.small_models))
         )
         stand_in = self.stand_in if may and model not in self.local_models else ""
         return Policy(traffic == "share", stand_in)

@@ -60,6 +60,9 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     # May ask for the edge's internals on its own responses (`x-nearshore-debug: route`: regions, RTTs,
     # policy names); other keys' asks are ignored.
     debug: bool = False
+    # In a cable cut, may the local stand-in model answer for a model only the remote regions serve (the
+    # edge's [degraded] policy decides for the other keys)?
+    substitute: bool = False
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -114,20 +117,24 @@ CREATE TABLE IF NOT EXISTS api_keys (
     revoked       INTEGER NOT NULL DEFAULT 0,
     created_at    REAL NOT NULL,
     updated_at    REAL NOT NULL,
-    debug         INTEGER NOT NULL DEFAULT 0
+    debug         INTEGER NOT NULL DEFAULT 0,
+    substitute    INTEGER NOT NULL DEFAULT 0
 )
 """
 # Columns added since the first schema, for key files written by an older release.
-_ADDED_COLUMNS = {"debug": "INTEGER NOT NULL DEFAULT 0"}
-_COLUMNS = "key_id, secret_sha256, tenant, tier, rpm, tpm, models, budget_usd, revoked, created_at, debug"
+_ADDED_COLUMNS = {"debug": "INTEGER NOT NULL DEFAULT 0", "substitute": "INTEGER NOT NULL DEFAULT 0"}
+_COLUMNS = (
+    "key_id, secret_sha256, tenant, tier, rpm, tpm, models, budget_usd, revoked, created_at, debug, "
+    "substitute"
+)
 _INSERT = (
     f"INSERT INTO api_keys ({_COLUMNS}, updated_at) VALUES (:key_id, :secret_sha256, :tenant, :tier, "
-    ":rpm, :tpm, :models, :budget_usd, :revoked, :created_at, :debug, :updated_at)"
+    ":rpm, :tpm, :models, :budget_usd, :revoked, :created_at, :debug, :substitute, :updated_at)"
 )
 
 
 def _row_to_key(row: tuple) -> tuple[ApiKey, str]:
-    key_id, digest, tenant, tier, rpm, tpm, models, budget, revoked, created_at, debug = row
+    key_id, digest, tenant, tier, rpm, tpm, models, budget, revoked, created_at, debug, substitute = row
     key = ApiKey(
         key_id=key_id,
         tenant=tenant,
@@ -139,6 +146,7 @@ def _row_to_key(row: tuple) -> tuple[ApiKey, str]:
         revoked=bool(revoked),
         created_at=created_at,
         debug=bool(debug),
+        substitute=bool(substitute),
     )
     return key, digest
 
@@ -198,6 +206,7 @@ class KeyStore:
         models: Iterable[str] = (),
         budget_usd: float | None = None,
         debug: bool = False,
+        substitute: bool = False,
     ) -> tuple[str, ApiKey]:
         """Issue a key: ``(plaintext, record)``. The plaintext exists only in the return value."""
         if not tenant:
@@ -220,6 +229,7 @@ class KeyStore:
                     budget_usd=budget_usd,
                     created_at=now,
                     debug=debug,
+                    substitute=substitute,
                 )
                 row = msgspec.structs.asdict(key)
                 row.update(models=json.dumps(key.models), secret_sha256=_hash_secret(secret), updated_at=now)

@@ -165,7 +165,17 @@ FLAGS = {
     "region": ["--config", "--port", "--log-format"],
     # --worker: set by the supervisor of server.workers
     "edge": ["--config", "--port", "--log-format", "--worker", "--listen-fd"],
-    "keys create": ["--tenant", "--tier", "--rpm", "--tpm", "--model", "--budget", "--debug", "--db"],
+    "keys create": [
+        "--tenant",
+        "--tier",
+        "--rpm",
+        "--tpm",
+        "--model",
+        "--budget",
+        "--debug",
+        "--substitute",
+        "--db",
+    ],
     "keys list": ["--db"],
     "keys revoke": ["key_id", "--db"],
     "usage": ["--db", "--since", "--until"],

@@ -260,9 +260,12 @@ async def test_in_the_cut_a_key_allowed_a_substitute_and_auto_get_the_local_mode
     async with session(t.edge) as s:
         premium = await ask(t, s, t.edge.new_key(tier="premium"), LARGE, "Substitute me", stream=True)
         sized = await ask(t, s, t.edge.new_key(), "auto", "Write an essay.", max_tokens=100)
+        # A key of the default tier made with `keys create --substitute`: its own permission.
+        own = await ask(t, s, t.edge.new_key(substitute=True), LARGE, "Substitute me too")
     assert premium.status == 200 and premium.text() == " token" * 4
     assert sized.status == 200 and sized.text() == " token" * 20  # the Lagos pacer's whole answer
-    for answer in (premium, sized):
+    assert own.status == 200 and own.text() == " token" * 4
+    for answer in (premium, sized, own):
         h = answer.headers
         assert h["x-nearshore-region"] == "lagos" and h["x-nearshore-degraded"] == "cable-cut"
         assert h["x-nearshore-model"] == SMALL  # the model that answered, not the one asked for
