@@ -66,7 +66,9 @@ from netem.profiles import load_profile
 
 RATE_PER_S = 2.0
 MAX_TOKENS = 16
-LONG_STREAM_TOKENS = 96  # the chat the cut catches mid-answer (seconds of streaming on a busy machine)
+LONG_STREAM_TOKENS = 160  # the chat the cut catches mid-answer (seconds of streaming on a busy machine)
+# ... asking what takes many tokens to answer (the instruct model ends a short answer early, at its EOS).
+LONG_QUESTION = "Tell me a long story, in many sentences, about a market day in Lagos."
 STREAMING_BEFORE_CUT_S = 0.2  # after its head: its first tokens are on their way to the user
 PHASE_S = 8.0  # each phase, once traffic is where it belongs (``--phase-s``)
 MAX_WAIT_S = 45.0  # for the edge to see the cut, or to send traffic back after the repair
@@ -117,14 +119,16 @@ class MixedLoad:
     sent: list[Sent] = field(default_factory=list)
     _counter: itertools.count = field(default_factory=itertools.count)
 
-    def body(self, kind: Kind, max_tokens: int = 0) -> bytes:
+    def question(self, kind: Kind) -> str:
         n = next(self._counter)
         if kind.name == "repeat":
-            question = REPEATED_QUESTIONS[n % len(REPEATED_QUESTIONS)]
-        elif kind.name == "chat":
-            question = CHAT_QUESTIONS[n % len(CHAT_QUESTIONS)]
-        else:
-            question = f"Tell me something about the number {n}."
+            return REPEATED_QUESTIONS[n % len(REPEATED_QUESTIONS)]
+        if kind.name == "chat":
+            return CHAT_QUESTIONS[n % len(CHAT_QUESTIONS)]
+        return f"Tell me something about the number {n}."
+
+    def body(self, kind: Kind, max_tokens: int = 0, question: str = "") -> bytes:
+        question = question or self.question(kind)
         payload = {
             "model": kind.model,
             "messages": [{"role": "user", "content": question}],
@@ -155,7 +159,8 @@ class MixedLoad:
     ) -> Sent:
         sent = sent or self.new(kind)
         sent.attempt.started = time.perf_counter()
-        body, headers = self.body(kind, max_tokens), self.headers(kind, sent.client_id)
+        question = LONG_QUESTION if max_tokens == LONG_STREAM_TOKENS else ""
+        body, headers = self.body(kind, max_tokens, question), self.headers(kind, sent.client_id)
         await one_request(session, self.running.edge_url, body, headers, sent.attempt)
         return sent
 
