@@ -5,15 +5,13 @@ with ``parse``, and tool calls in the project's tool format, valid in every tria
 
 from __future__ import annotations
 
-import json
-
 import aiohttp
-import jsonschema
 import openai
 import pytest
 
 from tests.conftest import SMALL_MODEL, Node
 from tests.regional.structured_models import MODELS
+from tests.tool_calls_shared import TOOLS, client_of, user, valid_calls
 
 pytestmark = pytest.mark.slow
 
@@ -23,39 +21,6 @@ CAPITAL_CHATML = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     "<|im_start|>user\nWhat is the capital of Nigeria?<|im_end|>\n<|im_start|>assistant\n"
 )
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
-CONVERT = {
-    "type": "function",
-    "function": {
-        "name": "convert",
-        "description": "Convert an amount of money.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "amount": {"type": "number", "minimum": 0, "maximum": 1000000},
-                "source": {"type": "string", "pattern": "^[A-Z]{3}$"},
-                "target": {"type": "string", "pattern": "^[A-Z]{3}$"},
-            },
-            "required": ["amount", "source", "target"],
-        },
-    },
-}
-TOOLS = [WEATHER, CONVERT]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(params=["llama.cpp", "gpu"])
@@ -64,14 +29,6 @@ def node(request: pytest.FixtureRequest) -> Node:
         pytest.importorskip("torch")
         return request.getfixturevalue("small_torch_region")
     return request.getfixturevalue("small_region")
-
-
-def client_of(node: Node) -> openai.OpenAI:
-    return openai.OpenAI(base_url=node.url + "/v1", api_key="unused", max_retries=0)
-
-
-def user(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
 
 
 async def test_the_node_serves_smollm2_under_its_name_and_alias(node: Node):
@@ -147,16 +104,6 @@ def test_parse_returns_a_valid_object_for_several_schemas(node: Node):
         choice = answer.choices[0]
         assert choice.finish_reason == "stop", (model.__name__, choice.message.content)
         assert isinstance(choice.message.parsed, model), model.__name__
-
-
-def valid_calls(message, allowed: set[str]) -> list[tuple[str, dict]]:
-    calls = []
-    for call in message.tool_calls or []:
-        assert call.type == "function" and call.id.startswith("call_") and call.function.name in allowed
-        arguments = json.loads(call.function.arguments)
-        jsonschema.validate(arguments, SCHEMAS[call.function.name])
-        calls.append((call.function.name, arguments))
-    return calls
 
 
 def test_required_and_named_tool_choices_give_valid_calls(node: Node):

@@ -5,51 +5,15 @@ inputs (a clear 400 each, the node serving on)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import aiohttp
-import jsonschema
-import openai
 import pytest
 
 from tests.conftest import MODEL, SHARED_ENGINE, Node, start_region
+from tests.tool_calls_shared import TOOLS, WEATHER, client_of, user, valid_calls
 
 pytestmark = pytest.mark.slow
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-        },
-    },
-}
-CONVERT = {
-    "type": "function",
-    "function": {
-        "name": "convert",
-        "description": "Convert an amount of money.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "amount": {"type": "number", "minimum": 0, "maximum": 1000000},
-                "source": {"type": "string", "pattern": "^[A-Z]{3}$"},
-                "target": {"type": "string", "pattern": "^[A-Z]{3}$"},
-            },
-            "required": ["amount", "source", "target"],
-        },
-    },
-}
-TOOLS = [WEATHER, CONVERT]
-SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 
 @pytest.fixture(params=["llama.cpp", "gpu"])
@@ -62,26 +26,6 @@ def engine(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def node(engine: str, request: pytest.FixtureRequest) -> Node:
     return request.getfixturevalue("torch_region" if engine == "gpu" else "region")
-
-
-def client_of(node: Node) -> openai.OpenAI:
-    return openai.OpenAI(base_url=node.url + "/v1", api_key="unused", max_retries=0)
-
-
-def user(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
-
-
-def valid_calls(message, allowed: set[str], cut: bool = False) -> list[tuple[str, dict]]:
-    """The calls, each checked; ``cut``: max_tokens ended the answer, so its last call may be unfinished."""
-    calls = []
-    for call in (message.tool_calls or [])[: -1 if cut else None]:
-        assert call.type == "function" and call.id.startswith("call_")
-        assert call.function.name in allowed
-        arguments = json.loads(call.function.arguments)
-        jsonschema.validate(arguments, SCHEMAS[call.function.name])
-        calls.append((call.function.name, arguments))
-    return calls
 
 
 def test_required_and_named_choices_always_give_valid_arguments(region: Node):
