@@ -15,7 +15,7 @@ from tests.conftest import MODEL, Node
 from tests.edge.test_region import client as https_client
 from tests.edge_fixtures import Edge, start_edge
 from tests.regional.structured_models import MODELS
-from tests.regional.test_tools_api import SCHEMAS, TOOLS, valid_calls
+from tests.tool_calls_shared import SCHEMAS, TOOLS, valid_calls
 
 pytestmark = pytest.mark.slow
 
