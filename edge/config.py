@@ -69,7 +69,8 @@ class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # Or a shared secret sent as x-nearshore-edge-secret.
     shared_secret: str = ""
     connect_timeout_s: Seconds = 5.0
-    # Connections kept per region, and how many are opened before the first request.
+    # Connections kept per region, and how many are opened before the first request (and kept idle: one the
+    # edge drops with an abandoned request, a cache hit that won the race say, is replaced in the background).
     pool_size: Annotated[int, Meta(ge=1)] = 256
     warm_connections: Annotated[int, Meta(ge=0)] = 4
     # Probes of /health keep the pool warm, time the round trip and read the load (thresholds: geo.health).

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import ssl
 import time
 from typing import Protocol
+
+log = logging.getLogger("nearshore.edge.h1")
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CHUNK_LINE = 1024
@@ -143,7 +146,10 @@ class Response:
         self._sink = None
         self._chunks.clear()
         if not self._ended:
+            healthy = self._exc is None and not self._connection.closed  # we stop reading; it did not fail
             self._connection.close()
+            if healthy:
+                self._connection.pool.refill()
 
     async def finish(self, seconds: float) -> None:
         """Done with it, but its end may still be on the way (a chunked terminator trailing the last event):
@@ -400,13 +406,21 @@ class H1Pool:
         max_idle: int,
         keepalive_s: float,
         connect_timeout_s: float,
+        keep_warm: int = 0,
     ) -> None:
+        """``keep_warm``: a connection the edge drops while the region is fine (its request abandoned: the
+        client left, a cache hit won the race) is replaced in the background while fewer than this many
+        are idle, so the next request does not pay the handshakes (one to three round trips to a region
+        across an ocean)."""
         self.host, self.port, self.ssl = host, port, ssl_context
         self.max_idle = max_idle
         self.keepalive_s = keepalive_s
         self.connect_timeout_s = connect_timeout_s
+        self.keep_warm = keep_warm
         self._idle: list[H1Connection] = []
         self._all: set[H1Connection] = set()
+        self._refills: set[asyncio.Task[None]] = set()
+        self._closed = False
         self.host_header = host if port in (80, 443) else f"{host}:{port}"
 
     async def request(
@@ -431,8 +445,12 @@ class H1Pool:
             timer = asyncio.get_running_loop().call_later(left, _time_out, waiter, head_timeout_s)
         try:
             response = await waiter
-        except BaseException:
+        except asyncio.CancelledError:
             connection.close()  # a response may still come; this connection cannot serve another
+            self.refill()  # the caller gave up, not the region
+            raise
+        except BaseException:
+            connection.close()
             raise
         finally:
             if timer is not None:
@@ -449,6 +467,10 @@ class H1Pool:
                 continue
             return connection, 0.0
         started = time.perf_counter()
+        connection = await self._connect()
+        return connection, time.perf_counter() - started
+
+    async def _connect(self) -> H1Connection:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(self.connect_timeout_s):
             transport, connection = await loop.create_connection(
@@ -461,7 +483,29 @@ class H1Pool:
         # uvloop calls connection_made on the next turn of the loop: the transport is ours already.
         connection.transport = connection.transport or transport  # type: ignore[assignment]
         self._all.add(connection)
-        return connection, time.perf_counter() - started
+        return connection
+
+    def refill(self) -> None:
+        """Open a connection in the background to stand idle, while fewer than ``keep_warm`` are."""
+        if self._closed or len(self._idle) + len(self._refills) >= self.keep_warm:
+            return
+        try:
+            task = asyncio.get_running_loop().create_task(self._open_idle())
+        except RuntimeError:  # no loop (the pool is being torn down): nothing to keep warm
+            return
+        self._refills.add(task)
+        task.add_done_callback(self._refills.discard)
+
+    async def _open_idle(self) -> None:
+        try:
+            connection = await self._connect()
+        except (OSError, TimeoutError) as exc:  # (ssl.SSLError is an OSError) the probes will tell
+            log.debug("could not open a spare connection to %s:%s: %s", self.host, self.port, exc)
+            return
+        if self._closed:
+            connection.close()
+        else:
+            self.put_back(connection)
 
     def put_back(self, connection: H1Connection) -> None:
         if connection.closed or len(self._idle) >= self.max_idle:
@@ -479,6 +523,9 @@ class H1Pool:
         return len(self._idle)
 
     def close(self) -> None:
+        self._closed = True
+        for task in list(self._refills):
+            task.cancel()
         for connection in list(self._all):
             connection.close()
         self._idle.clear()

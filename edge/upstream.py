@@ -130,6 +130,7 @@ class UpstreamPool:
                 max_idle=self.config.pool_size,
                 keepalive_s=max(60.0, 3 * self.config.health_interval_s),
                 connect_timeout_s=self.config.connect_timeout_s,
+                keep_warm=self.config.warm_connections,
             )
             c = self.config
             budget = RetryBudget(c.retry_budget_share, c.retry_budget_floor_per_s, burst=_RETRY_BURST)

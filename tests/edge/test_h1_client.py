@@ -110,3 +110,62 @@ async def test_a_body_until_close_is_read_to_its_end_and_not_pooled():
     async for pool, _ in scripted([b"HTTP/1.1 200 OK\r\n\r\nall of it"], close_after=True):
         assert await body(pool) == (200, b"all of it")
         assert pool.idle_connections == 0
+
+
+async def silent_server(first_bytes: bytes) -> tuple[asyncio.Server, list[int]]:
+    """A server that answers each request with ``first_bytes`` and then nothing more (a slow region)."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                writer.write(first_bytes)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0), connections
+
+
+async def idle_soon(pool: H1Pool, n: int) -> None:
+    for _ in range(200):
+        if pool.idle_connections >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{pool.idle_connections} idle connections, not {n}")
+
+
+@pytest.mark.parametrize("abandon", ["before the head", "before the body's end"])
+async def test_a_connection_dropped_with_an_abandoned_request_is_replaced(abandon: str):
+    head = b"" if abandon == "before the head" else b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\nabc"
+    server, connections = await silent_server(head)
+    port = server.sockets[0].getsockname()[1]
+    pool = H1Pool("127.0.0.1", port, None, max_idle=4, keepalive_s=60, connect_timeout_s=2, keep_warm=1)
+    try:
+        if abandon == "before the head":
+            request = asyncio.ensure_future(pool.request("POST", "/x", {}, b"{}"))
+            await asyncio.sleep(0.05)
+            request.cancel()  # a cache hit won the race: the region's request goes
+            with pytest.raises(asyncio.CancelledError):
+                await request
+        else:
+            response = await asyncio.wait_for(pool.request("POST", "/x", {}, b"{}"), 2)
+            response.close()  # the client left mid-answer
+        await idle_soon(pool, 1)  # a spare stands ready: the next request pays no handshake
+        assert len(connections) == 2
+        pool.refill()  # never more than keep_warm idle
+        await asyncio.sleep(0.05)
+        assert pool.idle_connections == 1 and len(connections) == 2
+    finally:
+        pool.close()
+        server.close()
+
+
+async def test_a_connection_the_region_broke_is_not_replaced_in_the_background():
+    async for pool, connections in scripted([b"<html>not http</html>\r\n\r\n"]):
+        pool.keep_warm = 1
+        with pytest.raises(MalformedResponse):
+            await body(pool)
+        await asyncio.sleep(0.1)
+        assert pool.idle_connections == 0 and len(connections) == 1  # the probes judge a broken region
