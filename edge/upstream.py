@@ -22,7 +22,8 @@ import msgspec
 
 from edge.answer import UpstreamFault, read_bounded
 from edge.config import UpstreamConfig
-from edge.h1 import H1Pool, MalformedResponse, Response
+from edge.h1 import MalformedResponse, Response
+from edge.h1_pool import H1Pool
 from edge.retry import RetryBudget
 from geo.catalog import GeoConfig, RegionSpec
 from geo.route import Replica, Route, Router

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from edge.h1 import H1Pool, MalformedResponse, UpstreamClosed
+from edge.h1 import MalformedResponse, UpstreamClosed
+from edge.h1_pool import H1Pool
 
 
 async def scripted(
