@@ -187,8 +187,9 @@ class UpstreamPool:
 
     async def replenish(self, upstream: Upstream) -> None:
         """Open a connection to replace one that a cut-short stream took down with it, so the next
-        user does not pay the handshakes (a probe leaves its connection in the pool)."""
-        await self.probe(upstream)
+        user does not pay the handshakes: the pool's own refill (bounded by ``warm_connections``; no
+        extra request to the region)."""
+        upstream.pool.refill()
 
     def ordered(self, route: Route | None) -> list[Upstream]:
         """The failover order: the route's, or (no route stage) every routable replica in config order."""
