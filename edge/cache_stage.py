@@ -35,7 +35,7 @@ from cache.verify import semantic_allowed
 from edge.cache_audit import Audited
 from edge.cache_reply import CachedReply
 from edge.degraded import cut_now
-from edge.journey import CacheUse, Journey, Racing, Reply
+from edge.journey import CacheUse, Journey, Preempting, Racing, Reply
 from edge.keys import ApiKey
 from edge.opened import Opened
 from edge.routing import client_where
@@ -111,13 +111,11 @@ async def cache_stage(journey: Journey) -> Reply | Racing | None:
     journey.cache = CacheUse("miss")
     journey.call = journey.call.with_client_header(CACHE, "MISS")
     metrics = journey.state.metrics
-    lookup: asyncio.Task[Lookup] | None = None
     racing: Racing | None = None
     settings = journey.state.config.cache
-    regions = _embedding_scope(journey) if settings.embed == "region" else None
-    audited = _audited(journey, key, regions)
+    started = time.perf_counter()
+    semantic = _SemanticLookup(journey, cache, key, directives, started)
     if directives.read:
-        started = time.perf_counter()
         hit = cache.exact(key)
         if hit is not None and _fresh(hit.entry, directives):
             reply = CachedReply(journey, hit)
@@ -125,13 +123,12 @@ async def cache_stage(journey: Journey) -> Reply | Racing | None:
             metrics.cache_lookups.labels("exact").inc()
             return reply
         if settings.semantic and semantic_allowed(key.query):
-            lookup = asyncio.create_task(cache.semantic(key, regions))
-            racing = Racing(asyncio.create_task(_semantic(journey, lookup, directives, started, audited)))
+            racing = Racing(semantic.start)
         else:
             metrics.cache_lookups.labels("miss").inc()
     if directives.write:
-        journey.cleanups.append(_store_later(journey, cache, key, lookup, directives, audited))
-    return racing  # the forward stage races it against the region
+        journey.cleanups.append(_store_later(journey, cache, key, semantic, directives))
+    return racing  # the forward stage starts it once the region's request is on its way, and races them
 
 
 def _audited(journey: Journey, key: CacheKey, regions: frozenset[str] | None) -> Audited:
@@ -153,9 +150,39 @@ def _fresh(entry: Entry, directives: Directives) -> bool:
     return directives.max_age_s is None or time.time() - entry.created_s <= directives.max_age_s
 
 
+class _SemanticLookup:
+    """The semantic lookup of one request: started by the forward stage (``start``) once the region's
+    request is on its way, or never (the journey ended before it asked a region); the store after the
+    answer reuses its embedding. What only the lookup, the store and the audit need is worked out when
+    they first need it, after the region's request has gone."""
+
+    def __init__(
+        self, journey: Journey, cache: ResponseCache, key: CacheKey, directives: Directives, started: float
+    ) -> None:
+        self.journey, self.cache, self.key, self.directives = journey, cache, key, directives
+        self.started = started  # (perf_counter) the lookup's time counts from the exact lookup
+        self.lookup: asyncio.Task[Lookup] | None = None
+        self._audited: Audited | None = None
+
+    @property
+    def audited(self) -> Audited:
+        if self._audited is None:
+            journey = self.journey
+            embed_where = journey.state.config.cache.embed == "region"
+            self._audited = _audited(journey, self.key, _embedding_scope(journey) if embed_where else None)
+        return self._audited
+
+    def start(self) -> asyncio.Task[Preempting | None]:
+        assert self.lookup is None, "a request's semantic lookup starts once"
+        audited = self.audited
+        self.lookup = asyncio.create_task(self.cache.semantic(self.key, audited.regions))
+        reply = _semantic(self.journey, self.lookup, self.directives, self.started, audited)
+        return asyncio.create_task(reply)
+
+
 async def _semantic(
     journey: Journey, lookup: asyncio.Task[Lookup], directives: Directives, started: float, audited: Audited
-) -> Reply | None:
+) -> Preempting | None:
     result = await lookup
     metrics = journey.state.metrics
     metrics.cache_lookup_seconds.observe(time.perf_counter() - started)
@@ -194,11 +221,11 @@ def _store_later(
     journey: Journey,
     cache: ResponseCache,
     key: CacheKey,
-    lookup: asyncio.Task[Lookup] | None,
+    semantic: _SemanticLookup,
     d: Directives,
-    audited: Audited,
 ):
     async def store() -> None:
+        lookup = semantic.lookup  # None: never started (its embedding is made here, if the answer is kept)
         settings = journey.state.config.cache
         answer = journey.relayed.answer  # the region's answer, if it reached the client whole
         ok = journey.outcome.status == "ok" and journey.cache.status == "miss" and answer and answer.text
@@ -227,6 +254,8 @@ def _store_later(
             created_s=now,
             expires_s=now + ttl,
         )
+
+        audited = semantic.audited
 
         async def save() -> None:
             result = await lookup if lookup is not None else None

@@ -58,9 +58,11 @@ class Preempting(Reply, Protocol):
 class Racing:
     """A reply on its way that may answer before the region does (the response cache's semantic lookup). A
     stage returns it instead of ending the journey; the pipeline hands it to the stage that asks the region,
-    which races it: ``pending`` ends with the reply that answers instead, or None (the region answers)."""
+    which races it: ``start()`` begins the work and returns the task that ends with the reply that answers
+    instead, or None (the region answers). The racing stage starts it once the region's request is on its
+    way, so that the work (embedding a question takes a core for milliseconds) never delays that request."""
 
-    pending: asyncio.Task[Preempting | None]
+    start: Callable[[], asyncio.Task[Preempting | None]]
 
 
 class StreamSide(Reply, Protocol):

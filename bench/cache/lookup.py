@@ -402,8 +402,9 @@ def format_report(report: dict) -> str:
             f"{ttft['rtt_ms']} ms):",
         ]
         huge = ttft["kinds"].get("huge question")
+        cost = ttft["kinds"].get("miss cost")
         for kind, r in ttft["kinds"].items():
-            if kind == "huge question":
+            if kind in ("huge question", "miss cost"):
                 continue
             cache_dur = (
                 f", cache;dur p50 {r['cache_dur_p50_ms']} ms" if r["cache_dur_p50_ms"] is not None else ""
@@ -412,6 +413,16 @@ def format_report(report: dict) -> str:
                 f"  {kind:<28} p50 {r['ttft_p50_ms']:>7.2f} ms  p99 {r['ttft_p99_ms']:>7.2f} ms  "
                 f"({r['answered_by_cache']}/{r['requests']} from the cache, {r['errors']} errors{cache_dur})"
             )
+        if cost and cost.get("pairs"):
+            low, high = cost["ttft_median_ci95_ms"]
+            on, off = ttft["kinds"]["miss, cache on"], ttft["kinds"]["miss, cache off"]
+            lines += [
+                f"  what the cache adds to a miss ({cost['pairs']} pairs): TTFT median "
+                f"{cost['ttft_median_ms']:+.2f} ms (95% {low:+.2f} to {high:+.2f}), p99 of the differences "
+                f"{cost['ttft_p99_ms']:+.2f} ms;",
+                f"    the edge's time before forwarding p50 {on['edge_p50_ms']} ms against "
+                f"{off['edge_p50_ms']} ms (median difference {cost['edge_median_ms']:+.3f} ms)",
+            ]
         if huge:
             lines.append(
                 f"  a {huge['bytes'] / 1e3:.0f} kB question: edge CPU {huge['cache on']} s with the cache, "
