@@ -267,6 +267,11 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rtt-ms", type=float, default=100.0, help="the region's first byte: Lagos-London (default 100)"
     )
+    parser.add_argument(
+        "--no-audit",
+        action="store_true",
+        help="the cache's edges audit no semantic hit (to see the live audit's share of a miss's cost)",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write every number as JSON")
     parser.add_argument("--logs", default="", help="folder for process logs (default: a temp folder)")
 
@@ -282,6 +287,7 @@ def run_cache(args: argparse.Namespace) -> int:
             print(
                 f"bench cache: TTFT through an edge, {args.ttft_rows} rows, "
                 f"region's first byte {args.rtt_ms} ms"
+                + (", no semantic hit audited" if args.no_audit else "")
             )
             ttft = cache_ttft.TtftBench(
                 folder,
@@ -291,6 +297,7 @@ def run_cache(args: argparse.Namespace) -> int:
                 requests=args.ttft_requests,
                 rtt_ms=args.rtt_ms,
                 logs=args.logs,
+                audit=not args.no_audit,
             )
             report["ttft"] = cache_ttft.run(ttft)
     print(bench_cache.format_report(report))

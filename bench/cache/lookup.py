@@ -399,7 +399,7 @@ def format_report(report: dict) -> str:
         lines += [
             "",
             f"TTFT through an edge ({ttft['rows']} rows in the partition; the region's first byte "
-            f"{ttft['rtt_ms']} ms):",
+            f"{ttft['rtt_ms']} ms{'' if ttft.get('audit', True) else '; no semantic hit audited'}):",
         ]
         huge = ttft["kinds"].get("huge question")
         cost = ttft["kinds"].get("miss cost")

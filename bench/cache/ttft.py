@@ -44,6 +44,7 @@ class TtftBench:
     requests: int = 100  # per kind
     rtt_ms: float = LAGOS_LONDON_RTT_MS
     logs: str = ""
+    audit: bool = True  # False: the edges with a cache audit no semantic hit
 
 
 def _body(question: str) -> bytes:
@@ -173,7 +174,9 @@ def run(bench: TtftBench) -> dict:
                 logs, "pacer", "pacer", tokens=BENCH_MAX_TOKENS, interval_ms=bench.rtt_ms
             )
             started.append(pacer)
-            cache = {"folder": str(bench.folder), "size_limit_mb": 1 << 16}
+            cache: dict[str, object] = {"folder": str(bench.folder), "size_limit_mb": 1 << 16}
+            if not bench.audit:
+                cache |= {"audit_first_hits": 0, "audit_share": 0.0}
             edge_on = peers.start_edge(logs, "edge-cache", pacer.url, tls=True, cache=cache)
             started.append(edge_on)
             # The same folder through an edge that embeds in fp32: the int8 default's gain, in the same run.
@@ -187,6 +190,7 @@ def run(bench: TtftBench) -> dict:
             return {
                 "rows": bench.rows,
                 "rtt_ms": bench.rtt_ms,
+                "audit": bench.audit,
                 "seconds": round(time.perf_counter() - t, 1),
             } | {"kinds": kinds}
         finally:

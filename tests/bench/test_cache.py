@@ -23,6 +23,7 @@ def test_bench_cache_at_toy_sizes_reports_every_part(tmp_path: Path, capsys):
         "3",
         "--rtt-ms",
         "100",
+        "--no-audit",  # the edges start with the live audit off (the default audits: tests/edge)
         "--json",
         str(tmp_path / "r.json"),
     ]
@@ -46,6 +47,7 @@ def test_bench_cache_at_toy_sizes_reports_every_part(tmp_path: Path, capsys):
     assert kinds["miss, cache on"]["edge_p50_ms"] > 0 and cost["edge_median_ms"] is not None
     assert "TTFT through an edge" in out and "the index at 400 rows" in out
     assert "what the cache adds to a miss (3 pairs)" in out
+    assert report["ttft"]["audit"] is False and "no semantic hit audited" in out
     # A second run reuses the filled folder.
     assert (
         main([*argv[:-2], "--ttft-rows", "0", "--small-partitions", "0", "--json", str(tmp_path / "r2.json")])
