@@ -289,6 +289,7 @@ FLAGS = {
         "--ttft-rows",
         "--ttft-requests",
         "--rtt-ms",
+        "--no-audit",
         "--json",
         "--logs",
     ],
