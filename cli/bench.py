@@ -287,7 +287,6 @@ def run_cache(args: argparse.Namespace) -> int:
             print(
                 f"bench cache: TTFT through an edge, {args.ttft_rows} rows, "
                 f"region's first byte {args.rtt_ms} ms"
-                + (", no semantic hit audited" if args.no_audit else "")
             )
             ttft = cache_ttft.TtftBench(
                 folder,
