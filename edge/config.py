@@ -111,7 +111,8 @@ class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     continue_streams: bool = True
     continue_max_tokens: Annotated[int, Meta(ge=0)] = 2048
     max_continuations: Annotated[int, Meta(ge=0, le=8)] = 2
-    # One SSE event, and a whole response: base + per_token * max_tokens (a unary completion also at most
+    # One SSE event (plus, for a completion with echo and logprobs, the prompt's scores, which come in one
+    # event), and a whole response: base + per_token * max_tokens (a unary completion also at most
     # max_unary_bytes). An embeddings answer's bound follows from the request: base + per input, one vector
     # of the model's dimensions (embedding_dimensions, else the request's `dimensions`, else 4096) at
     # 26 bytes a number; a request whose bound passes max_embeddings_bytes is refused before it is sent.

@@ -1,5 +1,5 @@
 """How many bytes a region's answer to one request may take: what the forward stage checks an embeddings
-request against before sending it, and what the relay reads or relays at most."""
+request against before sending it, and what the relay reads or relays at most (in all, and in one event)."""
 
 from __future__ import annotations
 
@@ -31,3 +31,15 @@ def response_budget(journey: Journey) -> int:
         if isinstance(body, CompletionRequest) and body.echo:
             tokens += admission.prompt_ceiling
     return up.response_base_bytes + per_token * tokens
+
+
+def event_budget(journey: Journey) -> int:
+    """How many bytes one event of a streamed answer may take: ``max_event_bytes``, and with ``echo`` and
+    ``logprobs`` the prompt's scores on top, which a region sends in one event (its echoed text), however
+    long the prompt (340 tokens at logprobs=20 came to 172 kB)."""
+    up, admission, body = journey.state.config.upstream, journey.admission, journey.body
+    assert admission is not None
+    echoed = isinstance(body, CompletionRequest) and body.echo
+    if not echoed or (alternatives := body.top_logprobs_asked()) is None:
+        return up.max_event_bytes
+    return up.max_event_bytes + LOGPROB_ALTERNATIVE_BYTES * (alternatives + 1) * admission.prompt_ceiling

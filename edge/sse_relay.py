@@ -240,7 +240,7 @@ class SseRelay:
             if forward:
                 self._send(b"\n\n".join(forward) + b"\n\n")
         if self._events.pending > limits.max_event_bytes:
-            return self._stop(f"the region sent an event larger than {limits.max_event_bytes} bytes")
+            return self._stop(self._oversized())
         if outcome.done or outcome.fault:
             self._finish()
 
@@ -339,6 +339,9 @@ class SseRelay:
         outcome = self.outcome
         if not event or outcome.done or outcome.fault:
             return None
+        if len(event) > self.limits.max_event_bytes:  # the same bound whole as unfinished, however it came
+            self._fault(self._oversized())
+            return None
         if event.startswith(b":"):
             return None
         one_line = event.startswith(b"data:") and b"\n" not in event
@@ -393,6 +396,9 @@ class SseRelay:
         if choice.finish_reason:
             outcome.finish_reason = choice.finish_reason
         return event
+
+    def _oversized(self) -> str:
+        return f"the region sent an event larger than {self.limits.max_event_bytes} bytes"
 
     def _bad(self, what: str) -> None:
         """One event that does not parse is skipped; past max_bad_events the stream is broken."""

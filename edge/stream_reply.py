@@ -16,7 +16,7 @@ from aiohttp import web
 from edge.answer import with_usage
 from edge.journey import Journey, Reply
 from edge.opened import Opened
-from edge.response_budget import response_budget
+from edge.response_budget import event_budget, response_budget
 from edge.sse_relay import SseRelay, StreamLimits
 from edge.usage_audit import AuditedUsage
 from edge.watchdog import StreamWatchdog
@@ -89,7 +89,7 @@ def start_stream(journey: Journey) -> StreamReply:
     up = state.config.upstream
     client = web.StreamResponse(headers={**sse.HEADERS, **call.client_headers})
     limits = StreamLimits(
-        up.max_event_bytes, response_budget(journey), admission.completion_tokens, up.max_bad_events
+        event_budget(journey), response_budget(journey), admission.completion_tokens, up.max_bad_events
     )
     stream = StreamReply(
         journey, SseRelay(journey.request, client, limits, echo=call.echo, choices=admission.choices)

@@ -352,6 +352,24 @@ async def test_a_cut_stream_that_may_not_continue_ends_with_an_error_event_after
     assert error["error"]["code"] == "upstream_unavailable" and end.endswith(sse.DONE)
 
 
+@pytest.mark.parametrize("reads", [1, 2])
+async def test_an_event_past_its_bound_ends_the_stream_however_the_reads_cut_it(reads: int):
+    socket = ClientSocket()
+    h = Harness(socket, continue_header="off")
+    body = wire(HELLO[0], chunk("x" * 70_000), *HELLO[2:])  # the bound is 64 KiB; half of the event is not
+    middle = len(wire(HELLO[0])) + 35_000
+    pieces = [body] if reads == 1 else [body[:middle], body[middle:]]
+    h.forward_to(replica("london"), RegionResponse(pieces, ending="eof"))
+
+    reply = await h.run()
+
+    assert (h.journey.outcome.http_status, h.journey.outcome.error_code) == (502, "bad_upstream_response")
+    await reply.finish(None)
+    end = bytes(socket.sent).removeprefix(wire(HELLO[0]))  # what came before the event went on
+    error = json.loads(end.removesuffix(sse.DONE).removeprefix(b"data: "))
+    assert "larger than 65536 bytes" in error["error"]["message"]
+
+
 async def test_a_region_that_answers_an_error_event_is_not_continued():
     socket = ClientSocket()
     h = Harness(socket)
