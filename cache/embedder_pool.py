@@ -4,6 +4,10 @@ numpy releases the GIL inside its matrix products, so the event loop keeps servi
 embedded. One thread is enough: the products themselves use the BLAS threads, and a second Python thread
 would only contend for the same cores.
 
+Two classes of work: a lookup or a /v1/embeddings call is in the foreground; the live audit's embeddings
+(:meth:`EmbedderPool.embed_background`) go one text at a time, and only while no foreground call waits, so
+a lookup queues behind at most one background text, never behind a whole judgement.
+
 Loading: ``load = "eager"`` starts it in the worker thread when the pool starts (requests that come
 earlier wait for it); ``"lazy"`` loads on the first request. Either way the load time is kept
 (``load_s``) and logged. A model that fails to load fails every later request with
@@ -78,6 +82,9 @@ class EmbedderPool:
         self.failure: str | None = None
         self.load_s = 0.0
         self.num_waiting = 0  # calls submitted and not yet finished
+        self._foreground = 0  # foreground calls submitted and not yet finished
+        self._quiet = asyncio.Event()  # set while no foreground call waits: background work may go
+        self._quiet.set()
 
     @property
     def loaded(self) -> Embedder | None:
@@ -120,10 +127,27 @@ class EmbedderPool:
         :class:`TooManyTokens` past ``max_tokens``, before any work on the vectors."""
         return await self._run(texts, count=True, max_tokens=max_tokens)
 
-    async def _run(self, texts: Sequence[str], count: bool, max_tokens: int | None) -> Embedded:
+    async def embed_background(
+        self, texts: Sequence[str], regions: frozenset[str] | None = None
+    ) -> np.ndarray:
+        """As :meth:`embed`, for work nobody waits on (the audit): each text waits until no foreground
+        call is waiting, and goes alone, so a lookup that comes meanwhile waits for one text at most."""
+        rows = []
+        for text in texts:
+            while self._foreground:
+                await self._quiet.wait()
+            rows.append((await self._run([text], count=False, max_tokens=None, foreground=False)).vectors)
+        return np.concatenate(rows) if rows else np.empty((0, 0), dtype=np.float32)
+
+    async def _run(
+        self, texts: Sequence[str], count: bool, max_tokens: int | None, foreground: bool = True
+    ) -> Embedded:
         if self.num_waiting >= self.max_waiting:
             raise EmbedderBusy(f"{self.num_waiting} embedding requests are already waiting")
         self.num_waiting += 1
+        if foreground:
+            self._foreground += 1
+            self._quiet.clear()
         try:
             embedder = await self.embedder()
             loop = asyncio.get_running_loop()
@@ -132,6 +156,10 @@ class EmbedderPool:
             )
         finally:
             self.num_waiting -= 1
+            if foreground:
+                self._foreground -= 1
+                if not self._foreground:
+                    self._quiet.set()
 
     def _worker(self) -> ThreadPoolExecutor:
         if self._executor is None:

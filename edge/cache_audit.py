@@ -143,7 +143,8 @@ class Auditor:
             return
         cached = hit.entry.text
         try:
-            vectors = await self.cache.embedder.embed([request.question, cached, fresh], request.regions)
+            texts = [request.question, cached, fresh]
+            vectors = await self.cache.embedder.embed_background(texts, request.regions)
         except OutOfScope:
             return
         except Exception as exc:  # an embedder that fails fails the lookups too, which say so

@@ -47,6 +47,12 @@ class RegionEmbedder:
     async def close(self) -> None:
         return None
 
+    async def embed_background(
+        self, texts: Sequence[str], regions: frozenset[str] | None = None
+    ) -> np.ndarray:
+        """The audit's embeddings: at a region they queue behind no local lookup, so as any other."""
+        return await self.embed(texts, regions)
+
     async def embed(self, texts: Sequence[str], regions: frozenset[str] | None = None) -> np.ndarray:
         """The texts' vectors from the nearest replica serving the model among ``regions`` (the request's
         data-residency scope; None: any): a question goes only where the request itself may go."""

@@ -205,6 +205,46 @@ async def test_pool_bounds_its_queue(embedder: MiniLMEmbedder, reference):
         await pool.close()
 
 
+class InOrder:
+    """The real embedder, noting which texts each call embedded, in the order the worker ran them."""
+
+    def __init__(self, embedder: MiniLMEmbedder) -> None:
+        self.embedder, self.calls = embedder, []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.embedder, name)
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        return self.embedder.embed(texts)
+
+
+async def test_background_work_yields_to_lookups_text_by_text(embedder: MiniLMEmbedder, reference):
+    """An audit's three texts go one at a time, and a lookup that comes meanwhile waits for one at most."""
+    sentences, expected = reference
+    recorded = InOrder(embedder)
+    pool = EmbedderPool(lambda: recorded, source="test", load_when="eager")
+    await pool.start()
+    try:
+        await pool.embed(["warm"])
+        recorded.calls.clear()
+        judged = asyncio.create_task(pool.embed_background(sentences[:3]))
+        await asyncio.sleep(0)  # the first background text is in the worker
+        lookups = [asyncio.create_task(pool.embed([s])) for s in sentences[3:5]]
+        vectors = await judged
+        await asyncio.gather(*lookups)
+        assert recorded.calls == [
+            [sentences[0]],
+            [sentences[3]],
+            [sentences[4]],
+            [sentences[1]],
+            [sentences[2]],
+        ]
+        np.testing.assert_allclose(vectors, expected[:3], atol=1e-4)  # as one batch would have given
+    finally:
+        await pool.close()
+
+
 async def test_pool_lazy_load_reports_its_time(tmp_path: Path):
     pool = EmbedderPool(load_embedder, source="the embedded model", load_when="lazy")
     await pool.start()
