@@ -5,8 +5,9 @@ embedded. One thread is enough: the products themselves use the BLAS threads, an
 would only contend for the same cores.
 
 Two classes of work: a lookup or a /v1/embeddings call is in the foreground; the live audit's embeddings
-(:meth:`EmbedderPool.embed_background`) go one text at a time, and only while no foreground call waits, so
-a lookup queues behind at most one background text, never behind a whole judgement.
+(:meth:`EmbedderPool.embed_background`) go one text at a time, only while no foreground call waits, on a
+second thread the OS schedules after the others (nice 10, Linux), so a lookup never queues behind them and
+on a busy machine they take the CPU that is left.
 
 Loading: ``load = "eager"`` starts it in the worker thread when the pool starts (requests that come
 earlier wait for it); ``"lazy"`` loads on the first request. Either way the load time is kept
@@ -17,7 +18,10 @@ earlier wait for it); ``"lazy"`` loads on the first request. Either way the load
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +33,9 @@ import numpy as np
 from cache.embedder import Embedder, EmbedderLoadError, limit_blas_threads
 
 log = logging.getLogger("nearshore.embedder")
+
+# The background thread's niceness: below a lookup's thread and the event loop, above nothing else.
+BACKGROUND_NICE = 10
 
 LoadWhen = Literal["eager", "lazy"]
 PoolState = Literal["unloaded", "loading", "ready", "failed"]
@@ -77,6 +84,7 @@ class EmbedderPool:
         self.max_waiting = max_waiting
         self.blas_threads = blas_threads
         self._executor: ThreadPoolExecutor | None = None
+        self._background: ThreadPoolExecutor | None = None
         self._embedder: Embedder | None = None
         self._loading: asyncio.Future[Embedder] | None = None
         self.failure: str | None = None
@@ -101,14 +109,18 @@ class EmbedderPool:
     async def start(self) -> None:
         limit_blas_threads(self.blas_threads)  # process-wide: see limit_blas_threads
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
+        self._background = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="embedder-background", initializer=_yield_the_cpu
+        )
         if self.load_when == "eager":
             self._begin_load()
 
     async def close(self) -> None:
         """Drop what still waits and let the text in hand finish, without blocking the event loop."""
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+        for executor in (self._executor, self._background):
+            if executor is not None:
+                await asyncio.to_thread(executor.shutdown, wait=True, cancel_futures=True)
+        self._executor = self._background = None
 
     async def embedder(self) -> Embedder:
         """The loaded embedder, loading it first if needed; :class:`EmbedderLoadError` if it cannot load."""
@@ -151,9 +163,10 @@ class EmbedderPool:
         try:
             embedder = await self.embedder()
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(
-                self._worker(), _embed, embedder, list(texts), count, max_tokens
-            )
+            worker = self._worker() if foreground else self._background
+            if worker is None:
+                raise RuntimeError("the embedder pool is not started (or already closed)")
+            return await loop.run_in_executor(worker, _embed, embedder, list(texts), count, max_tokens)
         finally:
             self.num_waiting -= 1
             if foreground:
@@ -197,6 +210,12 @@ class EmbedderPool:
             return embedder
         log.error("embedder unavailable: %s", self.failure)
         raise EmbedderLoadError(self.failure)
+
+
+def _yield_the_cpu() -> None:
+    """Lower this thread's priority (Linux schedules threads apart; elsewhere it stays as it was)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
 
 
 def _embed(embedder: Embedder, texts: list[str], count: bool, max_tokens: int | None) -> Embedded:

@@ -7,7 +7,9 @@ outside the project's venv (tests/data/make_minilm_reference.py); these tests ne
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from cache.embedder import (
     limit_blas_threads,
     load_embedder,
 )
-from cache.embedder_pool import EmbedderBusy, EmbedderPool
+from cache.embedder_pool import BACKGROUND_NICE, EmbedderBusy, EmbedderPool
 from cache.settings import CacheSettings
 
 REFERENCE = Path(__file__).parents[1] / "data" / "minilm_reference.npz"
@@ -206,7 +208,7 @@ async def test_pool_bounds_its_queue(embedder: MiniLMEmbedder, reference):
 
 
 class InOrder:
-    """The real embedder, noting which texts each call embedded, in the order the worker ran them."""
+    """The real embedder, noting what each call embedded and at what priority its thread ran."""
 
     def __init__(self, embedder: MiniLMEmbedder) -> None:
         self.embedder, self.calls = embedder, []
@@ -215,12 +217,13 @@ class InOrder:
         return getattr(self.embedder, name)
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        self.calls.append(list(texts))
+        self.calls.append((list(texts), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
         return self.embedder.embed(texts)
 
 
 async def test_background_work_yields_to_lookups_text_by_text(embedder: MiniLMEmbedder, reference):
-    """An audit's three texts go one at a time, and a lookup that comes meanwhile waits for one at most."""
+    """An audit's three texts go one at a time on a lower-priority thread, and a lookup that comes
+    meanwhile waits for none of them: the texts left wait until no lookup does."""
     sentences, expected = reference
     recorded = InOrder(embedder)
     pool = EmbedderPool(lambda: recorded, source="test", load_when="eager")
@@ -229,17 +232,18 @@ async def test_background_work_yields_to_lookups_text_by_text(embedder: MiniLMEm
         await pool.embed(["warm"])
         recorded.calls.clear()
         judged = asyncio.create_task(pool.embed_background(sentences[:3]))
-        await asyncio.sleep(0)  # the first background text is in the worker
+        await asyncio.sleep(0)  # the first background text is on its way
         lookups = [asyncio.create_task(pool.embed([s])) for s in sentences[3:5]]
         vectors = await judged
         await asyncio.gather(*lookups)
-        assert recorded.calls == [
-            [sentences[0]],
-            [sentences[3]],
-            [sentences[4]],
-            [sentences[1]],
-            [sentences[2]],
-        ]
+        order = [texts for texts, _ in recorded.calls]
+        assert sorted(order) == sorted([[s] for s in sentences[:5]])  # one text a call
+        assert max(order.index([s]) for s in sentences[3:5]) < order.index([sentences[1]])
+        assert order.index([sentences[1]]) < order.index([sentences[2]])
+        niceness = {texts[0]: nice for texts, nice in recorded.calls}
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert {niceness[s] for s in sentences[:3]} == {min(own + BACKGROUND_NICE, 19)}
+        assert {niceness[s] for s in sentences[3:5]} == {own}
         np.testing.assert_allclose(vectors, expected[:3], atol=1e-4)  # as one batch would have given
     finally:
         await pool.close()
