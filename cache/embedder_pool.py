@@ -1,8 +1,8 @@
 """An embedder off the event loop: one worker thread, a bounded queue, loading at start or on first use.
 
 numpy releases the GIL inside its matrix products, so the event loop keeps serving while a text is
-embedded. One thread is enough: the products themselves use the BLAS threads, and a second Python thread
-would only contend for the same cores.
+embedded. One thread is enough for requests: the products themselves use the BLAS threads, and a second
+thread of equal priority would only contend for the same cores.
 
 Two classes of work: a lookup or a /v1/embeddings call is in the foreground; the live audit's embeddings
 (:meth:`EmbedderPool.embed_background`) go one text at a time, only while no foreground call waits, on a
@@ -163,9 +163,7 @@ class EmbedderPool:
         try:
             embedder = await self.embedder()
             loop = asyncio.get_running_loop()
-            worker = self._worker() if foreground else self._background
-            if worker is None:
-                raise RuntimeError("the embedder pool is not started (or already closed)")
+            worker = self._worker(foreground)
             return await loop.run_in_executor(worker, _embed, embedder, list(texts), count, max_tokens)
         finally:
             self.num_waiting -= 1
@@ -174,10 +172,11 @@ class EmbedderPool:
                 if not self._foreground:
                     self._quiet.set()
 
-    def _worker(self) -> ThreadPoolExecutor:
-        if self._executor is None:
+    def _worker(self, foreground: bool = True) -> ThreadPoolExecutor:
+        executor = self._executor if foreground else self._background
+        if executor is None:
             raise RuntimeError("the embedder pool is not started (or already closed)")
-        return self._executor
+        return executor
 
     def _begin_load(self) -> asyncio.Future[Embedder]:
         if self._loading is None:
