@@ -214,6 +214,15 @@ def check_embeddings(response: Response, body: bytes, num_inputs: int) -> Answer
     return Answer(body, usage)
 
 
+def refusal_code(body: bytes) -> str | None:
+    """The ``code`` of an OpenAI-shaped error body (None when it is not one or names none)."""
+    try:
+        code = _error_decoder.decode(body).error.code
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    return str(code)[:200] if code is not None else None
+
+
 async def read_refusal(response: Response) -> tuple[ApiError, bool]:
     """A region's non-200, non-retryable answer as the error the client gets, and whether it is the
     region's own refusal of the request (passed on) rather than a 502 for a region that misbehaved."""

@@ -40,7 +40,12 @@ async def ask_regions(
     order = [] if routed.unrouted else state.pool.ordered(routed.route)
     first = Target(body.model, [u for u in order if u not in tried], call.body, routed.unrouted)
     attempts = Attempts(
-        state.pool, state.config.upstream, state.metrics, forwarded.deadline, admission.prompt_estimate
+        state.pool,
+        state.config.upstream,
+        state.metrics,
+        forwarded.deadline,
+        admission.prompt_estimate,
+        choices=admission.choices,
     )
     attempts.made = forwarded.attempts  # max_attempts bounds the request, however many times it asks
     try:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edge.answer import UpstreamFault, read_refusal
+from edge.answer import UpstreamFault, read_refusal, refusal_code
 from edge.config import UpstreamConfig
 from edge.h1 import MalformedResponse, Response
 from edge.metrics import EdgeMetrics
@@ -32,6 +32,9 @@ from edge.opened import Opened, UpstreamTiming
 from edge.retry import Deadline, backoff_s, parse_retry_after
 from edge.upstream import UPSTREAM_ERRORS, Slot, Upstream, UpstreamPool
 from nearshore.protocol.errors import (
+    INVALID_REQUEST,
+    NO_ROOM_FOR_CHOICES,
+    REQUEST_SCOPED_REFUSALS,
     UPSTREAM_RATE_LIMITED,
     UPSTREAM_TIMEOUT,
     UPSTREAM_UNAVAILABLE,
@@ -88,6 +91,7 @@ class Attempts:
     metrics: EdgeMetrics
     deadline: Deadline
     prompt_tokens: int = 0  # the request's prompt estimate: the router takes its prefill out of a TTFT
+    choices: int = 1  # n: a replica that reports taking fewer in one request is not asked
     made: int = 0
     skipped: list[str] = field(default_factory=list)
     # What the failures were, for the client's error.
@@ -97,6 +101,8 @@ class Attempts:
     _other: int = 0
     _retry_after: float = 0.0
     _deadline_hit: bool = False  # an attempt timed out at the deadline rather than at its own limit
+    _most_choices: int = 0  # the largest n a replica passed over for this request's n reported it takes
+    _no_room: int = 0  # replicas that had no room for this request's n choices now
 
     async def open(
         self,
@@ -151,6 +157,10 @@ class Attempts:
         for upstream in target.upstreams:
             if self.made >= self.config.max_attempts or self._out_of_time():
                 return None
+            if (most := _most_choices(upstream)) and self.choices > most:
+                self._most_choices = max(self._most_choices, most)
+                self.skipped.append(f"{upstream.name}: takes at most n = {most}")
+                continue
             now = time.monotonic()
             if upstream.cooling_until > now:  # it asked not to be asked yet: maybe later
                 self.skipped.append(f"{upstream.name}: asked to wait {upstream.cooling_until - now:.1f}s")
@@ -229,6 +239,7 @@ class Attempts:
             return opened, None
         if response.status not in RETRYABLE:
             upstream.replica.health.request_succeeded()  # it is up: the request is what it refused
+            self.pool.refused(upstream, response)  # its load report (and limits) come with the refusal
             try:
                 error, passed_on = await read_refusal(response)
             except BaseException:  # (cancelled while reading it) no refusal to release: give it back here
@@ -237,16 +248,26 @@ class Attempts:
             raise Refused(error, passed_on, opened)  # its slot is held until the refusal is released
         return None, await self._retryable(upstream, response, slot)
 
-    async def _retryable(self, upstream: Upstream, response: Response, slot: Slot) -> float:
-        """A 429 or 5xx: note it, and say when the replica may be asked again."""
+    async def _retryable(self, upstream: Upstream, response: Response, slot: Slot) -> float | None:
+        """A 429 or 5xx: note it, and say when the replica may be asked again (None: not by this
+        request)."""
         try:
-            detail = await _peek(response)
+            peeked = await _peek(response)
         finally:
             slot.release()
+        detail = peeked[:200].decode(errors="replace")
         self.pool.refused(upstream, response)  # a refusal carries the region's load too (a full queue)
         status = response.status
         now = time.monotonic()
         retry_after = parse_retry_after(response.headers.get("retry-after"))
+        if status in REFUSALS and refusal_code(peeked) in REQUEST_SCOPED_REFUSALS:
+            # About this request alone (its n choices do not fit now): the replica is up and others'
+            # requests are welcome there, so neither its health nor its cooling hears of it.
+            upstream.replica.health.request_succeeded()
+            self._no_room += 1
+            self._retry_after = max(self._retry_after, retry_after or 0.0)
+            self.skipped.append(f"{upstream.name}: HTTP {status} {detail}".strip())
+            return None  # another replica or the fallbacks may have the room; the client retries this one
         ready_at = now
         if retry_after is not None and status in REFUSALS:
             ready_at = now + retry_after
@@ -274,7 +295,22 @@ class Attempts:
         """Why nothing answered, as the client is told."""
         where = f" ({'; '.join(self.skipped)})" if self.skipped else " (none available)"
         retry_after = max(1, math.ceil(self._retry_after))
-        counted = self._timeouts + self._malformed + self._rate_limited + self._other
+        counted = self._timeouts + self._malformed + self._rate_limited + self._other + self._no_room
+        if self._no_room and self._no_room == counted:
+            return ApiError(
+                NO_ROOM_FOR_CHOICES,
+                f"No region has room for n = {self.choices} choices now; retry shortly or ask for "
+                f"fewer{where}",
+                param="n",
+                retry_after_s=retry_after,
+            )
+        if self._most_choices and not counted:  # no replica was asked: none takes that many choices
+            return ApiError(
+                INVALID_REQUEST,
+                f"n = {self.choices} choices is more than any region serving the model takes in one request "
+                f"(at most {self._most_choices}){where}.",
+                param="n",
+            )
         if self._out_of_time() or self._deadline_hit:
             return ApiError(
                 UPSTREAM_TIMEOUT,
@@ -310,12 +346,19 @@ async def _post(
         raise
 
 
-async def _peek(response: Response) -> str:
-    """The start of a refusal's body, for the log and the 503 message; a long or slow rest is not read."""
+def _most_choices(upstream: Upstream) -> int:
+    """The most choices one request may have at the replica, as it last reported (0: unknown)."""
+    load = upstream.replica.load
+    return load.max_choices if load is not None else 0
+
+
+async def _peek(response: Response) -> bytes:
+    """The start of a refusal's body, for its code, the log and the 503 message; a long or slow rest is
+    not read."""
     data = b""
     with contextlib.suppress(TimeoutError, *UPSTREAM_ERRORS):
         async with asyncio.timeout(1.0):
             while len(data) <= _PEEK_BYTES and (more := await response.read()):
                 data += more
     response.close()  # pooled again if it was read to its end
-    return data[:200].decode(errors="replace")
+    return data[:_PEEK_BYTES]

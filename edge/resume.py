@@ -203,7 +203,9 @@ async def _continued(journey: Journey, outcome: StreamOutcome, tried: list[Upstr
     if not order and not stand_in:
         return None
     body = continuation_body(journey, text, remaining)
-    attempts = Attempts(state.pool, up, state.metrics, deadline, admission.prompt_estimate)
+    attempts = Attempts(
+        state.pool, up, state.metrics, deadline, admission.prompt_estimate, choices=admission.choices
+    )
     no_more: Callable[[], list[Target]] = list  # else a continuation stays with the model that began it
     try:
         target = Target(journey.model, order, body)

@@ -141,6 +141,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     prepared = await service.prepare_chat(body, request_id_of(request), timings)
     prepared.share_key = share_key_of(request)
+    service.check_room(body.n)
     generations = [service.run(p, timings) for p in choice_requests(prepared, body.n)]
     request[GENERATION] = generations[0]
     answer = ChatAnswer.for_request(prepared.request_id, _answer_model(service, body))
@@ -166,6 +167,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     service = request.app[SERVICE]
     prepared = await service.prepare_completion(body, request_id_of(request), timings)
     prepared.share_key = share_key_of(request)
+    service.check_room(body.n)
     generations = [service.run(p, timings) for p in choice_requests(prepared, body.n)]
     request[GENERATION] = generations[0]
     answer = TextAnswer.for_request(prepared.request_id, _answer_model(service, body))

@@ -91,6 +91,9 @@ class EngineStats(msgspec.Struct):
     step_s: float = 0.0  # seconds the steps ran (model, sampling, grammars)
     grammar_s: float = 0.0  # of which computing grammar masks (beside the model) and advancing grammars
     grammar_tokens: int = 0  # tokens drawn under a grammar (response_format, guided_*, a tool call)
+    # The most sequences one request may ever have (its ``n`` choices): those decoded at once plus those
+    # allowed to wait (0: unknown). A request asking more is refused as the client's error, whatever the load.
+    max_choices: int = 0
 
 
 class EngineOverloaded(Exception):
@@ -177,5 +180,10 @@ class Engine(Protocol):
         ...
 
     def abort(self, request_id: str) -> None: ...
+
+    def room(self) -> int:
+        """How many more sequences :meth:`generate` accepts now, before it raises
+        :class:`EngineOverloaded` (a request of ``n`` choices needs ``n``)."""
+        ...
 
     def stats(self) -> EngineStats: ...

@@ -37,6 +37,7 @@ def load_of(stats: EngineStats) -> LoadReport:
         capacity=max(stats.capacity, 0),
         kv_usage=min(max(kv_usage, 0.0), 1.0),
         tokens_per_s=max(tokens_per_s, 0.0),
+        max_choices=max(stats.max_choices, 0),
     )
 
 

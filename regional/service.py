@@ -21,6 +21,7 @@ from nearshore.protocol.errors import (
     INTERNAL,
     INVALID_REQUEST,
     MODEL_NOT_FOUND,
+    NO_ROOM_FOR_CHOICES,
     OVERLOADED,
     UNSUPPORTED_PARAMETER,
     ApiError,
@@ -183,6 +184,27 @@ class RegionService:
     def _check_common(self, body: ChatCompletionRequest | CompletionRequest) -> None:
         self.check_model(body.model)
         check_supported(body)
+        e = self.config.engine
+        if body.n > (most := e.max_sequences + e.max_waiting):
+            raise ApiError(
+                INVALID_REQUEST,
+                f"n = {body.n} choices cannot be served here: this node holds at most {most} sequences of "
+                f"one request ({e.max_sequences} decoded at once, {e.max_waiting} waiting).",
+                param="n",
+            )
+
+    def check_room(self, n: int) -> None:
+        """A request of ``n`` choices needs ``n`` sequences: when the node has room for some but not all
+        of them, this request (not the node) is refused, so that it never counts against the node's health.
+        A full node is refused by the engine itself (``overloaded``)."""
+        if n > 1 and 0 < (room := self.engine.room()) < n:
+            raise ApiError(
+                NO_ROOM_FOR_CHOICES,
+                f"The node has room for {room} more sequences now, not for n = {n} choices; retry shortly "
+                "or ask for fewer.",
+                param="n",
+                retry_after_s=1.0,
+            )
 
     async def _grammar(self, body: ChatCompletionRequest | CompletionRequest) -> AskedGrammar | None:
         """The checked grammar ``response_format`` or ``guided_*`` asks for, or None; a 400 naming the

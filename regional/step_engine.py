@@ -306,6 +306,12 @@ class StepEngine:
         sched = self._scheduler
         return max(0, len(self._inbox) + len(sched.waiting) - sched.free_sequences())
 
+    def room(self) -> int:
+        with self._cv:  # generate admits while the sequences beyond the free slots are under max_waiting
+            sched = self._scheduler
+            queued = len(self._inbox) + len(sched.waiting)
+            return max(0, self.config.max_waiting + sched.free_sequences() - queued)
+
     def _retry_after_s(self) -> float:
         # Roughly how long until the queue drains by one batch's worth.
         return max(1.0, len(self._scheduler.waiting) / max(1, self.config.max_sequences))
@@ -333,6 +339,7 @@ class StepEngine:
                 step_s=self._step_s,
                 grammar_s=self._grammars.seconds,
                 grammar_tokens=self._grammars.tokens,
+                max_choices=self.config.max_sequences + self.config.max_waiting,
             )
 
     def description(self) -> str:

@@ -64,6 +64,11 @@ CABLE_CUT = ErrorKind(503, "server_error", "cable_cut")
 EXCEEDS_LIMIT = ErrorKind(400, "invalid_request_error", "request_exceeds_limit")
 INTERNAL = ErrorKind(500, "server_error", "internal_error")
 OVERLOADED = ErrorKind(503, "server_error", "overloaded")
+# The node has room for more sequences, but not for all of this request's ``n`` choices: a refusal about one
+# request, which says nothing of the node's health (an edge neither counts it against the replica nor
+# holds other requests back from it).
+NO_ROOM_FOR_CHOICES = ErrorKind(503, "server_error", "no_room_for_choices")
+REQUEST_SCOPED_REFUSALS = frozenset({NO_ROOM_FOR_CHOICES.code})
 MODEL_LOADING = ErrorKind(503, "server_error", "model_loading")
 # The embedding model could not be loaded (the message names its folder); chat may still be served.
 EMBEDDER_UNAVAILABLE = ErrorKind(503, "server_error", "embedder_unavailable")

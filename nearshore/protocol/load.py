@@ -2,9 +2,10 @@
 ``/health`` JSON (the ``load`` field), so that the edge's router sees queues build between two probes.
 
 The header is one short line of ``name=value`` pairs, e.g.
-``state=ready; running=3; waiting=1; capacity=8; kv=0.41; tps=212.5``. An edge trusts a region for nothing:
-:func:`parse_load` never raises, ignores names it does not know (a newer region may add some) and clamps
-what it reads, so a lying or broken region can at worst look busy or idle, never crash the router.
+``state=ready; running=3; waiting=1; capacity=8; kv=0.41; tps=212.5; choices=72``. An edge trusts a
+region for nothing: :func:`parse_load` never raises, ignores names it does not know (a newer region may
+add some) and clamps what it reads, so a lying or broken region can at worst look busy or idle, never
+crash the router.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     capacity: int = 0
     kv_usage: float = 0.0  # share of the KV cache in use, 0..1
     tokens_per_s: float = 0.0  # generated tokens per second, recent
+    # The most choices (``n``) one request may have there, whatever the load (0: unknown): an edge refuses
+    # a request that no replica could ever take as the client's error instead of sending it.
+    max_choices: int = 0
 
     @property
     def routable(self) -> bool:
@@ -40,7 +44,8 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
 def format_load(report: LoadReport) -> str:
     return (
         f"state={report.state}; running={report.running}; waiting={report.waiting}; "
-        f"capacity={report.capacity}; kv={report.kv_usage:.3f}; tps={report.tokens_per_s:.1f}"
+        f"capacity={report.capacity}; kv={report.kv_usage:.3f}; tps={report.tokens_per_s:.1f}; "
+        f"choices={report.max_choices}"
     )
 
 
@@ -61,6 +66,8 @@ def parse_load(value: str | None) -> LoadReport | None:
                 fields["state"] = raw
             elif name in ("running", "waiting", "capacity"):
                 fields[name] = min(max(int(raw), 0), _MAX_COUNT)
+            elif name == "choices":
+                fields["max_choices"] = min(max(int(raw), 0), _MAX_COUNT)
             elif name == "kv":
                 fields["kv_usage"] = _finite(float(raw), 0.0, 1.0)
             elif name == "tps":

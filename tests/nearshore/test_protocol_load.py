@@ -14,7 +14,7 @@ from nearshore.protocol.load import MAX_HEADER_CHARS, LoadReport, format_load, p
 
 
 def in_range(report: LoadReport) -> bool:
-    counts = (report.running, report.waiting, report.capacity)
+    counts = (report.running, report.waiting, report.capacity, report.max_choices)
     return (
         report.state in ("ready", "loading", "unloaded", "failed")
         and all(0 <= n <= 1_000_000 for n in counts)
@@ -33,6 +33,7 @@ def in_range(report: LoadReport) -> bool:
         LoadReport(state="failed", running=0, waiting=0, capacity=0),
         LoadReport(state="unloaded", running=3, waiting=17, capacity=8, kv_usage=0.41, tokens_per_s=212.5),
         LoadReport(running=1_000_000, waiting=1_000_000, capacity=256, kv_usage=1.0, tokens_per_s=1e9),
+        LoadReport(running=2, capacity=16, max_choices=80),
     ],
 )
 def test_format_then_parse_gives_the_report_back(report: LoadReport):
@@ -43,7 +44,7 @@ def test_format_then_parse_gives_the_report_back(report: LoadReport):
 
 def test_the_report_is_one_short_header_line():
     header = format_load(LoadReport(running=3, waiting=1, capacity=8, kv_usage=0.41, tokens_per_s=212.5))
-    assert header == "state=ready; running=3; waiting=1; capacity=8; kv=0.410; tps=212.5"
+    assert header == "state=ready; running=3; waiting=1; capacity=8; kv=0.410; tps=212.5; choices=0"
     assert "\n" not in header and "\r" not in header
 
 
@@ -56,6 +57,7 @@ def test_the_report_is_plain_json_for_health():
         "capacity": 8,
         "kv_usage": 0.5,
         "tokens_per_s": 10.0,
+        "max_choices": 0,
     }
 
 
