@@ -31,6 +31,7 @@ from typing import Literal
 Mode = Literal["sampled", "raced", "shadow"]
 Z95 = 1.959964
 THRESHOLD_STEP = 0.01  # how far above a wrong hit's similarity its question's threshold is raised
+JUDGE_STEP = 0.005  # how far above a wrong judged hit's probability its partition's judge floor is raised
 _MAX_PARTITIONS = 100_000  # partitions remembered (least recently audited forgotten first)
 _MAX_RAISED = 100_000  # questions whose threshold was raised, remembered
 
@@ -88,6 +89,9 @@ class AuditBook:
         self.rng = rng or random.Random()
         self._partitions: OrderedDict[str, _Partition] = OrderedDict()
         self._raised: OrderedDict[str, float] = OrderedDict()  # exact key -> the threshold it needs
+        # partition -> the judge's probability its candidates need: a judged hit found wrong raises it
+        # above that hit's probability, so the family of rewordings that misled the judge there is closed.
+        self._judge_floor: OrderedDict[str, float] = OrderedDict()
         self.wrong = 0  # every decided verdict since start
         self.audited = 0
         self.counts: dict[tuple[Mode, str], int] = {}  # (mode, judgement) -> verdicts, for /metrics
@@ -108,9 +112,23 @@ class AuditBook:
         """The lowest similarity at which an entry for this question may be served (0: the cache's own)."""
         return self._raised.get(exact, 0.0)
 
+    def judge_floor(self, partition: str) -> float:
+        """The judge's probability a candidate needs in this partition (0: the calibrated threshold)."""
+        return self._judge_floor.get(partition, 0.0)
+
     # --- verdicts --------------------------------------------------------------------------------------
 
-    def record(self, partition: str, exact: str, similarity: float, judgement: str, mode: Mode) -> Recorded:
+    def record(
+        self,
+        partition: str,
+        exact: str,
+        similarity: float,
+        judgement: str,
+        mode: Mode,
+        judged: float | None = None,
+    ) -> Recorded:
+        """One verdict on a served (or held) hit; ``judged``: the pair judge's probability when it was the
+        judge that accepted the hit."""
         self.counts[mode, judgement] = self.counts.get((mode, judgement), 0) + 1
         if judgement not in ("agree", "disagree"):
             return Recorded(False, "")
@@ -123,6 +141,8 @@ class AuditBook:
             p.verdicts.popleft()
         if wrong:
             self._raise(exact, similarity + THRESHOLD_STEP)
+            if judged is not None:
+                self._raise_judge(partition, judged + JUDGE_STEP)
         lower, _ = wilson(sum(p.verdicts), len(p.verdicts))
         switched: Literal["off", "on", ""] = ""
         if not p.off and lower > self.target:
@@ -165,6 +185,12 @@ class AuditBook:
             if not p.off:
                 del self._partitions[name]
                 return
+
+    def _raise_judge(self, partition: str, floor: float) -> None:
+        self._judge_floor[partition] = min(1.01, max(floor, self._judge_floor.get(partition, 0.0)))
+        self._judge_floor.move_to_end(partition)
+        while len(self._judge_floor) > _MAX_PARTITIONS:
+            self._judge_floor.popitem(last=False)
 
     def _raise(self, exact: str, threshold: float) -> None:
         self._raised[exact] = min(1.0, max(threshold, self._raised.get(exact, 0.0)))

@@ -221,17 +221,29 @@ class Layer:
     norm2_b: np.ndarray
 
 
-def read_weights(path: Path, shape: BertShape) -> tuple[dict[str, np.ndarray], list[Layer]]:
+def read_tensors(path: Path) -> dict[str, np.ndarray]:
+    """A safetensors file's tensors, under BERT's names without an architecture prefix."""
     from safetensors.numpy import load_file
 
     if not path.is_file():
         raise EmbedderLoadError(f"{path}: file not found")
     raw = load_file(str(path))
     # Some exports prefix every name with the architecture ("bert.embeddings...").
-    tensors = {
+    return {
         name.split(".", 1)[1] if name.startswith(("bert.", "roberta.")) else name: t
         for name, t in raw.items()
     }
+
+
+def read_weights(path: Path, shape: BertShape) -> tuple[dict[str, np.ndarray], list[Layer]]:
+    return weights_of(read_tensors(path), shape, path)
+
+
+def weights_of(
+    tensors: dict[str, np.ndarray], shape: BertShape, path: Path
+) -> tuple[dict[str, np.ndarray], list[Layer]]:
+    """The embeddings (``token_type``: both rows) and the layers, checked against ``shape``; errors name
+    ``path``."""
 
     def get(name: str, *dims: int) -> np.ndarray:
         if name not in tensors:
@@ -245,7 +257,7 @@ def read_weights(path: Path, shape: BertShape) -> tuple[dict[str, np.ndarray], l
     embeddings = {
         "word": get("embeddings.word_embeddings.weight"),
         "position": get("embeddings.position_embeddings.weight", shape.max_positions, h),
-        "token_type": get("embeddings.token_type_embeddings.weight")[0],
+        "token_type": get("embeddings.token_type_embeddings.weight"),
         "norm_g": get("embeddings.LayerNorm.weight", h),
         "norm_b": get("embeddings.LayerNorm.bias", h),
     }
@@ -377,8 +389,8 @@ class MiniLMEmbedder:
         e = self.embeddings
         x = e["word"][tokens]  # [B, S, H]
         x += e["position"][: tokens.shape[1]]
-        x += e["token_type"]
-        return _layer_norm(x.reshape(-1, self.dim), e["norm_g"], e["norm_b"], self.shape.layer_norm_eps)
+        x += e["token_type"][0]  # one sentence: every token is of the first type
+        return layer_norm(x.reshape(-1, self.dim), e["norm_g"], e["norm_b"], self.shape.layer_norm_eps)
 
     def _numpy_layers(self, x: np.ndarray, bias: np.ndarray, b: int, n: int) -> np.ndarray:
         """The encoder's layers on x [B*S, H] (ONNX Runtime's backend replaces only this)."""
@@ -401,17 +413,17 @@ class MiniLMEmbedder:
         attended = context @ w.out_w
         attended += w.out_b
         attended += x
-        x = _layer_norm(attended, w.norm1_g, w.norm1_b, s.layer_norm_eps)
+        x = layer_norm(attended, w.norm1_g, w.norm1_b, s.layer_norm_eps)
         hidden = x @ w.up_w  # [B*S, I]
         hidden += w.up_b
         _gelu(hidden, s.exact_gelu)
         out = hidden @ w.down_w
         out += w.down_b
         out += x
-        return _layer_norm(out, w.norm2_g, w.norm2_b, s.layer_norm_eps)
+        return layer_norm(out, w.norm2_g, w.norm2_b, s.layer_norm_eps)
 
 
-def _layer_norm(x: np.ndarray, gain: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+def layer_norm(x: np.ndarray, gain: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
     """LayerNorm over the last axis of x [T, H], in place."""
     x -= x.mean(axis=-1, keepdims=True)
     var = np.einsum("th,th->t", x, x)[:, None]

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from cache.embedder import Embedder, embedded_model_dir, load_embedder
 from cache.evaluate import EASY_KINDS, Outcome, Pair, Table, load_pairs, report, run_pairs, wilson
+from cache.judge_data import held_out_sets
 from cache.negatives import Negative, Seed, generate
 from cache.response_cache import CALIBRATION, threshold_for
 from cache.settings import CacheSettings
@@ -58,9 +59,16 @@ def seeds(sets: dict[str, tuple[list[Pair], str]]) -> list[Seed]:
     return out
 
 
-def load_sets(shipped: dict[str, tuple[Path, str]] = SHIPPED) -> dict[str, tuple[list[Pair], str]]:
-    """Each shipped file that exists, and its role."""
-    return {name: (load_pairs(path), role) for name, (path, role) in shipped.items() if path.exists()}
+def load_sets(
+    shipped: dict[str, tuple[Path, str]] = SHIPPED, public: bool = True
+) -> dict[str, tuple[list[Pair], str]]:
+    """Each shipped file that exists, and its role; with ``public``, the held-out half of each public set
+    the pair judge was trained beside (cache/judge_data.py: never trained on, never tuned on)."""
+    sets = {name: (load_pairs(path), role) for name, (path, role) in shipped.items() if path.exists()}
+    if public:
+        for source, rows in held_out_sets().items():
+            sets[f"{source}-held-out"] = ([Pair(**row) for row in rows], "held-out")
+    return sets
 
 
 def with_generated(
@@ -97,6 +105,7 @@ def run_suite(
     return {
         "target_false_hit_rate": settings.target_false_hit_rate,
         "threshold": threshold_for(settings.target_false_hit_rate),
+        "judge": next(iter(reports.values()))["judge"] if reports else "",
         "sets": reports,
         "worst": worst(reports),
         "generated": generated_report(negatives, outcomes),
@@ -166,7 +175,7 @@ def curve(outcomes: dict[str, list[Outcome]], sets: dict[str, tuple[list[Pair], 
     rows = []
     for threshold in GRID:
         row: dict = {"threshold": threshold}
-        for role in ("dev", "test", "sealed"):
+        for role in ("dev", "test", "sealed", "held-out"):
             pooled = [o for name, (_, r) in sets.items() if r == role for o in outcomes.get(name, [])]
             positives = [o for o in pooled if o.pair.same]
             hard = [o for o in pooled if not o.pair.same and o.pair.kind not in EASY_KINDS]
@@ -207,8 +216,8 @@ def _pct(x: float) -> str:
 
 def format_suite(r: dict) -> str:
     lines = [
-        f"cache-eval: every shipped set, default settings (target false-hit rate "
-        f"{r['target_false_hit_rate']:g} -> cosine threshold {r['threshold']:.2f}), {r['seconds']} s",
+        f"cache-eval: every shipped set (target false-hit rate {r['target_false_hit_rate']:g} -> cosine "
+        f"threshold {r['threshold']:.2f}, pair judge {r['judge']}), {r['seconds']} s",
         "",
         "  set               role     pairs   paraphrase hits          false hits on hard negatives",
     ]
@@ -259,7 +268,7 @@ def format_suite(r: dict) -> str:
     ]
     for row in r["curve"]:
         cells = []
-        for role in ("dev", "test", "sealed"):
+        for role in ("dev", "test", "sealed", "held-out"):
             if role in row:
                 c = row[role]
                 cells.append(

@@ -29,13 +29,13 @@ import msgspec
 import numpy as np
 
 from cache.audit import wilson
+from cache.decision import NEVER, judge_threshold_for, semantic_check
 from cache.embedder import Embedder, embedded_model_dir, load_embedder
 from cache.embedder_pool import EmbedderPool
 from cache.keys import cache_key
 from cache.response_cache import CALIBRATION, ResponseCache, threshold_for
 from cache.settings import CacheSettings
 from cache.store import Entry
-from cache.verify import verify
 from nearshore.protocol.schemas import ChatCompletionRequest, ChatMessage
 
 EASY_KINDS = frozenset({"topic", "easy", "other-topic", "unrelated"})
@@ -138,8 +138,14 @@ async def run_pairs(
     table.embed(texts)  # the ones it lacks
     pool = EmbedderPool(lambda: table, source="cache-eval", load_when="eager")
     await pool.start()
+    check = semantic_check(settings.judge, settings.judge_path, settings.target_false_hit_rate)
     cache = ResponseCache(
-        folder, pool, table.dim, settings.size_limit_mb << 20, threshold_for(settings.target_false_hit_rate)
+        folder,
+        pool,
+        table.dim,
+        settings.size_limit_mb << 20,
+        threshold_for(settings.target_false_hit_rate),
+        check=check,
     )
     outcomes = []
     try:
@@ -153,7 +159,7 @@ async def run_pairs(
                 hit = (await cache.semantic(key_b)).hit
             if cache.failure:
                 raise RuntimeError(f"pair {i}: the cache failed: {cache.failure}")
-            verdict = verify(pair.b, pair.a)
+            verdict = check(pair.b, pair.a)
             va, vb = table.vectors[pair.a], table.vectors[pair.b]
             outcomes.append(
                 Outcome(
@@ -231,6 +237,7 @@ def report(outcomes: Sequence[Outcome], settings: CacheSettings, elapsed_s: floa
         "pairs": len(outcomes),
         "target_false_hit_rate": settings.target_false_hit_rate,
         "threshold": threshold,
+        "judge": _judge_in_use(settings),
         "positives": len(positives),
         "hits_on_positives": hits,
         "hit_rate": hits / len(positives) if positives else 0.0,
@@ -256,6 +263,14 @@ def report(outcomes: Sequence[Outcome], settings: CacheSettings, elapsed_s: floa
         "missed_paraphrases": [_pair_row(o) for o in positives if not o.hit],
         "seconds": round(elapsed_s, 2),
     }
+
+
+def _judge_in_use(settings: CacheSettings) -> str:
+    """The pair judge as this run uses it: its threshold, or why it is not asked."""
+    if not settings.judge:
+        return "off"
+    threshold = judge_threshold_for(settings.target_false_hit_rate)
+    return f">= {threshold:.2f}" if threshold < NEVER else "not asked (no calibrated threshold meets it)"
 
 
 def _pair_row(o: Outcome) -> dict:
@@ -293,8 +308,8 @@ def format_report(r: dict) -> str:
     hlo, hhi = r["hard_false_hit_rate_ci95"]
     plo, phi = r["hit_rate_ci95"]
     lines = [
-        f"cache-eval: {r['pairs']} pairs, default settings (target false-hit rate "
-        f"{r['target_false_hit_rate']:g} -> cosine threshold {r['threshold']:.2f}), {r['seconds']} s",
+        f"cache-eval: {r['pairs']} pairs (target false-hit rate {r['target_false_hit_rate']:g} -> cosine "
+        f"threshold {r['threshold']:.2f}, pair judge {r['judge']}), {r['seconds']} s",
         f"  paraphrase hit rate   {_pct(r['hit_rate'])}  ({r['hits_on_positives']}/{r['positives']}, "
         f"95% CI {_pct(plo).strip()}-{_pct(phi).strip()}; {r['exact_hits']} exact)",
         f"  false-hit rate        {_pct(r['false_hit_rate'])}  ({r['false_hits']}/{r['negatives']} "

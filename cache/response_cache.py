@@ -22,10 +22,11 @@ import msgspec
 import numpy as np
 
 from cache.audit import AuditBook
+from cache.decision import SemanticCheck
 from cache.embedder_pool import EmbedderPool, OutOfScope
 from cache.keys import CacheKey
 from cache.store import CacheStore, Entry, StoreLimits
-from cache.verify import semantic_allowed, verify
+from cache.verify import semantic_allowed
 
 log = logging.getLogger("nearshore.cache")
 HitKind = Literal["exact", "semantic"]
@@ -36,13 +37,16 @@ HitKind = Literal["exact", "semantic"]
 # of the dev half: 2,137 hard negatives), non-increasing: the lowest threshold whose rate is within the
 # target is used. The verifier (cache/verify.py) explains every difference or refuses, so 1 of the 2,137
 # passes at 0.50 (a generated "good morning" -> "good evening" in a greeting: the same question) and none
-# from 0.94; the curve is near the bound so few false hits allow (0.26%, 0.18%), and the threshold mostly
+# from 0.95; the curve is near the bound so few false hits allow (0.26%, 0.18%), and the threshold mostly
 # narrows which entries are compared. The promise of the docs rests on the sets never tuned on (the
 # generated test half and data/sealed/), which cache-eval reports beside these. Measured with
 # all-MiniLM-L6-v2 in int8 (the cache's default backend): re-measure after changing it or the verifier.
+# (int8 quantises each batch's activations with the batch's own scale, so a text's vector moves a little
+# with what it is embedded beside: the one greeting's similarity sat at 0.94 before cache-eval also embedded
+# the public held-out halves, 0.95 after.)
 CALIBRATION: Sequence[tuple[float, float]] = (
     (0.50, 0.0026),
-    (0.94, 0.0018),
+    (0.95, 0.0018),
     (0.99, 0.0018),
 )
 CANDIDATES = 5  # nearest entries checked by the verifier, best first
@@ -61,6 +65,7 @@ class Hit:
     kind: HitKind
     similarity: float  # 1.0 for an exact hit
     exact: str = ""  # the entry's exact key (what the audit evicts)
+    judged: float | None = None  # the pair judge's probability, when the judge accepted it
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +89,11 @@ class ResponseCache:
         size_limit_bytes: int,
         threshold: float,
         limits: StoreLimits | None = None,
+        check: SemanticCheck | None = None,
     ) -> None:
         self.embedder = embedder
         self.threshold = threshold
+        self.check = check or SemanticCheck()  # the verifier's vetoes, then the pair judge (if any)
         self.store = CacheStore(folder, dim, size_limit_bytes, limits=limits)
         # What fails now, by operation: a full disk breaks only "store" (reads still hit), a deleted folder
         # breaks them all; each operation's next success clears its own entry.
@@ -162,8 +169,10 @@ class ResponseCache:
                 continue
             if exact == key.exact:  # stored since the exact lookup missed: the same question
                 return Hit(entry, "exact", 1.0, exact), exact, rejected
-            if verify(key.query, entry.query).ok:
-                return Hit(entry, "semantic", similarity, exact), exact, rejected
+            floor = self.audit.judge_floor(key.partition) if self.audit is not None else 0.0
+            decision = self.check(key.query, entry.query, floor)
+            if decision.ok:
+                return Hit(entry, "semantic", similarity, exact, decision.judged), exact, rejected
             rejected += 1
         return None, "", rejected
 

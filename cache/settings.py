@@ -63,3 +63,7 @@ class CacheSettings(Struct, forbid_unknown_fields=True, kw_only=True):
     # What runs it: "auto-int8" (int8 matrix products in ONNX Runtime, 3x faster per query here, the same
     # threshold and false hits on the labelled sets: cache/embedder.py), "auto" (fp32), or one by name.
     embedder_backend: Literal["auto-int8", "auto", "numpy", "onnxruntime", "onnxruntime-int8"] = "auto-int8"
+    # The pair judge decides the candidates the verifier cannot explain (its certain vetoes stay); its
+    # probability threshold follows from target_false_hit_rate (cache/decision.py, JUDGE_CALIBRATION).
+    judge: bool = True
+    judge_path: str = ""  # a judge file replacing the shipped cache/data/judge/judge.safetensors

@@ -297,6 +297,7 @@ def run_cache(args: argparse.Namespace) -> int:
                 rtt_ms=args.rtt_ms,
                 logs=args.logs,
                 audit=not args.no_audit,
+                judged=bench_cache.answered_paraphrases(corpus, judged=True),
             )
             report["ttft"] = cache_ttft.run(ttft)
     print(bench_cache.format_report(report))

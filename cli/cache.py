@@ -11,8 +11,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from cache import admin, eval_answers, eval_learned, eval_suite, evaluate
+from cache import admin, eval_answers, eval_judge, eval_learned, eval_suite, evaluate
+from cache.decision import semantic_check
 from cache.embedder import embedded_model_dir, load_embedder
+from cache.response_cache import threshold_for
 from cache.settings import CacheSettings
 from edge.config import EdgeConfig
 from nearshore.config import load_config
@@ -39,6 +41,20 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also print the threshold -> false-hit-rate table for CALIBRATION in cache/response_cache.py",
     )
+    parser.add_argument(
+        "--calibrate-judge",
+        action="store_true",
+        help="print the pair judge's threshold -> false-hit-rate table (JUDGE_CALIBRATION in "
+        "cache/decision.py), measured on the public sets' calibration slices only",
+    )
+    parser.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        metavar="RATE",
+        help="the cache's target_false_hit_rate for this run (default: the shipped 0.01); it sets the "
+        "cosine threshold and the pair judge's",
+    )
     parser.add_argument("--misses", action="store_true", help="also list the paraphrases it missed, and why")
     parser.add_argument(
         "--learned",
@@ -54,6 +70,14 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    if args.calibrate_judge:
+        settings = CacheSettings()
+        embedder = load_embedder(str(embedded_model_dir()), backend=settings.embedder_backend)
+        check = semantic_check(True, settings.judge_path, 1.0)  # any target: the judge is loaded
+        judged = eval_judge.judge_all(eval_judge.calibration_pairs(), embedder, check)
+        rows = eval_judge.judge_curve(judged, threshold_for(settings.target_false_hit_rate))
+        print(json.dumps(rows) if args.json else eval_judge.format_judge_curve(rows))
+        return 0
     if args.answers:
         report = eval_answers.evaluate_judge()
         print(json.dumps(report) if args.json else eval_answers.format_judge(report))
@@ -65,17 +89,18 @@ def run_eval(args: argparse.Namespace) -> int:
         report = eval_learned.report(eval_learned.candidates(sets, embedder))
         print(json.dumps(report) if args.json else eval_learned.format_learned(report))
         return 0
+    settings = CacheSettings() if args.target is None else CacheSettings(target_false_hit_rate=args.target)
     try:
         if args.file is None:  # every shipped set, apart; a calibration only ever on the dev sets
             sets, negatives = eval_suite.with_generated(eval_suite.load_sets())
-            report = eval_suite.run_suite(sets, negatives)
+            report = eval_suite.run_suite(sets, negatives, settings)
             fitted_on = eval_suite.dev_outcomes(report)
             report.pop("_outcomes")
             text = eval_suite.format_suite(report)
             misses = [(name, s) for name, s in report["sets"].items() if s["role"] == "dev"]
             scope = "on the dev sets only "
         else:
-            report, fitted_on = evaluate.evaluate(args.file)
+            report, fitted_on = evaluate.evaluate(args.file, settings)
             text, misses, scope = evaluate.format_report(report), [("", report)], ""
     except (OSError, ValueError) as exc:
         print(f"nearshore cache-eval: {exc}", file=sys.stderr)

@@ -152,7 +152,9 @@ class Auditor:
             self.metrics.cache_audits.labels(mode, "failed").inc()
             return
         verdict = judge(request.question, cached, fresh, vectors)
-        recorded = book.record(request.partition, hit.exact, hit.similarity, verdict.judgement, mode)
+        recorded = book.record(
+            request.partition, hit.exact, hit.similarity, verdict.judgement, mode, hit.judged
+        )
         self.metrics.cache_audits.labels(mode, verdict.judgement).inc()
         if recorded.evict:
             await self.cache.evict(hit.exact)

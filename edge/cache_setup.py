@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from cache.decision import semantic_check
 from cache.dictionary import build_apart
 from cache.embedder import EmbedderLoadError, embedded_model_dir, load_embedder, read_shape
 from cache.embedder_pool import EmbedderPool
@@ -46,6 +47,7 @@ def make_cache(config: EdgeConfig, upstreams: UpstreamPool) -> tuple[ResponseCac
             settings.size_limit_mb << 20,
             threshold_for(settings.target_false_hit_rate),
             store_limits(settings, semantic=not why_not),
+            semantic_check(settings.judge, settings.judge_path, settings.target_false_hit_rate),
         )
     except Exception as exc:  # an unwritable or corrupt folder: serve without a cache
         log.warning("response cache at %s cannot be opened (%s): serving without it", folder, exc)

@@ -97,6 +97,10 @@ class Scheduler:
     def free_sequences(self) -> int:
         return self.max_sequences - len(self.running)
 
+    def beyond_free(self, arriving: int) -> int:
+        """Sequences that would wait for a slot: the waiting ones and ``arriving`` beyond the free slots."""
+        return len(self.waiting) + arriving - self.free_sequences()
+
     def add(self, seq: Sequence) -> None:
         top_n = seq.request.prompt_logprobs
         if top_n is not None and not seq.prompt_logprobs:

@@ -270,7 +270,7 @@ class StepEngine:
         with self._cv:
             if self._failure is not None:
                 raise EngineFailed(self._failure)
-            if self._queued_beyond_free_slots() >= self.config.max_waiting:
+            if self.room() == 0:
                 raise EngineOverloaded(self._retry_after_s())
             self._by_id[request.request_id] = seq
             self._inbox.append(seq)
@@ -301,19 +301,12 @@ class StepEngine:
                 self._aborts.add(request_id)
                 self._cv.notify()
 
-    def _queued_beyond_free_slots(self) -> int:
-        """Requests that will have to wait for a slot (new arrivals count until the worker admits them)."""
-        sched = self._scheduler
-        return max(0, len(self._inbox) + len(sched.waiting) - sched.free_sequences())
-
     def room(self) -> int:
-        with self._cv:  # generate admits while the sequences beyond the free slots are under max_waiting
-            sched = self._scheduler
-            queued = len(self._inbox) + len(sched.waiting)
-            return max(0, self.config.max_waiting + sched.free_sequences() - queued)
+        # Sequences beyond the free slots may wait up to max_waiting (new arrivals count until admitted).
+        with self._cv:
+            return max(0, self.config.max_waiting - self._scheduler.beyond_free(len(self._inbox)))
 
-    def _retry_after_s(self) -> float:
-        # Roughly how long until the queue drains by one batch's worth.
+    def _retry_after_s(self) -> float:  # roughly how long until the queue drains by one batch's worth
         return max(1.0, len(self._scheduler.waiting) / max(1, self.config.max_sequences))
 
     def stats(self) -> EngineStats:

@@ -199,7 +199,16 @@ FLAGS = {
     ],
     "hostile": ["--host", "--port", "--mode", "--name", "--tokens", "--limit-s", "--max-connections"],
     "demo": ["question", "--max-tokens", "--model", "--topology"],
-    "cache-eval": ["file", "--json", "--calibrate", "--misses", "--learned", "--answers"],
+    "cache-eval": [
+        "file",
+        "--json",
+        "--calibrate",
+        "--calibrate-judge",
+        "--target",
+        "--misses",
+        "--learned",
+        "--answers",
+    ],
     "gpu-check": [
         "--device",
         "--model",

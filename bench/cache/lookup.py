@@ -35,13 +35,13 @@ import msgspec
 import numpy as np
 
 from bench.cache.index_peers import compare_indexes, peer_line, percentiles
+from cache.decision import semantic_check
 from cache.embedder import Embedder, load_embedder
 from cache.embedder_pool import EmbedderPool
 from cache.keys import CacheKey, cache_key, normalise
 from cache.response_cache import ResponseCache, threshold_for
 from cache.settings import CacheSettings
 from cache.store import CacheStore, Entry
-from cache.verify import verify
 from nearshore.protocol.schemas import ChatCompletionRequest, ChatMessage
 
 PAIRS = Path(__file__).resolve().parents[2] / "cache" / "data" / "pairs.jsonl"
@@ -100,16 +100,22 @@ def load_corpus(embedder: Embedder) -> Corpus:
     return Corpus(stored, embedder.embed(stored), asked, same, embedder.embed(asked), [r["a"] for r in rows])
 
 
-def answered_paraphrases(corpus: Corpus) -> list[str]:
-    """Paraphrases of stored questions that the shipped cache answers (similar enough, verified), and
-    are not the same text (those are exact hits)."""
-    threshold = threshold_for(CacheSettings().target_false_hit_rate)
+def answered_paraphrases(corpus: Corpus, judged: bool = False) -> list[str]:
+    """Paraphrases of stored questions that the shipped cache answers (similar enough, and accepted), and
+    are not the same text (those are exact hits): those the verifier explains, or (``judged``) those only
+    the pair judge accepts."""
+    settings = CacheSettings()
+    threshold = threshold_for(settings.target_false_hit_rate)
+    check = semantic_check(settings.judge, settings.judge_path, settings.target_false_hit_rate)
     index = {q: i for i, q in enumerate(corpus.stored)}
     out = []
     for i, text in enumerate(corpus.asked):
         a = corpus.asked_for[i]
         similar = float(corpus.asked_vectors[i] @ corpus.stored_vectors[index[a]]) >= threshold
-        if corpus.asked_same[i] and similar and verify(text, a).ok and normalise(text) != normalise(a):
+        if not (corpus.asked_same[i] and similar and normalise(text) != normalise(a)):
+            continue
+        decision = check(text, a)
+        if decision.ok and (decision.judged is not None) == judged:
             out.append(text)
     return out
 

@@ -20,7 +20,7 @@ import asyncio
 import json
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -45,6 +45,7 @@ class TtftBench:
     rtt_ms: float = LAGOS_LONDON_RTT_MS
     logs: str = ""
     audit: bool = True  # False: the edges with a cache audit no semantic hit
+    judged: list[str] = field(default_factory=list)  # paraphrases only the pair judge accepts
 
 
 def _body(question: str) -> bytes:
@@ -115,6 +116,7 @@ async def _measure(
     edge_on: peers.Endpoint, edge_fp32: peers.Endpoint, edge_off: peers.Endpoint, bench: TtftBench
 ) -> dict:
     kinds = ("exact hit", "semantic hit", "semantic hit, fp32 embedder", "miss, cache on", "miss, cache off")
+    kinds += ("semantic hit, judged",) if bench.judged else ()
     results: dict[str, list[Stream]] = {k: [] for k in kinds}
     async with session_for(edge_on) as on, session_for(edge_fp32) as fp32, session_for(edge_off) as off:
         for i in range(5):  # warm: connections, the edge's embedder, the partition's files and index
@@ -127,6 +129,9 @@ async def _measure(
             paraphrase = bench.paraphrases[i % len(bench.paraphrases)]
             results["semantic hit"].append(await _one(on, edge_on, paraphrase, False))
             results["semantic hit, fp32 embedder"].append(await _one(fp32, edge_fp32, paraphrase, False))
+            if bench.judged:  # a candidate the verifier cannot explain: the judge reads the pair
+                judged = bench.judged[i % len(bench.judged)]
+                results["semantic hit, judged"].append(await _one(on, edge_on, judged, False))
             misses = [("miss, cache on", on, edge_on), ("miss, cache off", off, edge_off)]
             for kind, session, edge in misses if i % 2 == 0 else reversed(misses):  # each goes first in turn
                 results[kind].append(await _one(session, edge, miss, store=False))

@@ -1,0 +1,159 @@
+"""Whether a semantic candidate may answer a question: the verifier's certain vetoes, then the pair judge.
+
+The verifier (:mod:`cache.verify`) explains differences word by word. When it explains every one, the
+candidate is served: nothing the judge could add. When it refuses, its reason says why, and only some
+reasons are certain: a different number, unit or negation, verbatim text (code), a text too long to read,
+another language, the same words in another order (swapped roles), or a named thing on one side that the
+other does not name (:func:`named_difference`). Those stay vetoes. The rest (``words: ...``: words on one
+side that no table explains, how people actually reword a question) go to the judge
+(:class:`cache.judge.PairJudge`), which reads both questions together; its probability must reach the
+threshold the operator's target false-hit rate maps to (``JUDGE_CALIBRATION``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from cache.verify import verify
+
+# The verifier's reasons the judge may overrule: words on one side that no table explains.
+JUDGED_REASONS = ("words:",)
+_NAME = re.compile(r"(?<![\w'’])([A-Z][\w'’.-]*[A-Za-z0-9])")
+_SENTENCE_START = re.compile(r"(?:^|[.!?:;\"“(]\s*|\n\s*)$")
+_NOT_NAMES = frozenset(
+    {"i", "i'm", "i've", "i'd", "i'll", "ok", "okay", "pls", "plz", "please", "hi", "hello"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    ok: bool
+    reason: str = ""  # why not (the verifier's veto, or the judge's probability under the threshold)
+    judged: float | None = None  # the judge's probability, when it was asked
+
+
+def named_words(text: str) -> set[str]:
+    """Words written as names (capitalised inside a sentence, or acronyms), casefolded, possessives off."""
+    out = set()
+    for match in _NAME.finditer(text):
+        word = match.group(1)
+        before = text[: match.start(1)]
+        if _SENTENCE_START.search(before) and not (len(word) > 1 and word.isupper()):
+            continue  # a sentence's first word is capitalised whatever it is
+        key = re.sub(r"['’]s$", "", word).casefold().rstrip(".")
+        if key and key not in _NOT_NAMES:
+            out.add(key)
+    return out
+
+
+def named_difference(a: str, b: str) -> str:
+    """A name one question has and the other never mentions (in any case), or ""."""
+    folded_a, folded_b = _words(a), _words(b)
+    for name in sorted(named_words(a)):
+        if name not in folded_b:
+            return name
+    for name in sorted(named_words(b)):
+        if name not in folded_a:
+            return name
+    return ""
+
+
+def _words(text: str) -> set[str]:
+    return {re.sub(r"['’]s$", "", w) for w in re.findall(r"[\w'’.-]+", text.casefold())} | {
+        w.rstrip(".") for w in re.findall(r"[\w'’.-]+", text.casefold())
+    }
+
+
+Judge = Callable[[Sequence[tuple[str, str]]], "Sequence[float]"]
+log = logging.getLogger("nearshore.cache")
+
+# (judge threshold, false-hit rate on hard negatives: the upper end of the 95% Wilson interval), as
+# `nearshore cache-eval --calibrate-judge` measures it through the whole check (cosine threshold, vetoes,
+# judge) on the calibration slices of the public sets (cache/judge_data.py: never trained on; 2,194 pairs,
+# 1,309 hard negatives); non-increasing, the lowest threshold within the operator's target is used. No
+# threshold reaches the default 1%: the rate stays at 1.1% (the verifier's own false hits on these
+# sentence pairs) however sure the judge must be, so at the default target the judge never says yes and is
+# not asked; a target of 2% uses 0.98, 5% uses 0.77. Measured with the judge in int8, the shipped file.
+JUDGE_CALIBRATION: Sequence[tuple[float, float]] = (
+    (0.50, 0.1917),
+    (0.60, 0.1052),
+    (0.70, 0.0620),
+    (0.77, 0.0474),
+    (0.85, 0.0378),
+    (0.90, 0.0334),
+    (0.92, 0.0280),
+    (0.95, 0.0244),
+    (0.97, 0.0207),
+    (0.98, 0.0150),
+    (0.99, 0.0110),
+)
+NEVER = 1.01  # a threshold no probability reaches
+
+
+def judge_threshold_for(target_false_hit_rate: float) -> float:
+    for threshold, false_hits in sorted(JUDGE_CALIBRATION):
+        if false_hits <= target_false_hit_rate:
+            return threshold
+    return NEVER  # nothing meets the target: the judge never says yes
+
+
+def semantic_check(enabled: bool, path: str, target_false_hit_rate: float) -> SemanticCheck:
+    """The check an edge (or cache-eval) runs: the judge at ``path`` ("" = the shipped one) when enabled."""
+    threshold = judge_threshold_for(target_false_hit_rate)
+    if not enabled or threshold >= NEVER:  # a judge that can never say yes is not loaded nor asked
+        return SemanticCheck()
+    from pathlib import Path
+
+    from cache.judge import JUDGE_FILE, PairJudge
+
+    file = Path(path).expanduser() if path else JUDGE_FILE
+    return SemanticCheck(lambda: PairJudge(file).same, threshold)
+
+
+class SemanticCheck:
+    """``check(query, cached) -> Decision``, called in the cache's worker thread (never on the event loop).
+    The judge is loaded on its first use (an edge that never sees a candidate the verifier cannot explain
+    never holds it); without one (none configured, or it failed to load), the verifier alone decides."""
+
+    def __init__(self, load_judge: Callable[[], Judge] | None = None, threshold: float = 1.0) -> None:
+        self.load_judge = load_judge
+        self.threshold = threshold
+        self.failure = ""  # why the judge could not be loaded, for /health
+        self._judge: Judge | None = None
+        self._lock = threading.Lock()
+
+    def judge(self) -> Judge | None:
+        if self._judge is not None or self.load_judge is None:
+            return self._judge
+        with self._lock:
+            if self._judge is None and self.load_judge is not None:
+                try:
+                    self._judge = self.load_judge()
+                except Exception as exc:  # a missing or damaged file: the verifier alone decides
+                    self.failure = f"the pair judge could not be loaded: {exc}"[:300]
+                    log.warning("cache: %s; the verifier alone decides", self.failure)
+                    self.load_judge = None
+        return self._judge
+
+    def __call__(self, query: str, cached: str, floor: float = 0.0) -> Decision:
+        """``floor``: a higher threshold the judge must reach here (the live audit's, for a partition)."""
+        verdict = verify(query, cached)
+        if verdict.ok:
+            return Decision(True)
+        judging = self.load_judge is not None or self._judge is not None
+        if not judging or not verdict.reason.startswith(JUDGED_REASONS):
+            return Decision(False, verdict.reason)
+        if name := named_difference(query, cached):
+            return Decision(False, f"names: {name} on one side")
+        judge = self.judge()
+        if judge is None:
+            return Decision(False, verdict.reason)
+        p = float(judge([(query, cached)])[0])
+        threshold = max(self.threshold, floor)
+        if p >= threshold:
+            return Decision(True, judged=p)
+        return Decision(False, f"judge: {p:.3f} < {threshold:.3f} ({verdict.reason})", judged=p)
