@@ -182,7 +182,7 @@ class Pool:
 
 
 def replica(name: str, *responses: RegionResponse) -> Upstream:
-    who = SimpleNamespace(id=name, region=name, inflight=0)
+    who = SimpleNamespace(id=name, region=name, inflight=0, load=None)
     return Upstream(who, RegionPool(*responses), RetryBudget(0.2, 1.0, burst=10.0))
 
 
