@@ -150,10 +150,13 @@ _Pending = tuple[UsageRecord, asyncio.Future[None]]
 
 def _connect(path: Path, busy_ms: int = 5000) -> sqlite3.Connection:
     # Each connection is used by one thread at a time (the writer; readers under a lock), not one thread ever.
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    db.execute(f"PRAGMA busy_timeout = {busy_ms}")
+    # Setting the journal up waits as long as another worker opening the same file may hold it (sqlite3's
+    # own 5 s): with the writer's 5 ms, two workers starting together could fail one ("database is
+    # locked"). Only then does the connection take its own, shorter wait.
+    db = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = NORMAL")
+    db.execute(f"PRAGMA busy_timeout = {busy_ms}")
     return db
 
 

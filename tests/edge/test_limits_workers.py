@@ -74,7 +74,7 @@ def worker_metrics_urls(edge: Edge) -> list[str]:
     return [f"http://127.0.0.1:{port}/metrics" for port in (base, base + 1)]
 
 
-def wait_for_both_workers(edge: Edge, timeout_s: float = 30.0) -> None:
+def wait_for_both_workers(edge: Edge, timeout_s: float = 120.0) -> None:
     """The public /health answers once one worker listens: wait for each one's metrics."""
     deadline = time.monotonic() + timeout_s
     for url in worker_metrics_urls(edge):
