@@ -17,6 +17,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from cache.verify import verify
 
@@ -63,9 +64,9 @@ def named_difference(a: str, b: str) -> str:
 
 
 def _words(text: str) -> set[str]:
-    return {re.sub(r"['’]s$", "", w) for w in re.findall(r"[\w'’.-]+", text.casefold())} | {
-        w.rstrip(".") for w in re.findall(r"[\w'’.-]+", text.casefold())
-    }
+    """Every word, casefolded, as written and without its possessive or a trailing full stop."""
+    words = re.findall(r"[\w'’.-]+", text.casefold())
+    return {re.sub(r"['’]s$", "", w) for w in words} | {w.rstrip(".") for w in words}
 
 
 Judge = Callable[[Sequence[tuple[str, str]]], "Sequence[float]"]
@@ -106,9 +107,7 @@ def semantic_check(enabled: bool, path: str, target_false_hit_rate: float) -> Se
     threshold = judge_threshold_for(target_false_hit_rate)
     if not enabled or threshold >= NEVER:  # a judge that can never say yes is not loaded nor asked
         return SemanticCheck()
-    from pathlib import Path
-
-    from cache.judge import JUDGE_FILE, PairJudge
+    from cache.judge import JUDGE_FILE, PairJudge  # numpy, tokenizers, onnxruntime: only when judging
 
     file = Path(path).expanduser() if path else JUDGE_FILE
     return SemanticCheck(lambda: PairJudge(file).same, threshold)

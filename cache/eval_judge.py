@@ -50,8 +50,8 @@ def judge_all(pairs: Sequence[Pair], embedder: Embedder, check: SemanticCheck) -
     va = embedder.embed([p.a for p in pairs])
     vb = embedder.embed([p.b for p in pairs])
     similarity = np.einsum("ij,ij->i", va, vb)
-    everything = SemanticCheck(check.load_judge, threshold=0.0)
-    everything._judge = check.judge()
+    judge = check.judge()
+    everything = SemanticCheck(None if judge is None else lambda: judge, threshold=0.0)
     return [Judged(p, float(s), everything(p.b, p.a)) for p, s in zip(pairs, similarity, strict=True)]
 
 

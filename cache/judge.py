@@ -39,8 +39,6 @@ class PairJudge:
     def __init__(
         self, path: Path = JUDGE_FILE, base: Path | None = None, threads: int = 1, int8: bool = True
     ) -> None:
-        from tokenizers import Tokenizer
-
         base = base or embedded_model_dir()
         self.shape = read_shape(base)
         tensors = read_tensors(base / "model.safetensors")
@@ -52,9 +50,7 @@ class PairJudge:
         self.embeddings, layers = weights_of(tensors, self.shape, path)
         self.head_w = tensors["classifier.weight"].reshape(-1)  # [H]
         self.head_b = float(tensors["classifier.bias"].reshape(-1)[0])
-        self.tokenizer = Tokenizer.from_file(str(base / "tokenizer.json"))
-        self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(max_length=MAX_PAIR_TOKENS)
+        self.tokenizer = pair_tokenizer(base)
         from cache.embedder_ort import OrtLayers
 
         self._layers = OrtLayers(self.shape, layers, threads, int8=int8)
@@ -88,6 +84,17 @@ class PairJudge:
         x = self._layers(x, bias, b, n).reshape(b, n, h)
         pooled = np.einsum("bsh,bs->bh", x, mask) / mask.sum(axis=1, keepdims=True)
         return pooled @ self.head_w + self.head_b
+
+
+def pair_tokenizer(folder: Path):  # -> tokenizers.Tokenizer
+    """The model's tokenizer for pairs (``[CLS] a [SEP] b [SEP]`` with token types), cut at
+    MAX_PAIR_TOKENS, padding left to the caller."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=MAX_PAIR_TOKENS)
+    return tokenizer
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:

@@ -24,11 +24,22 @@ from pathlib import Path
 
 import numpy as np
 
-from cache.embedder import embedded_model_dir, read_shape
+from cache.embedder import embedded_model_dir, read_shape, read_tensors
 from cache.eval_suite import load_sets, with_generated
+from cache.judge import pair_tokenizer
 from cache.judge_data import TrainingPair, public_pairs
 
-MAX_PAIR_TOKENS = 128
+# Each layer's modules here and their tensors' names in a BERT file (what cache/judge.py reads).
+LAYER_TENSORS = {
+    "q": "attention.self.query",
+    "k": "attention.self.key",
+    "v": "attention.self.value",
+    "o": "attention.output.dense",
+    "n1": "attention.output.LayerNorm",
+    "up": "intermediate.dense",
+    "down": "output.dense",
+    "n2": "output.LayerNorm",
+}
 
 
 def project_pairs() -> list[TrainingPair]:
@@ -49,13 +60,11 @@ def training_pairs(folder: Path) -> list[TrainingPair]:
 
 def build_model(folder: Path):  # -> torch.nn.Module (torch is imported only here and below)
     import torch
-    from safetensors.torch import load_file
     from torch import nn
 
     shape = read_shape(folder)
     h = shape.hidden
-    raw = load_file(str(folder / "model.safetensors"))
-    t = {n.split(".", 1)[1] if n.startswith("bert.") else n: w for n, w in raw.items()}
+    t = {name: torch.from_numpy(w.copy()) for name, w in read_tensors(folder / "model.safetensors").items()}
     intermediate = t["encoder.layer.0.intermediate.dense.weight"].shape[0]
     vocab = t["embeddings.word_embeddings.weight"].shape[0]
 
@@ -117,20 +126,10 @@ def build_model(folder: Path):  # -> torch.nn.Module (torch is imported only her
         model.norm.weight.copy_(t["embeddings.LayerNorm.weight"])
         model.norm.bias.copy_(t["embeddings.LayerNorm.bias"])
         for i, layer in enumerate(model.layers):
-            p = f"encoder.layer.{i}."
-            pairs = [
-                (layer.q, "attention.self.query"),
-                (layer.k, "attention.self.key"),
-                (layer.v, "attention.self.value"),
-                (layer.o, "attention.output.dense"),
-                (layer.n1, "attention.output.LayerNorm"),
-                (layer.up, "intermediate.dense"),
-                (layer.down, "output.dense"),
-                (layer.n2, "output.LayerNorm"),
-            ]
-            for module, name in pairs:
-                module.weight.copy_(t[p + name + ".weight"])
-                module.bias.copy_(t[p + name + ".bias"])
+            for attr, name in LAYER_TENSORS.items():
+                module = getattr(layer, attr)
+                module.weight.copy_(t[f"encoder.layer.{i}.{name}.weight"])
+                module.bias.copy_(t[f"encoder.layer.{i}.{name}.bias"])
     model.word.weight.requires_grad_(False)  # the installed model's: read at load, never shipped
     return model
 
@@ -149,18 +148,8 @@ def save(model, path: Path) -> None:
     put("embeddings.token_type_embeddings.weight", model.token_type.weight)
     put("embeddings.LayerNorm.weight", model.norm.weight)
     put("embeddings.LayerNorm.bias", model.norm.bias)
-    names = {
-        "q": "attention.self.query",
-        "k": "attention.self.key",
-        "v": "attention.self.value",
-        "o": "attention.output.dense",
-        "n1": "attention.output.LayerNorm",
-        "up": "intermediate.dense",
-        "down": "output.dense",
-        "n2": "output.LayerNorm",
-    }
     for i, layer in enumerate(model.layers):
-        for attr, name in names.items():
+        for attr, name in LAYER_TENSORS.items():
             module = getattr(layer, attr)
             put(f"encoder.layer.{i}.{name}.weight", module.weight)
             put(f"encoder.layer.{i}.{name}.bias", module.bias)
@@ -185,15 +174,6 @@ def encode_batch(tokenizer, batch: list[TrainingPair]):
     labels = torch.tensor([p.label for p in batch], dtype=torch.float32)
     weights = torch.tensor([p.weight for p in batch], dtype=torch.float32)
     return ids, types, mask, labels, weights
-
-
-def pair_tokenizer(folder: Path):
-    from tokenizers import Tokenizer
-
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=MAX_PAIR_TOKENS)
-    return tokenizer
 
 
 def train(data: Path, out: Path, epochs: float, batch_size: int, lr: float, seed: int, threads: int) -> None:

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from tests.conftest import MODEL, Node, start_region
+from tests.edge.test_region import client
 from tests.edge_fixtures import Edge, start_edge
 
 pytestmark = pytest.mark.slow
@@ -35,15 +36,6 @@ def node_and_edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[No
     yield node, edge
     edge.stop()
     node.process.stop()
-
-
-def client(edge: Edge, key: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=edge.url + "/v1",
-        api_key=key,
-        max_retries=0,
-        http_client=openai.DefaultHttpxClient(verify=edge.ssl_context()),
-    )
 
 
 def ask(c: openai.OpenAI, n: int = 1, max_tokens: int = 1):
