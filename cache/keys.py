@@ -6,7 +6,8 @@ conversation up to the last user turn. All of that makes the **partition**; sema
 Inside a partition, the **exact key** adds the last user turn, and the **query** (that turn's text) is what
 the semantic level embeds. The turn is normalised for the exact key only where that cannot change what is
 asked: in prose (case, runs of spaces, the closing ? . !), never in code, indented or long text, where
-spacing and case carry meaning (Python differing only in indentation is two questions).
+spacing and case carry meaning (Python differing only in indentation is two questions), nor inside quotes:
+"keep every space: 'a      b'" and "... 'a b'" are two questions (issue 34, N12).
 
 Parameters are taken from the request's own fields, all of them except those that cannot change the text
 (``stream``, ``stream_options``, ``user``, and ``seed`` at temperature 0) and the conversation itself, so a
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from cache.verify import semantic_allowed
+from cache.verify import MAX_COMPARED_CHARS, QUOTED, is_prose
 from nearshore.protocol.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
 
 # Fields that do not change the answer's text, and the conversation, which is keyed on its own.
@@ -46,11 +47,15 @@ class CacheKey:
 def normalise(text: str) -> str:
     """The same question typed twice is one exact key: Unicode NFC always; in prose that the verifier reads
     (not code, not indented, not longer than it compares) also casefolded, runs of spaces collapsed and the
-    closing punctuation dropped. Anything else is kept as sent."""
+    closing punctuation dropped, except inside quotes ("...", '...', “...”): a quoted part is kept as sent,
+    its spacing and case being what is asked about. Anything else is kept as sent."""
     text = unicodedata.normalize("NFC", text)
-    if not semantic_allowed(text):
+    if len(text) > MAX_COMPARED_CHARS or not is_prose(text):
         return text
-    return _CLOSING.sub("", _SPACE.sub(" ", text).strip().casefold())
+    # QUOTED has one group: split keeps the quoted parts, at the odd places.
+    parts = QUOTED.split(text)
+    folded = "".join(part if i % 2 else _SPACE.sub(" ", part).casefold() for i, part in enumerate(parts))
+    return _CLOSING.sub("", folded.strip())
 
 
 def parameters(body: ChatCompletionRequest | CompletionRequest) -> dict[str, object]:

@@ -14,7 +14,8 @@ opposite, a quantifier, a modal, a tense, a number, a swapped role, is a miss th
 ``words: +children on one side``, ``words: celsius vs fahrenheit``, ``numbers: 100 vs 1000``, ``order: ...``.
 
 Texts the verifier does not compare (too long to read in full on the request's path, or verbatim text such
-as code, where spacing and symbols matter) are never semantic hits: :func:`semantic_allowed` says which.
+as code, or a quoted part spaced otherwise than by single spaces, where spacing and symbols matter) are never
+semantic hits: :func:`semantic_allowed` says which.
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ _CODE = re.compile(
     r"\b(?:SELECT|INSERT|UPDATE|DELETE)\b|(?:[^\n]*\n){3}"
 )
 
+# A quoted part of a question, "...", '...', “...”, ‘...’ or «...»: what is asked about, verbatim. An opening
+# quote starts the text or follows a space or an opening bracket, so that the apostrophes of "What's" and
+# "the students' books" open nothing; inside '...' an apostrophe before a letter ("'it's late'") is kept.
+QUOTED = re.compile(
+    r"""(?<![^\s(\[{:])("[^"]*"|“[^”]*”|«[^»]*»|'(?:[^']|'(?=\w))*'(?!\w)|‘(?:[^’]|’(?=\w))*’(?!\w))"""
+)
+_QUOTES = frozenset("\"'“‘«")
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -48,8 +57,18 @@ class Verdict:
 
 def semantic_allowed(text: str) -> bool:
     """Whether ``text`` may be answered by a semantic hit (and be embedded): not too long to compare in
-    full, not verbatim text (code, indented lines) where spacing and symbols carry meaning."""
-    return len(text) <= MAX_COMPARED_CHARS and is_prose(text)
+    full, not verbatim text (code, indented lines, a quoted part's own spacing) where spacing and symbols
+    carry meaning."""
+    return len(text) <= MAX_COMPARED_CHARS and is_prose(text) and not spaced_quote(text)
+
+
+def spaced_quote(text: str) -> bool:
+    """Whether a quoted part of ``text`` is spaced otherwise than by single spaces between its words
+    ("keep every space: 'a      b'"): its spacing is then part of what is asked, and the verifier, which
+    compares words, cannot see it (issue 34, N12)."""
+    if _QUOTES.isdisjoint(text):
+        return False
+    return any((inner := m.group()[1:-1]) != " ".join(inner.split()) for m in QUOTED.finditer(text))
 
 
 # Every marker of ``_CODE`` needs one of these characters, a line that starts with one of the line
@@ -76,8 +95,10 @@ def verify(query: str, cached: str) -> Verdict:
     for text in (query, cached):
         if len(text) > MAX_COMPARED_CHARS:
             return Verdict(False, f"length: {len(text)} characters (more than {MAX_COMPARED_CHARS} compared)")
-        if not is_prose(text):
-            return Verdict(False, "verbatim: code or indented text is served only by an exact hit")
+        if not is_prose(text) or spaced_quote(text):
+            return Verdict(
+                False, "verbatim: code, indented text or spaced quotes are served only by an exact hit"
+            )
     a, b = canon(query), canon(cached)
     if _family(a.language) != _family(b.language) and "unknown" not in (a.language, b.language):
         return Verdict(False, f"language: {a.language} vs {b.language}")

@@ -23,12 +23,12 @@ from nearshore.protocol.errors import (
     EXCEEDS_LIMIT,
     INVALID_API_KEY,
     LEDGER_UNAVAILABLE,
+    LIMITS_UNAVAILABLE,
     MODEL_NOT_FOUND,
     PERMISSION_DENIED,
     RATE_LIMITED,
     REQUEST_TIMEOUT,
     UNSUPPORTED_PARAMETER,
-    UPSTREAM_UNAVAILABLE,
     ApiError,
 )
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -123,7 +123,7 @@ async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
         hold = await state.budget.hold(key, state.prices.worst_case(body.model, prompt, completion))
     except LimiterUnavailable:
         raise ApiError(
-            UPSTREAM_UNAVAILABLE, "Budgets cannot be checked right now; retry shortly.", retry_after_s=1
+            LIMITS_UNAVAILABLE, "Budgets cannot be checked right now; retry shortly.", retry_after_s=1
         ) from None
     try:
         decision = await _reserve(state, key, tokens)
@@ -138,7 +138,7 @@ async def _reserve(state: EdgeState, key: ApiKey, tokens: int) -> Decision:
         decision = await state.limiter.admit(key.key_id, LimitSpec(key.rpm, key.tpm), tokens)
     except LimiterUnavailable:
         raise ApiError(
-            UPSTREAM_UNAVAILABLE, "Rate limits cannot be checked right now; retry shortly.", retry_after_s=1
+            LIMITS_UNAVAILABLE, "Rate limits cannot be checked right now; retry shortly.", retry_after_s=1
         ) from None
     if not decision.allowed:
         state.metrics.rate_limited.labels(decision.refused_by or "requests").inc()

@@ -1,4 +1,5 @@
-"""Request bodies under a size limit, whatever their ``Content-Encoding`` claims.
+"""Request bodies under a size limit, whatever their ``Content-Encoding`` claims, and JSON bodies under a
+nesting limit.
 
 A body whose bytes are not the encoding it names is the client's error (400, never a 500 with a traceback);
 an encoding we do not decode is 415; a body that inflates past the limit is 413, found while inflating it
@@ -7,12 +8,20 @@ in pieces of at most the limit, so a small "bomb" never costs its inflated size 
 Both Nearshore servers run with ``auto_decompress=False`` and hand us the raw bytes, which we inflate. A
 server on aiohttp's default (it inflates gzip and deflate itself, bounded per read since aiohttp 3.12) is
 served too: its ``ContentEncodingError`` becomes the same 400.
+
+A JSON body nested deeper than :data:`MAX_JSON_DEPTH` is the client's 400 too, found on its bytes before
+anything decodes it: decoding recurses once per level, and past about 1,000 levels it ran out of Python's
+recursion limit (a 500 with a traceback for every such request, issue 34, N5).
 """
 
 from __future__ import annotations
 
+import operator
+import re
 import zlib
+from itertools import accumulate, count
 
+import msgspec
 from aiohttp import hdrs, web
 from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestPayloadError
@@ -31,6 +40,16 @@ IDENTITY = frozenset({"", "identity"})
 BROKEN_BODY = web.RequestKey("broken_body", bool)
 # "x-gzip" is gzip (RFC 9110, 8.4.1.3).
 DECODED = ("gzip", "x-gzip", "deflate")
+# How deep a JSON body may nest its arrays and objects, the body itself being level 1. A request needs few:
+# a tool's parameters schema starts at level 5, and a schema nested dozens of levels deeper is still served.
+# Decoding, the schema checks and the grammar compiler all recurse once per level; at 64 none comes near
+# Python's recursion limit (1,000 frames).
+MAX_JSON_DEPTH = 64
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_A_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_OPENING_AS_2 = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -113,3 +132,53 @@ def _too_large(limit_bytes: int) -> ApiError:
         REQUEST_TOO_LARGE,
         f"Request body too large: the decoded body may be at most {limit_bytes} bytes.",
     )
+
+
+def json_depth(text: bytes) -> int:
+    """How deeply the arrays and objects of JSON ``text`` nest (0 for a scalar), read without decoding it
+    (so without recursion): brackets inside strings do not count."""
+    brackets = _JSON_STRING.sub(b"", text).translate(None, _NOT_A_BRACKET)
+    # An opening bracket as 2, a closing one as 0: after the first i of them, the running sum less i is the
+    # depth there (openings less closings). All of it runs in C, even for a body of a million brackets.
+    steps = brackets.translate(_OPENING_AS_2)
+    return max(map(operator.sub, accumulate(steps), count(1)), default=0)
+
+
+def check_json_depth(body: bytes) -> None:
+    """Refuse (400) a JSON body nested deeper than :data:`MAX_JSON_DEPTH`, naming the body's field that
+    holds the deepest part (``guided_json``, ``tools``, ``response_format``, ...) as ``param``."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:  # most bodies: too few brackets to nest so
+        return
+    depth = json_depth(body)
+    if depth <= MAX_JSON_DEPTH:
+        return
+    field = _too_deep_field(body)
+    where = f" in `{field}`" if field else ""
+    raise ApiError(
+        INVALID_REQUEST,
+        f"The request body's JSON nests {depth} levels deep{where}; at most {MAX_JSON_DEPTH} are accepted.",
+        param=field,
+    )
+
+
+def _too_deep_field(body: bytes) -> str | None:
+    """The top-level field under which ``body`` first nests past the limit; None for a top-level array."""
+    depth, key, in_object = 0, b"", False
+    for match in _JSON_TOKEN.finditer(body):
+        token = match.group()
+        if token[0] == 0x22:  # a string: at level 1 of an object, the last one before a value is its key
+            if depth == 1:
+                key = token
+        elif token in (b"[", b"{"):
+            depth += 1
+            in_object = in_object or (depth == 1 and token == b"{")
+            if depth > MAX_JSON_DEPTH:
+                break
+        else:
+            depth -= 1
+    if not in_object or not key:
+        return None
+    try:
+        return msgspec.json.decode(key, type=str)
+    except msgspec.DecodeError:
+        return None

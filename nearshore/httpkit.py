@@ -14,7 +14,7 @@ from typing import TypeVar
 import msgspec
 from aiohttp import web
 
-from nearshore.bodies import BROKEN_BODY, read_body
+from nearshore.bodies import BROKEN_BODY, check_json_depth, read_body
 from nearshore.listen import Address, listen
 from nearshore.listen import serve as listen_and_serve
 from nearshore.protocol.errors import (
@@ -111,13 +111,15 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 async def read_json(request: web.Request, decoder: msgspec.json.Decoder[T]) -> T:
     """Decode a JSON body with a msgspec decoder; 415 for other media types or encodings, 400 for a body
-    that is not its Content-Encoding, 413 past the size limit (decoded bytes, checked while inflating)."""
+    that is not its Content-Encoding, 413 past the size limit (decoded bytes, checked while inflating), 400
+    past the nesting limit (checked before decoding, which recurses once per level)."""
     if request.content_type != "application/json":
         raise ApiError(
             UNSUPPORTED_MEDIA_TYPE,
             f"Content-Type must be application/json, got {request.content_type or 'none'!r}",
         )
     raw = await read_body(request)
+    check_json_depth(raw)
     try:
         return decoder.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:

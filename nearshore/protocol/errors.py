@@ -74,6 +74,9 @@ MODEL_LOADING = ErrorKind(503, "server_error", "model_loading")
 EMBEDDER_UNAVAILABLE = ErrorKind(503, "server_error", "embedder_unavailable")
 # The engine cannot go on; the process is about to exit so that its supervisor restarts it.
 ENGINE_FAILED = ErrorKind(503, "server_error", "engine_failed")
+# The edge's shared rate-limit and budget store (Redis) is unreachable and ``[limits] fail_mode = "closed"``
+# refuses what it cannot count: the edge's own state, not a provider's outage (retry after Retry-After).
+LIMITS_UNAVAILABLE = ErrorKind(503, "server_error", "limits_unavailable")
 # The edge cannot record usage (its ledger and the ledger's spool refuse writes): it serves nothing unbilled.
 LEDGER_UNAVAILABLE = ErrorKind(503, "server_error", "ledger_unavailable")
 

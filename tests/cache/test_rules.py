@@ -88,6 +88,23 @@ def test_prose_is_normalised_for_the_exact_key_and_code_or_long_text_is_kept_as_
     )
 
 
+def test_spacing_inside_quotes_is_kept_in_the_exact_key_and_prose_around_them_is_still_normalised():
+    """Issue 34, N12: "keep every space: 'a      b'" then "... 'a b'" was an exact hit, the first answer."""
+    spaced = cache_key(chat("keep every space: 'a      b'"), "acme").exact
+    for other in ("keep every space: 'a b'", "keep every space: 'a  b'", "keep every space: 'a\tb'"):
+        assert cache_key(chat(other), "acme").exact != spaced, other
+    for quotes in ('"{}"', "\u201c{}\u201d", "\u2018{}\u2019", "\u00ab{}\u00bb"):
+        one, other = (f"Count the spaces in {quotes.format(q)}" for q in ("x  y", "x y"))
+        assert cache_key(chat(one), "acme").exact != cache_key(chat(other), "acme").exact, quotes
+    # Around the quotes, case, runs of spaces and the closing punctuation are still one question.
+    assert cache_key(chat("Keep  every SPACE: 'a      b'?"), "acme").exact == spaced
+    # Apostrophes quote nothing: prose with them is normalised as before.
+    assert (
+        cache_key(chat("What's the  capital of France? Don't guess"), "acme").exact
+        == cache_key(chat("what's the capital of france? don't guess"), "acme").exact
+    )
+
+
 def test_the_scope_setting_keeps_keys_or_users_apart_within_a_tenant():
     from edge.cache_stage import scope_of
     from edge.keys import ApiKey

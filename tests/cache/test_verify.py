@@ -115,6 +115,21 @@ def test_code_and_indented_text_are_never_semantic_hits():
     assert verify(one, two).reason.startswith("verbatim")
 
 
+def test_a_quoted_part_spaced_otherwise_than_by_single_spaces_is_never_a_semantic_hit():
+    """Issue 34, N12: the verifier compares words, so it cannot see a quoted part's own spacing."""
+    spaced, plain = "keep every space: 'a      b'", "keep every space: 'a b'"
+    assert not semantic_allowed(spaced) and semantic_allowed(plain)
+    assert verify(plain, spaced).reason.startswith("verbatim")
+    assert not semantic_allowed('Reverse "  x"') and not semantic_allowed("Reverse \u201cx\u00a0y\u201d")
+    # Apostrophes and inch marks quote nothing; a quoted part spaced as prose is prose.
+    for text in (
+        "What's the  students' favourite  book?",
+        'A 5" screen  or a 7" one?',
+        "Is 'rock n roll' a genre?",
+    ):
+        assert semantic_allowed(text), text
+
+
 def test_the_prose_shortcut_says_what_the_code_pattern_says():
     """Texts without any character a code marker needs skip the pattern: on every shipped question, and on
     each with every marker put at its start, middle and end, the shortcut and the pattern agree."""

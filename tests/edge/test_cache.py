@@ -88,6 +88,21 @@ async def test_a_paraphrase_is_a_semantic_hit_and_a_negation_or_other_number_is_
     assert headers["x-nearshore-cache"] == "MISS"
 
 
+async def test_questions_differing_only_in_spacing_inside_quotes_never_share_an_answer(edge: Edge):
+    """Issue 34, N12: "keep every space: 'a      b'" then "... 'a b'" was an exact hit with the first answer.
+    Neither order shares one, exact or semantic; around the quotes, spacing and case are still normalised."""
+    key = edge.new_key()
+    spaced, plain = "keep every space: 'a      b'", "keep every space: 'a b'"
+    await stored(edge, key, question(spaced))
+    status, headers, _ = await ask(edge, key, question(plain))
+    assert status == 200 and headers["x-nearshore-cache"] == "MISS", headers
+    await stored(edge, key, question("Echo exactly: 'x y'"))
+    status, headers, _ = await ask(edge, key, question("Echo exactly: 'x    y'"))
+    assert status == 200 and headers["x-nearshore-cache"] == "MISS", headers
+    status, headers, _ = await ask(edge, key, question("Keep  every SPACE: 'a      b'?"))
+    assert status == 200 and headers["x-nearshore-cache"] == "HIT", headers
+
+
 async def test_tenants_and_parameters_never_share_an_entry(edge: Edge):
     acme, globex = edge.new_key(tenant="acme"), edge.new_key(tenant="globex")
     payload = question("Name three rivers in West Africa.")

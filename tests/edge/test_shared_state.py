@@ -31,6 +31,15 @@ async def post(s: aiohttp.ClientSession, edge: Edge, key: str, payload: dict = C
         return r.status
 
 
+async def refusal(s: aiohttp.ClientSession, edge: Edge, key: str) -> tuple[int, dict, str | None]:
+    """A request's status, its error (empty when it was served) and its Retry-After."""
+    async with s.post(
+        edge.url + "/v1/chat/completions", json=CHAT, headers={"Authorization": f"Bearer {key}"}
+    ) as r:
+        payload = await r.json(content_type=None)
+        return r.status, payload.get("error", {}), r.headers.get("Retry-After")
+
+
 async def health(edge: Edge) -> dict:
     async with aiohttp.ClientSession() as s, s.get(edge.metrics_url + "/health") as r:  # the details
         return await r.json()
@@ -75,8 +84,11 @@ async def test_redis_outage_follows_the_fail_mode_and_recovers(tmp_path, fail_mo
         async with session(edge) as s:
             assert await post(s, edge, key) == 200
             redis.stop()
-            status = await post(s, edge, key)
+            status, error, retry_after = await refusal(s, edge, key)
             assert status == (200 if fail_mode == "open" else 503)
+            if fail_mode == "closed":  # the edge's own store, never read as a provider's outage
+                assert (error["type"], error["code"]) == ("server_error", "limits_unavailable"), error
+                assert retry_after is not None and int(retry_after) >= 1
             assert (await health(edge))["limits"] == f"down ({fail_mode})"
             async with s.get(edge.metrics_url + "/metrics") as r:
                 assert "nearshore_edge:ratelimit_backend_up 0.0" in await r.text()

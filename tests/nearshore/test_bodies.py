@@ -1,7 +1,8 @@
 """Request bodies under a size limit whatever their Content-Encoding claims (nearshore/bodies.py), read by a
 real aiohttp server on loopback: as Nearshore's servers run it (``auto_decompress=False``: gzip, x-gzip and
 deflate, zlib or raw, inflated here in pieces) and on aiohttp's default (it inflates; its errors become the
-same 400). Bad bytes are a 400, an unknown encoding a 415, a body that inflates past the limit a 413."""
+same 400). Bad bytes are a 400, an unknown encoding a 415, a body that inflates past the limit a 413. JSON
+nested past MAX_JSON_DEPTH is a 400 naming its field, read on the bytes before anything decodes them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from nearshore.bodies import BROKEN_BODY, read_body
+from nearshore.bodies import BROKEN_BODY, MAX_JSON_DEPTH, check_json_depth, json_depth, read_body
 from nearshore.protocol.errors import ApiError
 
 LIMIT = 1000
@@ -191,3 +192,47 @@ async def test_bytes_after_a_deflate_stream_are_refused(raw):
     body = zlib.compress(b"hello") + b"tail"
     status, _ = (await post(raw, body, "deflate"))[:2]
     assert status == 400
+
+
+# ---- nesting (issue 34, N5) -----------------------------------------------------------------------------
+
+
+def nested(depth: int, field: str = "guided_json") -> bytes:
+    return b'{"model": "m", "' + field.encode() + b'": ' + b'{"a":' * (depth - 1) + b"1" + b"}" * depth
+
+
+@pytest.mark.parametrize(
+    "text, depth",
+    [
+        (b"1", 0),
+        (b'"[{[{"', 0),
+        (b"{}", 1),
+        (b'{"a": [1, {"b": "]]]"}], "c": []}', 3),
+        (b'["\\"[", [["\\\\"]]]', 3),  # escaped quotes and backslashes end no string early
+        (b"[" * 100_000 + b"]" * 100_000, 100_000),
+    ],
+)
+def test_json_depth_counts_arrays_and_objects_and_never_brackets_in_strings(text, depth):
+    assert json_depth(text) == depth
+
+
+def test_a_body_nested_to_the_limit_passes_and_one_level_deeper_is_a_400_naming_its_field():
+    check_json_depth(nested(MAX_JSON_DEPTH))
+    check_json_depth(b'{"s": "' + b"[" * 10_000 + b'"}')  # brackets in a string nest nothing
+    for field in ("guided_json", "tools", "response_format", 'we\\"ird'):
+        with pytest.raises(ApiError) as refused:
+            check_json_depth(nested(MAX_JSON_DEPTH + 1, field))
+        assert refused.value.status == 400 and refused.value.kind.type == "invalid_request_error"
+        assert refused.value.param == field.replace("\\", "")
+        assert f"{MAX_JSON_DEPTH + 1} levels" in refused.value.message
+    with pytest.raises(ApiError) as refused:  # a top-level array has no field to name
+        check_json_depth(b"[" * 1000 + b"]" * 1000)
+    assert refused.value.param is None
+
+
+def test_the_field_named_is_the_one_that_nests_too_deep_not_the_last_one():
+    deep = b"[" * 100 + b"]" * 100
+    body = b'{"messages": [{"content": "x"}], "tools": ' + deep + b', "n": 1, "stop": ["a"]}'
+    with pytest.raises(ApiError) as refused:
+        check_json_depth(body)
+    assert refused.value.param == "tools"

@@ -1,5 +1,6 @@
 """Compressed request bodies on the real region: a body that does not match its Content-Encoding is a 400,
-a bomb is a 413 without being inflated in memory, and the node keeps serving (issue 7, item 4)."""
+a bomb is a 413 without being inflated in memory, and the node keeps serving (issue 7, item 4); JSON nested
+past the limit is a 400 naming its field, never a 500 with a traceback (issue 34, N5)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from nearshore.bodies import MAX_JSON_DEPTH
 from tests.conftest import MODEL, Node
 from tests.edge_fixtures import edge_over_pacer
 
@@ -120,3 +122,43 @@ async def _until_key_is_known(s: aiohttp.ClientSession, url: str, headers: dict,
                 return
         await asyncio.sleep(0.1)
     raise AssertionError("the edge never learned the key")
+
+
+# ---- JSON nested past the limit (issue 34, N5) ---------------------------------------------------------
+
+FIELDS = ("guided_json", "response_format", "tools")
+
+
+def nested_body(field: str, depth: int) -> bytes:
+    """GOOD with a schema of ``depth`` objects inside each other in ``field``, written by hand: the json
+    module cannot write it (it recurses too)."""
+    schema = b'{"a":' * depth + b"1" + b"}" * depth
+    value = {
+        "guided_json": schema,
+        "response_format": b'{"type":"json_schema","json_schema":{"name":"deep","schema":' + schema + b"}}",
+        "tools": b'[{"type":"function","function":{"name":"f","parameters":' + schema + b"}}]",
+    }[field]
+    return json.dumps(GOOD).encode()[:-1] + b', "' + field.encode() + b'": ' + value + b"}"
+
+
+def log_since(node_log: Path, offset: int) -> str:
+    with node_log.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+@pytest.mark.parametrize("field", FIELDS)
+async def test_json_nested_past_the_limit_is_a_400_naming_its_field_and_the_node_serves_on(
+    region: Node, field: str
+):
+    log = region.process.log_path
+    offset = log.stat().st_size
+    for depth in (MAX_JSON_DEPTH + 1, 5000):  # just past the limit, and past Python's recursion limit
+        status, payload = await post_raw(region, nested_body(field, depth), "identity")
+        assert status == 400, (depth, payload)
+        error = payload["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", field), error
+        assert f"at most {MAX_JSON_DEPTH}" in error["message"], error
+    status, payload = await post_raw(region, json.dumps(GOOD).encode(), "identity")
+    assert status == 200, payload
+    assert "Traceback" not in log_since(log, offset)
