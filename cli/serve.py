@@ -59,7 +59,7 @@ def run_edge(args: argparse.Namespace) -> int:
     from edge.node import build_edge_app, check_config, check_files, open_listeners, run_edge
 
     where = args.config or "defaults"
-    config = load_config(args.config, EdgeConfig)
+    config = load_config(args.config, EdgeConfig, warn=args.worker is None)  # a renamed key: warned once
     if config.server.workers > 1 and args.worker is None:
         from edge.workers import bind_for_workers, supervise
 

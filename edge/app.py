@@ -146,6 +146,7 @@ async def metrics(request: web.Request) -> web.Response:
     for upstream in state.pool.upstreams:
         replica, name, m = upstream.replica, upstream.name, state.metrics
         m.region_up.labels(name).set(1 if replica.health.routable(now) else 0)
+        m.region_cooling.labels(name).set(upstream.cooling_left(now))
         m.region_rtt.labels(name).set(replica.latency.rtt_ms / 1000)
         m.region_inflight.labels(name).set(replica.inflight)
     return metrics_response(state.metrics.render())

@@ -259,7 +259,9 @@ class Attempts:
         self.pool.refused(upstream, response)  # a refusal carries the region's load too (a full queue)
         status = response.status
         now = time.monotonic()
-        retry_after = parse_retry_after(response.headers.get("retry-after"))
+        asked = parse_retry_after(response.headers.get("retry-after"))
+        # Whatever it said, at most max_retry_after_s: one reply must not bench a replica for an hour.
+        retry_after = None if asked is None else min(asked, self.config.max_retry_after_s)
         if status in REFUSALS and refusal_code(peeked) in REQUEST_SCOPED_REFUSALS:
             # About this request alone (its n choices do not fit now): the replica is up and others'
             # requests are welcome there, so neither its health nor its cooling hears of it.
@@ -271,8 +273,16 @@ class Attempts:
         ready_at = now
         if retry_after is not None and status in REFUSALS:
             ready_at = now + retry_after
-            if ready_at > upstream.cooling_until:  # for every request, not only this one
-                upstream.cooling_until, upstream.cooling_status = ready_at, status
+            if upstream.cool(ready_at, status, now):  # for every request, not only this one
+                capped = " (upstream.max_retry_after_s)" if asked is not None and asked > retry_after else ""
+                log.warning(
+                    "region %s is cooling for %gs%s: HTTP %d with Retry-After: %s",
+                    upstream.name,
+                    retry_after,
+                    capped,
+                    status,
+                    response.headers.get("retry-after", "")[:40],
+                )
             self._retry_after = max(self._retry_after, retry_after)
         if status == 429:
             self._rate_limited += 1

@@ -8,7 +8,7 @@ import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, ClassVar, Literal, TypeVar
 
 from msgspec import Meta, Struct, field
 
@@ -16,10 +16,17 @@ from cache.settings import CacheSettings
 from edge.billing import Price
 from geo.catalog import GeoConfig, RegionSpec
 from geo.rightsize import SizeAlias
+from nearshore.config import Renamed
 from nearshore.jsonlog import LoggingConfig
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Seconds = Annotated[float, Meta(gt=0)]
+# Bounds on what drives a loop or a wait (issue 34, N14): an interval of 1e-9 s spins a core, a timeout of
+# a year is no timeout. A timeout is at least 10 ms and at most an hour; what a loop ticks on (a probe
+# interval, a heartbeat, the first-token and stall deadlines the stream watchdog ticks at a tenth of) at
+# least 100 ms.
+Timeout = Annotated[float, Meta(ge=0.01, le=3600)]
+Interval = Annotated[float, Meta(ge=0.1, le=3600)]
 ModelName = Annotated[str, Meta(min_length=1)]
 T = TypeVar("T")
 DATA_DIR = Path.home() / ".local" / "share" / "nearshore"
@@ -50,7 +57,7 @@ class ServerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # Idle keep-alive connections are closed after this long.
     keepalive_timeout_s: Seconds = 15.0
     # A client that does not take a chunk within this time is cut off (its upstream request is cancelled).
-    write_timeout_s: Seconds = 30.0
+    write_timeout_s: Interval = 30.0
     # Open client connections beyond this are closed at once (an idle TLS connection holds ~50 kB).
     max_connections: Annotated[int, Meta(ge=1)] = 20000
     # In-flight streams get this long to finish on shutdown.
@@ -68,36 +75,39 @@ class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     client_key: str = ""
     # Or a shared secret sent as x-nearshore-edge-secret.
     shared_secret: str = ""
-    connect_timeout_s: Seconds = 5.0
-    # Connections kept per region, and how many are opened before the first request (and kept idle: one the
-    # edge drops with an abandoned request, a cache hit that won the race say, is replaced in the background).
-    pool_size: Annotated[int, Meta(ge=1)] = 256
-    warm_connections: Annotated[int, Meta(ge=0)] = 4
+    connect_timeout_s: Timeout = 5.0
+    # Connections kept per region replica, and how many are opened before the first request (and kept idle:
+    # one the edge drops with an abandoned request, a cache hit that won the race say, is replaced in the
+    # background); warm_connections is at most pool_size.
+    pool_size: Annotated[int, Meta(ge=1, le=10_000)] = 256
+    warm_connections: Annotated[int, Meta(ge=0, le=64)] = 4
     # Probes of /health keep the pool warm, time the round trip and read the load (thresholds: geo.health).
-    health_interval_s: Seconds = 10.0
-    health_timeout_s: Seconds = 5.0
+    health_interval_s: Interval = 10.0
+    health_timeout_s: Timeout = 5.0
     # With no upstream byte for this long, an SSE comment goes to the client so idle hops stay open.
-    heartbeat_s: Seconds = 5.0
+    heartbeat_s: Interval = 5.0
     # A region is trusted for nothing: what it may take and send.
     # Three deadlines, one job each. A stream's first content token within ttft_timeout_s of asking (queue
     # and prefill; else the next replica is asked); then at most stall_timeout_s between its events (else
     # another replica continues the answer). request_deadline_s bounds the whole request from its arrival:
     # every attempt, retry, wait, fallback and continuation together.
-    ttft_timeout_s: Seconds = 30.0
-    stall_timeout_s: Seconds = 20.0
-    request_deadline_s: Seconds = 300.0
+    ttft_timeout_s: Interval = 30.0
+    stall_timeout_s: Interval = 20.0
+    request_deadline_s: Annotated[float, Meta(ge=0.1, le=86_400)] = 300.0
     # A non-streamed answer arrives whole, so its first byte also gets this much per max_tokens.
     unary_timeout_per_token_s: Annotated[float, Meta(ge=0)] = 0.25
     # Retries: at most max_attempts requests to regions per client request (replicas, retries and fallback
     # models together; continuations count apart). A replica that refused with Retry-After is not asked
-    # again before it (by any request); the edge waits for it only when no other replica or fallback can
-    # take the request and the wait is at most max_retry_wait_s. Attempts on one replica are spaced by
-    # exponential backoff with jitter (half of retry_backoff_s, doubling up to retry_backoff_max_s, plus up
-    # to as much again at random).
+    # again before it (by any request), for at most max_retry_after_s whatever it said (one reply must not
+    # bench a replica for an hour; /health and region_cooling_seconds show it cooling); the edge waits for
+    # it only when no other replica or fallback can take the request and the wait is at most
+    # max_retry_wait_s. Attempts on one replica are spaced by exponential backoff with jitter (half of
+    # retry_backoff_s, doubling up to retry_backoff_max_s, plus up to as much again at random).
     max_attempts: Annotated[int, Meta(ge=1, le=16)] = 4
-    max_retry_wait_s: Annotated[float, Meta(ge=0)] = 10.0
-    retry_backoff_s: Annotated[float, Meta(ge=0)] = 0.25
-    retry_backoff_max_s: Annotated[float, Meta(ge=0)] = 4.0
+    max_retry_after_s: Annotated[float, Meta(ge=0, le=3600)] = 60.0
+    max_retry_wait_s: Annotated[float, Meta(ge=0, le=3600)] = 10.0
+    retry_backoff_s: Annotated[float, Meta(ge=0, le=3600)] = 0.25
+    retry_backoff_max_s: Annotated[float, Meta(ge=0, le=3600)] = 4.0
     # Retries sent to one replica: retry_budget_share of its first attempts, plus retry_budget_floor_per_s
     # a second (Envoy's retry budget), so retries cannot multiply a struggling region's load.
     retry_budget_share: Annotated[float, Meta(ge=0, le=1)] = 0.2
@@ -239,7 +249,27 @@ class TokenizerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     gguf: str = ""
 
 
+# Keys renamed since they were released, by their old dotted path (issue 34, item 6): a config that worked
+# before keeps working, read under the new name with a warning, when the value means what it meant; else the
+# edge refuses it naming the new key. Add a line here whenever a key is renamed or moved.
+RENAMED_KEYS: dict[str, Renamed] = {
+    # The time from asking a region to its first token (queue + prefill), before the next replica is asked.
+    "upstream.first_byte_timeout_s": Renamed("upstream.ttft_timeout_s"),
+    # The longest silence between a stream's events, before another replica continues the answer.
+    "upstream.idle_timeout_s": Renamed("upstream.stall_timeout_s"),
+    # Probes moved to the upstream section; the old keys were never read, so their values would change
+    # what the edge does: refused, so that the operator chooses.
+    "geo.health.interval_s": Renamed(
+        "upstream.health_interval_s", same_meaning=False, why="and this one was never read"
+    ),
+    "geo.health.timeout_s": Renamed(
+        "upstream.health_timeout_s", same_meaning=False, why="and this one was never read"
+    ),
+}
+
+
 class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    renamed_keys: ClassVar[dict[str, Renamed]] = RENAMED_KEYS
     name: str = "lagos"
     server: ServerConfig = field(default_factory=ServerConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
@@ -297,7 +327,48 @@ def value_problems(config: EdgeConfig) -> list[str]:
                 )
     if config.limits.backend == "redis":
         problems += _redis_url_problems(config.limits.redis_url)
+    up = config.upstream
+    if up.warm_connections > up.pool_size:
+        problems.append(
+            f"upstream.warm_connections: must be at most upstream.pool_size ({up.pool_size}), "
+            f"not {up.warm_connections}"
+        )
     return problems
+
+
+def file_problems(config: EdgeConfig) -> list[str]:
+    """The key store and the ledger are two files, each in a folder that exists. The edge makes a folder
+    only for its default data folder (DATA_DIR, where `nearshore keys create` puts keys by default), so
+    that a typo, or a relative path under a service's working directory (often /), stops the start with
+    the key named instead of making folders wherever it points."""
+    problems = []
+    paths = {key: _absolute(getattr(config, key)) for key in ("keys_db", "ledger_db")}
+    for key, path in paths.items():
+        folder = path.parent
+        if folder == _absolute(str(DATA_DIR)) or folder.is_dir():
+            continue
+        given = getattr(config, key)
+        relative = not Path(given).expanduser().is_absolute()
+        where = f" (relative to the working directory {Path.cwd()})" if relative else ""
+        if folder.exists():
+            problems.append(f"{key}: {given!r}{where}: {folder} is a file, not a folder")
+        else:
+            problems.append(
+                f"{key}: {given!r}{where}: the folder {folder} does not exist (create it first: the edge "
+                f"makes only its default data folder, {DATA_DIR})"
+            )
+    if paths["keys_db"] == paths["ledger_db"]:
+        problems.append(
+            f"ledger_db: the same file as keys_db ({paths['keys_db']}): the ledger and the key store each "
+            "need their own"
+        )
+    return problems
+
+
+def _absolute(path: str) -> Path:
+    """``path`` as the edge will open it: ``~`` expanded, relative to the working directory, symbolic
+    links followed (two names for one file are one file)."""
+    return Path(path).expanduser().resolve()
 
 
 def non_finite_numbers(value: object, key: str = "") -> list[str]:

@@ -9,8 +9,9 @@ Degraded means one of :func:`readiness`'s reasons holds. Some refuse requests (t
 fail-closed mode, the ledger takes no new rows): the edge answers them with 503, so its public health does
 too and a load balancer sends the traffic to another edge. Others leave the edge serving (the ledger
 spooling to its side file, no region routable: the cache still answers; only local regions routable: a
-cable cut, edge/degraded.py): health says so, with 200. A cache that is off or bypassed is not degraded
-for serving (the edge still answers every request) and shows in the details only.
+cable cut, edge/degraded.py; every routable replica cooling after a Retry-After): health says so, with
+200. A cache that is off or bypassed is not degraded for serving (the edge still answers every request)
+and shows in the details only.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def readiness(state: EdgeState, now: float) -> Readiness:
         serving.append("regions")
     elif all(r.local for r in routable) and any(not r.local for r in replicas):
         serving.append("cut")  # every remote region is out (a cable cut): the cache and the local ones answer
+    elif all(u.cooling_left(now) for u in state.pool.upstreams if u.replica.health.routable(now)):
+        serving.append("cooling")  # every routable replica asked (Retry-After) not to be asked yet
     return Readiness(tuple(refusing + serving), bool(refusing))
 
 

@@ -164,6 +164,13 @@ class EdgeMetrics:
         self.region_up = Gauge(
             P + "region_up", "1 while the region's health check passes.", ["region"], registry=r
         )
+        self.region_cooling = Gauge(
+            P + "region_cooling_seconds",
+            "Seconds before the replica may be asked again: it refused with Retry-After (counted at most "
+            "upstream.max_retry_after_s); 0 when it may be asked now.",
+            ["region"],
+            registry=r,
+        )
         self.overhead = Histogram(
             P + "edge_processing_seconds", "Edge time before forwarding.", registry=r, buckets=_LATENCY
         )

@@ -98,6 +98,13 @@ EDGE_METRICS: tuple[MetricSpec, ...] = (
         P + "region_inflight", "gauge", ("region",), "Requests this edge has in flight at the replica."
     ),
     MetricSpec(P + "region_up", "gauge", ("region",), "1 while the region's health check passes."),
+    MetricSpec(
+        P + "region_cooling_seconds",
+        "gauge",
+        ("region",),
+        "Seconds before the replica may be asked again: it refused with Retry-After (counted at most "
+        "upstream.max_retry_after_s); 0 when it may be asked now.",
+    ),
     MetricSpec(P + "routed", "counter", ("region",), "Requests by the replica the router put first."),
     # The response cache
     MetricSpec(

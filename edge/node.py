@@ -20,7 +20,7 @@ from edge.billing import PriceTable
 from edge.budget import BudgetBook, SharedBudgets
 from edge.cache_audit import Auditor
 from edge.cache_setup import cache_lifetime, make_cache
-from edge.config import EdgeConfig, FallbackConfig, open_named_file, value_problems
+from edge.config import EdgeConfig, FallbackConfig, file_problems, open_named_file, value_problems
 from edge.degraded_policy import check_degraded, make_degraded
 from edge.gate_stage import make_gates
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
@@ -77,7 +77,7 @@ def check_fallbacks(fallbacks: FallbackConfig, models: list[str]) -> list[str]:
 
 def check_config(config: EdgeConfig) -> None:
     """Rules a schema cannot say; each message names the key."""
-    if problems := value_problems(config):
+    if problems := value_problems(config) + file_problems(config):
         raise ValueError("; ".join(problems))
     if not config.regions:
         raise ValueError("regions: at least one region is needed ([[regions]] name = ..., url = ...)")

@@ -60,7 +60,8 @@ class Upstream:
     replica: Replica
     pool: H1Pool
     budget: RetryBudget
-    # Until then it asked (Retry-After on a 429 or 503) not to be asked again, and with which status.
+    # Until then it asked (Retry-After on a 429 or 503, at most upstream.max_retry_after_s) not to be asked
+    # again, and with which status.
     cooling_until: float = 0.0
     cooling_status: int = 0
 
@@ -76,9 +77,23 @@ class Upstream:
         """A place in the replica's in-flight count, held until the slot is released."""
         return Slot(self.replica)
 
+    def cool(self, until: float, status: int, now: float) -> bool:
+        """Ask it nothing before ``until`` (no request: it said so with ``status``); True when this starts
+        its cooling (it was not cooling before)."""
+        starts = self.cooling_until <= now < until
+        if until > self.cooling_until:
+            self.cooling_until, self.cooling_status = until, status
+        return starts
+
+    def cooling_left(self, now: float) -> float:
+        """Seconds before it may be asked again (0: it may be now)."""
+        return max(0.0, self.cooling_until - now)
+
     def status(self, now: float) -> str:
         health = self.replica.health
         if health.routable(now):
+            if left := self.cooling_left(now):
+                return f"cooling ({left:.1f}s left: HTTP {self.cooling_status} with Retry-After)"
             return "loading" if self.replica.loading else "up"
         return health.why_not(now)
 

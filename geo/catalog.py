@@ -69,14 +69,16 @@ class ResidencyPolicy(Struct, forbid_unknown_fields=True, kw_only=True):
 
 class HealthSettings(Struct, forbid_unknown_fields=True, kw_only=True):
     # Active probes of /health on each replica (every upstream.health_interval_s, upstream.health_timeout_s).
-    healthy_threshold: Annotated[int, Meta(ge=1)] = 2  # passes in a row before a down replica is routable
-    unhealthy_threshold: Annotated[int, Meta(ge=1)] = 2  # failures in a row before it is not
+    # Passes in a row before a down replica is routable, and failures in a row before it is not. These and
+    # the ejections below are bounded, so that one setting cannot keep a replica out for hours.
+    healthy_threshold: Annotated[int, Meta(ge=1, le=100)] = 2
+    unhealthy_threshold: Annotated[int, Meta(ge=1, le=100)] = 2
     # Outlier detection from real traffic (Envoy's): this many failures in a row (connect errors, 5xx,
     # timeouts) eject a replica for base_ejection_s times the number of its ejections so far (at most
     # max_ejection_s); never more than max_ejected_percent of the replicas at once.
-    consecutive_failures: Annotated[int, Meta(ge=1)] = 3
-    base_ejection_s: Annotated[float, Meta(gt=0)] = 10.0
-    max_ejection_s: Annotated[float, Meta(gt=0)] = 300.0
+    consecutive_failures: Annotated[int, Meta(ge=1, le=1000)] = 3
+    base_ejection_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0
+    max_ejection_s: Annotated[float, Meta(gt=0, le=3600)] = 300.0
     max_ejected_percent: Annotated[float, Meta(ge=0, le=100)] = 50.0
 
 

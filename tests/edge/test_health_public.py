@@ -26,15 +26,18 @@ ONE_WORD = re.compile(r"[a-z]*")
 
 
 def fake_state(
-    *, redis_up=True, fail_mode="closed", ledger="", accepting=True, routable=(True,), local=()
+    *, redis_up=True, fail_mode="closed", ledger="", accepting=True, routable=(True,), local=(), cooling=()
 ) -> SimpleNamespace:
-    """Just what readiness() reads (``local``: which replicas are on this side of the ocean)."""
+    """Just what readiness() reads (``local``: which replicas are on this side of the ocean; ``cooling``:
+    seconds each must not be asked after a Retry-After)."""
     local = local or (False,) * len(routable)
+    cooling = cooling or (0.0,) * len(routable)
     upstreams = [
         SimpleNamespace(
-            replica=SimpleNamespace(health=SimpleNamespace(routable=lambda _now, up=up: up), local=here)
+            replica=SimpleNamespace(health=SimpleNamespace(routable=lambda _now, up=up: up), local=here),
+            cooling_left=lambda _now, left=left: left,
         )
-        for up, here in zip(routable, local, strict=True)
+        for up, here, left in zip(routable, local, cooling, strict=True)
     ]
     return SimpleNamespace(
         config=SimpleNamespace(limits=SimpleNamespace(fail_mode=fail_mode)),
@@ -60,6 +63,10 @@ def fake_state(
         (fake_state(routable=(False, True), local=(False, True)), ("cut",), 200),
         (fake_state(routable=(True, True), local=(False, True)), (), 200),
         (fake_state(routable=(True,), local=(True,)), (), 200),  # no remote region at all: nothing cut
+        # Every replica that could be asked said Retry-After (issue 34, N2): serving the cache, saying so.
+        (fake_state(cooling=(4.0,)), ("cooling",), 200),
+        (fake_state(routable=(True, False), cooling=(4.0, 0.0)), ("cooling",), 200),
+        (fake_state(routable=(True, True), cooling=(4.0, 0.0)), (), 200),  # another one may be asked
     ],
 )
 def test_readiness_collects_every_reason_and_refusing_ones_answer_503(state, reasons, http_status):
