@@ -13,6 +13,10 @@ against the answer the client got.
 - An entry judged wrong is evicted, and its question's threshold rises above the similarity it was wrongly
   served at (vCache learns a threshold per entry): when the answer to that question is stored again, a
   question as far from it as that one is no longer served from it.
+- The pair judge's threshold is learned per partition from the verdicts on what it scored
+  (:mod:`cache.audit_judge`): closed above a candidate found wrong, opened as far down as the partition's
+  own right verdicts prove the target. Candidates the judge turned down are judged for free (``explored``)
+  and count only there, never in the partition's measured rate: they were never served.
 - ``target_false_hit_rate`` is an operating limit: when the lower end of a partition's 95% interval, over
   its last ``window`` verdicts, is above the target, the partition serves exact hits only; its would-be
   hits are still judged (for free), and when the lower end is back within the target, they are served again.
@@ -28,10 +32,11 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-Mode = Literal["sampled", "raced", "shadow"]
+from cache.audit_judge import JudgeEvidence
+
+Mode = Literal["sampled", "raced", "shadow", "explored"]
 Z95 = 1.959964
 THRESHOLD_STEP = 0.01  # how far above a wrong hit's similarity its question's threshold is raised
-JUDGE_STEP = 0.005  # how far above a wrong judged hit's probability its partition's judge floor is raised
 _MAX_PARTITIONS = 100_000  # partitions remembered (least recently audited forgotten first)
 _MAX_RAISED = 100_000  # questions whose threshold was raised, remembered
 
@@ -89,9 +94,7 @@ class AuditBook:
         self.rng = rng or random.Random()
         self._partitions: OrderedDict[str, _Partition] = OrderedDict()
         self._raised: OrderedDict[str, float] = OrderedDict()  # exact key -> the threshold it needs
-        # partition -> the judge's probability its candidates need: a judged hit found wrong raises it
-        # above that hit's probability, so the family of rewordings that misled the judge there is closed.
-        self._judge_floor: OrderedDict[str, float] = OrderedDict()
+        self.judged = JudgeEvidence(target)  # the pair judge's threshold per partition, learned
         self.wrong = 0  # every decided verdict since start
         self.audited = 0
         self.counts: dict[tuple[Mode, str], int] = {}  # (mode, judgement) -> verdicts, for /metrics
@@ -112,9 +115,9 @@ class AuditBook:
         """The lowest similarity at which an entry for this question may be served (0: the cache's own)."""
         return self._raised.get(exact, 0.0)
 
-    def judge_floor(self, partition: str) -> float:
-        """The judge's probability a candidate needs in this partition (0: the calibrated threshold)."""
-        return self._judge_floor.get(partition, 0.0)
+    def judge_threshold(self, partition: str, calibrated: float) -> float:
+        """The judge's probability a candidate needs in this partition (``calibrated``: the shipped one)."""
+        return self.judged.threshold(partition, calibrated)
 
     # --- verdicts --------------------------------------------------------------------------------------
 
@@ -127,12 +130,16 @@ class AuditBook:
         mode: Mode,
         judged: float | None = None,
     ) -> Recorded:
-        """One verdict on a served (or held) hit; ``judged``: the pair judge's probability when it was the
-        judge that accepted the hit."""
+        """One verdict on a served (held, or explored) hit; ``judged``: the pair judge's probability when
+        the judge scored it."""
         self.counts[mode, judgement] = self.counts.get((mode, judgement), 0) + 1
         if judgement not in ("agree", "disagree"):
             return Recorded(False, "")
         wrong = judgement == "disagree"
+        if judged is not None:
+            self.judged.record(partition, judged, wrong)
+        if mode == "explored":  # never served: evidence for the judge only
+            return Recorded(False, "")
         self.audited += 1
         self.wrong += wrong
         p = self._partition(partition)
@@ -141,8 +148,6 @@ class AuditBook:
             p.verdicts.popleft()
         if wrong:
             self._raise(exact, similarity + THRESHOLD_STEP)
-            if judged is not None:
-                self._raise_judge(partition, judged + JUDGE_STEP)
         lower, _ = wilson(sum(p.verdicts), len(p.verdicts))
         switched: Literal["off", "on", ""] = ""
         if not p.off and lower > self.target:
@@ -185,12 +190,6 @@ class AuditBook:
             if not p.off:
                 del self._partitions[name]
                 return
-
-    def _raise_judge(self, partition: str, floor: float) -> None:
-        self._judge_floor[partition] = min(1.01, max(floor, self._judge_floor.get(partition, 0.0)))
-        self._judge_floor.move_to_end(partition)
-        while len(self._judge_floor) > _MAX_PARTITIONS:
-            self._judge_floor.popitem(last=False)
 
     def _raise(self, exact: str, threshold: float) -> None:
         self._raised[exact] = min(1.0, max(threshold, self._raised.get(exact, 0.0)))

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache.audit_judge import NEVER
 from cache.verify import verify
 
 # The verifier's reasons the judge may overrule: words on one side that no table explains.
@@ -92,7 +93,6 @@ JUDGE_CALIBRATION: Sequence[tuple[float, float]] = (
     (0.98, 0.0150),
     (0.99, 0.0110),
 )
-NEVER = 1.01  # a threshold no probability reaches
 
 
 def judge_threshold_for(target_false_hit_rate: float) -> float:
@@ -102,10 +102,15 @@ def judge_threshold_for(target_false_hit_rate: float) -> float:
     return NEVER  # nothing meets the target: the judge never says yes
 
 
-def semantic_check(enabled: bool, path: str, target_false_hit_rate: float) -> SemanticCheck:
-    """The check an edge (or cache-eval) runs: the judge at ``path`` ("" = the shipped one) when enabled."""
-    threshold = judge_threshold_for(target_false_hit_rate)
-    if not enabled or threshold >= NEVER:  # a judge that can never say yes is not loaded nor asked
+def semantic_check(
+    enabled: bool, path: str, target_false_hit_rate: float, learns: bool = False, threshold: float = 0.0
+) -> SemanticCheck:
+    """The check an edge (or cache-eval) runs: the judge at ``path`` ("" = the shipped one) when enabled,
+    at ``threshold`` (0: the calibrated one for the target). A judge that can never say yes there is still
+    loaded where the live audit ``learns`` a partition's own threshold (cache/audit_judge.py); otherwise it
+    is not loaded nor asked."""
+    threshold = threshold or judge_threshold_for(target_false_hit_rate)
+    if not enabled or (threshold >= NEVER and not learns):
         return SemanticCheck()
     from cache.judge import JUDGE_FILE, PairJudge  # numpy, tokenizers, onnxruntime: only when judging
 
@@ -125,6 +130,10 @@ class SemanticCheck:
         self._judge: Judge | None = None
         self._lock = threading.Lock()
 
+    @property
+    def judge_loaded(self) -> bool:
+        return self._judge is not None
+
     def judge(self) -> Judge | None:
         if self._judge is not None or self.load_judge is None:
             return self._judge
@@ -138,12 +147,15 @@ class SemanticCheck:
                     self.load_judge = None
         return self._judge
 
-    def __call__(self, query: str, cached: str, floor: float = 0.0) -> Decision:
-        """``floor``: a higher threshold the judge must reach here (the live audit's, for a partition)."""
+    def __call__(
+        self, query: str, cached: str, threshold: float | None = None, ask_judge: bool = True
+    ) -> Decision:
+        """``threshold``: the judge's own here (the live audit's for a partition), else the calibrated one;
+        ``ask_judge`` False: the verifier alone (a lookup that has asked the judge enough)."""
         verdict = verify(query, cached)
         if verdict.ok:
             return Decision(True)
-        judging = self.load_judge is not None or self._judge is not None
+        judging = ask_judge and (self.load_judge is not None or self._judge is not None)
         if not judging or not verdict.reason.startswith(JUDGED_REASONS):
             return Decision(False, verdict.reason)
         if name := named_difference(query, cached):
@@ -152,7 +164,7 @@ class SemanticCheck:
         if judge is None:
             return Decision(False, verdict.reason)
         p = float(judge([(query, cached)])[0])
-        threshold = max(self.threshold, floor)
+        threshold = self.threshold if threshold is None else threshold
         if p >= threshold:
             return Decision(True, judged=p)
         return Decision(False, f"judge: {p:.3f} < {threshold:.3f} ({verdict.reason})", judged=p)

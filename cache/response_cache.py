@@ -22,6 +22,7 @@ import msgspec
 import numpy as np
 
 from cache.audit import AuditBook
+from cache.audit_judge import EXPLORE_FROM
 from cache.decision import SemanticCheck
 from cache.embedder_pool import EmbedderPool, OutOfScope
 from cache.keys import CacheKey
@@ -50,6 +51,7 @@ CALIBRATION: Sequence[tuple[float, float]] = (
     (0.99, 0.0018),
 )
 CANDIDATES = 5  # nearest entries checked by the verifier, best first
+JUDGED_PER_LOOKUP = 2  # of those, how many the pair judge reads (about 2.6 ms each on a small CPU)
 
 
 def threshold_for(target_false_hit_rate: float, curve: Sequence[tuple[float, float]] = CALIBRATION) -> float:
@@ -78,6 +80,9 @@ class Lookup:
     # A hit its partition may not serve (the audit measured too many false hits there): not served, but
     # judged against the answer the client gets, for free, so that the partition can earn it back.
     held: Hit | None = None
+    # The best candidate the judge turned down (at EXPLORE_FROM or more): judged the same way, for free,
+    # as evidence for the partition's learned judge threshold (cache/audit_judge.py).
+    explored: Hit | None = None
 
 
 class ResponseCache:
@@ -140,7 +145,7 @@ class ResponseCache:
             return Lookup(None, None)
         self.failures.pop("embedding", None)
         try:
-            hit, exact, rejected = await asyncio.to_thread(self._search, key, vector)
+            hit, exact, rejected, explored = await asyncio.to_thread(self._search, key, vector)
         except Exception as exc:
             self._broke("semantic lookup", exc)
             return Lookup(None, vector)
@@ -149,13 +154,19 @@ class ResponseCache:
             return Lookup(None, vector, rejected, held=hit)
         if exact:
             self._touch_later(exact)
-        return Lookup(hit, vector, rejected)
+        return Lookup(hit, vector, rejected, explored=explored if hit is None else None)
 
-    def _search(self, key: CacheKey, vector: np.ndarray) -> tuple[Hit | None, str, int]:
+    def _search(self, key: CacheKey, vector: np.ndarray) -> tuple[Hit | None, str, int, Hit | None]:
         """The nearest entries of the partition, best first, until the verifier accepts one (in a worker
-        thread: index search, entry reads and the verifier stay off the event loop)."""
+        thread: index search, entry reads and the verifier stay off the event loop); with the best
+        candidate the judge turned down, when the audit learns from it."""
         rejected = 0
         seen: set[str] = set()
+        explored: Hit | None = None
+        judged = 0
+        judge_at = (
+            None if self.audit is None else self.audit.judge_threshold(key.partition, self.check.threshold)
+        )
         for similarity, exact in self.store.nearest(key.partition, vector, CANDIDATES, self.threshold):
             if exact in seen:  # a refreshed entry has a row for each of its answers
                 continue
@@ -168,13 +179,17 @@ class ResponseCache:
                 rejected += 1
                 continue
             if exact == key.exact:  # stored since the exact lookup missed: the same question
-                return Hit(entry, "exact", 1.0, exact), exact, rejected
-            floor = self.audit.judge_floor(key.partition) if self.audit is not None else 0.0
-            decision = self.check(key.query, entry.query, floor)
+                return Hit(entry, "exact", 1.0, exact), exact, rejected, None
+            decision = self.check(key.query, entry.query, judge_at, judged < JUDGED_PER_LOOKUP)
+            judged += decision.judged is not None
             if decision.ok:
-                return Hit(entry, "semantic", similarity, exact, decision.judged), exact, rejected
+                return Hit(entry, "semantic", similarity, exact, decision.judged), exact, rejected, None
             rejected += 1
-        return None, "", rejected
+            p = decision.judged
+            best = explored.judged or 0.0 if explored is not None else 0.0
+            if self.audit is not None and p is not None and p >= EXPLORE_FROM and p > best:
+                explored = Hit(entry, "semantic", similarity, exact, p)
+        return None, "", rejected, explored
 
     def _touch_later(self, exact: str) -> None:
         """Record the served entry's read for the LRU eviction, after the answer has gone."""

@@ -67,3 +67,6 @@ class CacheSettings(Struct, forbid_unknown_fields=True, kw_only=True):
     # probability threshold follows from target_false_hit_rate (cache/decision.py, JUDGE_CALIBRATION).
     judge: bool = True
     judge_path: str = ""  # a judge file replacing the shipped cache/data/judge/judge.safetensors
+    # The judge's threshold where the live audit has not learned a partition's own (cache/audit_judge.py):
+    # 0 takes it from target_false_hit_rate; 1.01 lets the judge serve only where the audit proved it.
+    judge_threshold: Annotated[float, Meta(ge=0, le=1.01)] = 0.0

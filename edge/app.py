@@ -136,6 +136,9 @@ async def metrics(request: web.Request) -> web.Response:
             for bound, value in (("measured", rate.measured), ("lower", rate.lower), ("upper", rate.upper)):
                 m_.cache_false_hit_rate.labels(bound).set(value)
             m_.cache_partitions_off.set(state.cache.audit.partitions_off)
+            opened, closed = state.cache.audit.judged.counts(state.cache.check.threshold)
+            m_.cache_judge_partitions.labels("opened").set(opened)
+            m_.cache_judge_partitions.labels("closed").set(closed)
         with contextlib.suppress(Exception):  # a broken cache folder must not break /metrics
             m_.cache_entries.set(len(state.cache.store.entries))
             store = state.cache.store

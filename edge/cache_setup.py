@@ -47,7 +47,14 @@ def make_cache(config: EdgeConfig, upstreams: UpstreamPool) -> tuple[ResponseCac
             settings.size_limit_mb << 20,
             threshold_for(settings.target_false_hit_rate),
             store_limits(settings, semantic=not why_not),
-            semantic_check(settings.judge, settings.judge_path, settings.target_false_hit_rate),
+            # the live audit learns each partition's own judge threshold (cache/audit_judge.py)
+            semantic_check(
+                settings.judge,
+                settings.judge_path,
+                settings.target_false_hit_rate,
+                learns=True,
+                threshold=settings.judge_threshold,
+            ),
         )
     except Exception as exc:  # an unwritable or corrupt folder: serve without a cache
         log.warning("response cache at %s cannot be opened (%s): serving without it", folder, exc)

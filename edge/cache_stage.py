@@ -269,6 +269,9 @@ def _store_later(
             if other and other.kind == "semantic" and auditor is not None:
                 mode: Mode = "shadow" if result.held else "raced"
                 await auditor.judge(audited, other, entry.text, mode)
+            # The candidate the judge turned down: evidence for the partition's own judge threshold.
+            if result and result.explored and auditor is not None:
+                await auditor.judge(audited, result.explored, entry.text, "explored")
 
         journey.state.in_background(save())
 

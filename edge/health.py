@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from cache.audit_judge import NEVER
 from edge.state import EdgeState
 
 # What load balancers take for "send me no traffic" (AWS ALB, GCP, Envoy, HAProxy, Kubernetes readiness):
@@ -105,6 +106,22 @@ def audit_health(state: EdgeState) -> dict | None:
         "ci95": [round(rate.lower, 4), round(rate.upper, 4)],
         "target": book.target,
         "partitions_off": book.partitions_off,
+        "judge": _judge_health(state),
+    }
+
+
+def _judge_health(state: EdgeState) -> dict:
+    """The pair judge's calibrated threshold and how many partitions the audit has moved from it."""
+    assert state.cache is not None and state.cache.audit is not None
+    check = state.cache.check
+    calibrated = check.threshold
+    opened, closed = state.cache.audit.judged.counts(calibrated)
+    return {
+        "loaded": check.judge_loaded,
+        "calibrated_threshold": calibrated if calibrated < NEVER else None,
+        "partitions_opened": opened,
+        "partitions_closed": closed,
+        **({"failure": check.failure} if check.failure else {}),
     }
 
 

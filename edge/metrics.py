@@ -118,6 +118,13 @@ class EdgeMetrics:
             "Partitions serving exact hits only: their measured false-hit rate is above the target.",
             registry=r,
         )
+        self.cache_judge_partitions = Gauge(
+            P + "cache_judge_partitions",
+            "Partitions whose pair-judge threshold the live audit moved from the calibrated one, by state "
+            "(opened: lower, proved by their own right verdicts; closed: higher, above a wrong one).",
+            ["state"],
+            registry=r,
+        )
         self.cache_audit_evictions = Counter(
             P + "cache_audit_evictions", "Entries the live audit found wrong and evicted.", registry=r
         )

@@ -154,6 +154,13 @@ EDGE_METRICS: tuple[MetricSpec, ...] = (
         (),
         "Partitions serving exact hits only: their measured false-hit rate is above the target.",
     ),
+    MetricSpec(
+        P + "cache_judge_partitions",
+        "gauge",
+        ("state",),
+        "Partitions whose pair-judge threshold the live audit moved from the calibrated one, by state "
+        "(opened: lower, proved by their own right verdicts; closed: higher, above a wrong one).",
+    ),
     MetricSpec(P + "cache_audit_evictions", "counter", (), "Entries the live audit found wrong and evicted."),
     MetricSpec(
         P + "cache_audit_tokens",

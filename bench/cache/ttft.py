@@ -27,7 +27,7 @@ import aiohttp
 import numpy as np
 
 from bench import peers
-from bench.cache.lookup import BENCH_MAX_TOKENS, BENCH_MODEL
+from bench.cache.lookup import BENCH_MAX_TOKENS, BENCH_MODEL, JUDGED_AT
 from bench.edge.request import session_for
 from harness.client import Stream, stream_once
 from harness.stats import percentile
@@ -179,7 +179,12 @@ def run(bench: TtftBench) -> dict:
                 logs, "pacer", "pacer", tokens=BENCH_MAX_TOKENS, interval_ms=bench.rtt_ms
             )
             started.append(pacer)
-            cache: dict[str, object] = {"folder": str(bench.folder), "size_limit_mb": 1 << 16}
+            # judged hits served as in a partition the audit opened all the way (bench/cache/lookup.py)
+            cache: dict[str, object] = {
+                "folder": str(bench.folder),
+                "size_limit_mb": 1 << 16,
+                "judge_threshold": JUDGED_AT,
+            }
             if not bench.audit:
                 cache |= {"audit_first_hits": 0, "audit_share": 0.0}
             edge_on = peers.start_edge(logs, "edge-cache", pacer.url, tls=True, cache=cache)

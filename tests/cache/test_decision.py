@@ -88,28 +88,40 @@ def test_the_public_sets_halves_are_fixed_by_the_pair_either_way_round():
     assert 0.45 < halves.count("held-out") / len(halves) < 0.55
 
 
-def test_a_judged_hit_the_audit_finds_wrong_raises_its_partitions_judge_floor():
+def test_a_judged_hit_the_audit_finds_wrong_closes_its_partition_above_it():
     from cache.audit import AuditBook
 
     book = AuditBook(target=0.01)
-    assert book.judge_floor("p") == 0.0
-    book.record("p", "e1", 0.8, "agree", "served", judged=0.93)
-    assert book.judge_floor("p") == 0.0  # a right answer closes nothing
-    book.record("p", "e2", 0.8, "disagree", "served", judged=0.95)
-    assert 0.95 < book.judge_floor("p") <= 0.96 and book.judge_floor("q") == 0.0
-    book.record("p", "e3", 0.8, "disagree", "served")  # the verifier's hit: the judge's floor stays
-    assert book.judge_floor("p") <= 0.96
+    assert book.judge_threshold("p", 0.9) == 0.9
+    book.record("p", "e1", 0.8, "agree", "sampled", judged=0.93)
+    assert book.judge_threshold("p", 0.9) == 0.9  # one right answer proves nothing yet
+    book.record("p", "e2", 0.8, "disagree", "sampled", judged=0.95)
+    assert 0.95 < book.judge_threshold("p", 0.9) <= 0.96 and book.judge_threshold("q", 0.9) == 0.9
+    book.record("p", "e3", 0.8, "disagree", "sampled")  # the verifier's hit: the judge's threshold stays
+    assert book.judge_threshold("p", 0.9) <= 0.96
     check = SemanticCheck(lambda: FakeJudge(0.952), threshold=0.9)
     query, cached = "hw do i block my atm card asap", "How can I block my debit card immediately?"
-    assert check(query, cached).ok and not check(query, cached, book.judge_floor("p")).ok
+    assert check(query, cached).ok and not check(query, cached, book.judge_threshold("p", 0.9)).ok
 
 
 def test_the_shipped_check_asks_the_judge_only_where_the_calibration_lets_it_say_yes():
     # At the default 1% no judge threshold is calibrated within the target: no judge is loaded or asked.
     default = semantic_check(True, "", 0.01)
     assert default.load_judge is None and default.judge() is None
+    # ... unless the live audit learns a partition's own threshold: then it is loaded, at NEVER
+    learning = semantic_check(True, "", 0.01, learns=True)
+    assert learning.load_judge is not None and learning.threshold > 1.0
     laxer = semantic_check(True, "", 0.02)
     assert laxer.load_judge is not None and laxer.threshold == judge_threshold_for(0.02) < 1.0
     assert semantic_check(False, "", 0.05).load_judge is None
     missing = semantic_check(True, "/nonexistent/judge.safetensors", 0.05)
     assert missing.judge() is None and "judge.safetensors" in missing.failure
+
+
+def test_a_lookup_that_has_asked_the_judge_enough_lets_the_verifier_alone_decide():
+    judge = FakeJudge(1.0)
+    check = SemanticCheck(lambda: judge, threshold=0.5)
+    query, cached = "hw do i block my atm card asap", "How can I block my debit card immediately?"
+    refused = check(query, cached, ask_judge=False)
+    assert not refused.ok and refused.judged is None and judge.asked == []
+    assert check(query, cached).ok and len(judge.asked) == 1
