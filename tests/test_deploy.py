@@ -17,6 +17,7 @@ import re
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import tomllib
@@ -93,7 +94,14 @@ def check(config: EdgeConfig | RegionConfig) -> None:
     replace = msgspec.structs.replace
     if isinstance(config, EdgeConfig):
         upstream = replace(config.upstream, ca="", client_cert="", client_key="")
-        check_edge_config(replace(config, tls=replace(config.tls, cert="", key=""), upstream=upstream))
+        # the data folder is the container's volume: here, the same file names in a folder that exists
+        here = Path(tempfile.gettempdir())
+        files = {
+            "keys_db": str(here / Path(config.keys_db).name),
+            "ledger_db": str(here / Path(config.ledger_db).name),
+        }
+        tls = replace(config.tls, cert="", key="")
+        check_edge_config(replace(config, tls=tls, upstream=upstream, **files))
     else:
         check_region_config(
             replace(config, server=replace(config.server, tls_cert="", tls_key="", client_ca=""))
