@@ -17,6 +17,7 @@ from aiohttp import web
 
 from edge.admission import authenticate
 from edge.health import operator_health, public_health
+from edge.inflight import drain
 from edge.journey import Journey, Kind
 from edge.pipeline import Pipeline, run_journey
 from edge.request_log import log_journey
@@ -48,6 +49,7 @@ def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Applic
     app[EDGE] = state
     app[PIPELINE] = pipeline or default_pipeline()
     app.cleanup_ctx.append(_lifetime)
+    app.on_shutdown.append(_drain)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
@@ -76,6 +78,13 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(*state.background, return_exceptions=True)
     await state.limiter.close()
     await state.ledger.close()
+
+
+async def _drain(app: web.Application) -> None:
+    """On shutdown (no new connections any more): the requests in flight get server.shutdown_timeout_s to
+    finish, then the edge ends those still running, each with an error event (edge/inflight.py)."""
+    state = app[EDGE]
+    await drain(state.inflight, state.config.server.shutdown_timeout_s)
 
 
 # --- endpoints ---------------------------------------------------------------------------------------

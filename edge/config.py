@@ -60,7 +60,7 @@ class ServerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     write_timeout_s: Interval = 30.0
     # Open client connections beyond this are closed at once (an idle TLS connection holds ~50 kB).
     max_connections: Annotated[int, Meta(ge=1)] = 20000
-    # In-flight streams get this long to finish on shutdown.
+    # In-flight streams get this long to finish on shutdown; those still running then end with an error event.
     shutdown_timeout_s: Seconds = 30.0
     # Processes serving the same port (the supervisor binds it once, each worker inherits the socket: no
     # other process can join it), one event loop each: one per core. With more than one,

@@ -213,6 +213,7 @@ class Outcome:
     usage: bytes | None = None  # the region's usage JSON, unchecked
     produced: bool = False  # an answer, or a streamed token, came back
     refused: bool = False  # the region refused the request itself (a 4xx)
+    stopped: bool = False  # the edge itself ended it (its key revoked, a shutdown): no region failed it
     recorded: bool = False  # an outcome was recorded
 
 

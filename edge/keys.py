@@ -24,7 +24,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Literal
 
@@ -280,6 +280,12 @@ class KeyStore:
             return AuthResult(key, "revoked")
         return AuthResult(key, "ok")
 
+    def active(self, key_id: str) -> bool:
+        """Whether the copy holds ``key_id`` and it is not revoked (a request in flight under a key that
+        is not may not go on)."""
+        entry = self._cache.get(key_id)
+        return entry is not None and not entry[0].revoked
+
     # --- keeping the copy fresh (off the request path) -------------------------------------------------
 
     def changed(self) -> bool:
@@ -309,8 +315,11 @@ class KeyStore:
         self._data_version = version
 
 
-async def refresh_keys(store: KeyStore, interval_s: float) -> None:
-    """Keep ``store``'s copy fresh until cancelled: poll every ``interval_s``, reload in a worker thread.
+async def refresh_keys(
+    store: KeyStore, interval_s: float, reloaded: Callable[[], object] | None = None
+) -> None:
+    """Keep ``store``'s copy fresh until cancelled: poll every ``interval_s``, reload in a worker thread,
+    then call ``reloaded`` on the loop (the edge ends the requests in flight of keys revoked meanwhile).
 
     The poll is one PRAGMA (a few microseconds) on the loop; a reload, which reads the whole table, runs
     in a thread so that a large table never stalls requests. Errors are logged and retried next period.
@@ -318,7 +327,7 @@ async def refresh_keys(store: KeyStore, interval_s: float) -> None:
     while True:
         await asyncio.sleep(interval_s)
         try:
-            if store.changed():
-                await asyncio.to_thread(store.refresh)
+            if store.changed() and await asyncio.to_thread(store.refresh) and reloaded is not None:
+                reloaded()
         except sqlite3.Error as exc:  # keep serving from the copy we have
             log.warning("key store %s: refresh failed: %s", store.path, exc)

@@ -24,6 +24,7 @@ from edge.config import EdgeConfig, FallbackConfig, file_problems, open_named_fi
 from edge.degraded_policy import check_degraded, make_degraded
 from edge.gate_stage import make_gates
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
+from edge.inflight import STOP_GRACE_S, end_revoked
 from edge.keys import KeyStore, refresh_keys
 from edge.ledger import Ledger
 from edge.limits import RateLimiter
@@ -194,7 +195,7 @@ def build_edge_app(
         pipeline = default_pipeline().without("route")
     app = create_app(state, pipeline)
     app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
-    app.cleanup_ctx.append(_key_refresher(state.keys, KEY_REFRESH_S))
+    app.cleanup_ctx.append(_key_refresher(state, KEY_REFRESH_S))
     app.cleanup_ctx.append(cache_lifetime(state))
     if config.metrics.port:
         app.cleanup_ctx.append(_metrics_listener(state, metrics))
@@ -263,11 +264,15 @@ def open_listeners(
     return EdgeListeners(server, one(metrics_address(config, worker)) if config.metrics.port else None)
 
 
-def _key_refresher(keys: KeyStore, interval_s: float):
-    """Keep the key copy fresh for as long as the app runs (keys created or revoked elsewhere)."""
+def _key_refresher(state: EdgeState, interval_s: float):
+    """Keep the key copy fresh for as long as the app runs (keys created or revoked elsewhere); a key
+    revoked meanwhile ends its requests in flight."""
+
+    def reloaded() -> None:
+        end_revoked(state.inflight, state.keys)
 
     async def lifetime(_app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(refresh_keys(keys, interval_s))
+        task = asyncio.create_task(refresh_keys(state.keys, interval_s, reloaded))
         yield
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -311,7 +316,9 @@ def run_edge(app: web.Application, config: EdgeConfig, listener: Listener, worke
         # Bodies are inflated by nearshore.bodies, bounded, with OpenAI-shaped errors for every encoding.
         auto_decompress=False,
         keepalive_timeout=server.keepalive_timeout_s,
-        shutdown_timeout=server.shutdown_timeout_s,
+        # The app's own drain (edge/inflight.py) gives the requests in flight server.shutdown_timeout_s and
+        # then ends those still running; what aiohttp waits for after that is a margin, not a second wait.
+        shutdown_timeout=STOP_GRACE_S,
     )
 
     def announce(actual: int) -> None:

@@ -7,8 +7,9 @@ would) or raising an :class:`ApiError`. A stage may instead return a :class:`~ed
 (one on its way, that may answer before the region does): the pipeline hands it to the next stage that
 ``races``, as an argument. Whatever happens, :func:`run_journey` leaves by one door: it records an outcome
 if no stage did, runs the cleanups, bills the request once (:func:`edge.settle.settle_journey`), and only
-then sends the answer's last bytes. A new concern is a new stage, added with :meth:`Pipeline.with_stage`,
-without touching the others.
+then sends the answer's last bytes. While the stages run, the edge may end the journey itself (its key
+revoked, a shutdown's time up: :mod:`edge.inflight`); it then fails with that reason, as a stage's error
+would. A new concern is a new stage, added with :meth:`Pipeline.with_stage`, without touching the others.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from edge.journey import Journey, Racing, Reply
 from edge.settle import settle_journey
+from edge.stream_reply import StreamReply, failed_before_first_byte
 from nearshore.protocol.errors import INTERNAL, ApiError
 
 log = logging.getLogger("nearshore.edge")
@@ -62,7 +64,7 @@ class Pipeline:
 async def run_journey(pipeline: Pipeline, journey: Journey) -> web.StreamResponse:
     state = journey.state
     try:
-        reply = await _run_stages(pipeline, journey)
+        reply = await _run_stoppable(pipeline, journey)
     except asyncio.CancelledError:
         # The client left. Its row is written although this task is being cancelled.
         if not journey.outcome.recorded:
@@ -86,6 +88,24 @@ async def run_journey(pipeline: Pipeline, journey: Journey) -> web.StreamRespons
     # The one exit: the ledger row is committed before the answer's end, so a client that saw it was billed.
     audited = await settle_journey(journey)
     return await reply.finish(audited)
+
+
+async def _run_stoppable(pipeline: Pipeline, journey: Journey) -> Reply:
+    """The stages, which the edge may end itself (edge/inflight.py: the key revoked, a shutdown's time up):
+    then the request fails with that reason, and a stream already begun ends with its error event."""
+    with journey.state.inflight.running(journey) as running:
+        try:
+            return await _run_stages(pipeline, journey)
+        except asyncio.CancelledError:
+            if not running.took_stop():
+                raise  # the client left
+            assert running.stopped is not None
+            log.info("request %s: ended by the edge (%s)", journey.request_id, running.stopped.kind.code)
+            journey.outcome.stopped = True
+            stream = journey.forwarded.stream
+            return failed_before_first_byte(
+                journey, stream if isinstance(stream, StreamReply) else None, running.stopped
+            )
 
 
 async def _run_stages(pipeline: Pipeline, journey: Journey) -> Reply:

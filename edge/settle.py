@@ -71,7 +71,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
     region = forwarded.region or "none"
     # A region's error code and (defensively) the model name come from outside: a fixed set of labels.
     m.count_request(outcome.status, region, model_label(model, state.config.models), key.tenant, usage, cost)
-    if outcome.error_code and outcome.status == "error" and not outcome.refused:
+    if outcome.error_code and outcome.status == "error" and not (outcome.refused or outcome.stopped):
         m.upstream_errors.labels(error_code_label(outcome.error_code), region).inc()
     if journey.cut.by:
         m.degraded.labels(REASON, journey.cut.by).inc()

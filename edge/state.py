@@ -15,6 +15,7 @@ from edge.budget import BudgetBook, Budgets
 from edge.cache_audit import Auditor
 from edge.config import EdgeConfig
 from edge.degraded_policy import DegradedTier
+from edge.inflight import InFlight
 from edge.keys import KeyStore
 from edge.ledger import Ledger
 from edge.limits import RateLimiter
@@ -45,6 +46,7 @@ class EdgeState:
     gates: dict[str, PoolGate] = field(default_factory=dict)  # per-pool in-flight limits (the gate stage)
     degraded: DegradedTier | None = None  # the local regions' policy (the cut stage); None: no local region
     background: set[asyncio.Task] = field(default_factory=set)
+    inflight: InFlight = field(default_factory=InFlight)  # journeys running, which the edge may end
 
     def __post_init__(self) -> None:
         if self.budget is None:

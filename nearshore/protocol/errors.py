@@ -79,6 +79,11 @@ ENGINE_FAILED = ErrorKind(503, "server_error", "engine_failed")
 LIMITS_UNAVAILABLE = ErrorKind(503, "server_error", "limits_unavailable")
 # The edge cannot record usage (its ledger and the ledger's spool refuse writes): it serves nothing unbilled.
 LEDGER_UNAVAILABLE = ErrorKind(503, "server_error", "ledger_unavailable")
+# The key was revoked (or deleted) while its request was in flight: the edge ended the answer there.
+KEY_REVOKED = ErrorKind(401, "authentication_error", "key_revoked")
+# The edge is shutting down and the request was still in flight after server.shutdown_timeout_s: ask again
+# (another edge, or this one once it is back, answers).
+SERVER_SHUTTING_DOWN = ErrorKind(503, "server_error", "server_shutting_down")
 
 _KIND_BY_STATUS = {
     400: INVALID_REQUEST,
