@@ -16,15 +16,20 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from edge.keys import KeyStore
+from edge.keys import ApiKey, KeyStore
 from nearshore.protocol.errors import KEY_REVOKED, SERVER_SHUTTING_DOWN, ApiError
 
-if TYPE_CHECKING:
-    from edge.journey import Journey
-
 log = logging.getLogger("nearshore.edge")
+
+
+class Journey(Protocol):
+    """What this module reads of a journey (edge/journey.py, which sits above it: the state holds these)."""
+
+    @property
+    def key(self) -> ApiKey | None: ...
+
 
 # Once the edge has ended its requests, how long they get to send their last event and write their rows.
 STOP_GRACE_S = 1.0
