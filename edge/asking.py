@@ -56,6 +56,7 @@ async def ask_regions(
             call.path,
             call.headers,
             timeout_s,
+            reserved=1 if chain else 0,  # the model's replicas leave its fallbacks their turn
         )
     finally:
         forwarded.attempts = attempts.made

@@ -6,8 +6,11 @@ that asked (Retry-After) not to be asked yet, then each replica of its fallbacks
 from a fallback beats a wait for the model. When none answered, the replicas that may answer later (a
 refusal, a 5xx, a reset) are asked again, soonest first, each after its Retry-After or a backoff with
 jitter, while the wait is at most ``max_retry_wait_s``, fits in the deadline, and the replica's retry
-budget allows. At most ``max_attempts`` requests in all. A silent replica (no head within
-its timeout) and one that does not speak HTTP are not asked again by this request.
+budget allows. At most ``max_attempts`` requests in all, and the fallback chain always gets its turn: the
+model's own replicas leave it the attempts ``reserved`` for it (one, when the request has a chain), and
+the chain is asked at least once even when the model's replicas spent every attempt (``max_attempts`` = 1,
+or a request asked again). A silent replica (no head within its timeout) and one that does not speak HTTP
+are not asked again by this request.
 
 What each replica did goes to the router (failures in a row eject it: the circuit opens) and into the
 error the client gets when nothing answered: the slowest of the refusals' Retry-After, and a status that
@@ -112,25 +115,29 @@ class Attempts:
         path: str,
         headers: dict[str, str],
         timeout_s: float,
+        reserved: int = 0,
     ) -> Opened:
         """The first answer head with status 200 (or a 4xx passed on as :class:`Refused`) from ``first``'s
         replicas, else from its ``fallbacks`` in order; else the :class:`ApiError` that says why nothing
-        answered. A context-length refusal moves to the ``context`` chain instead, when there is one."""
+        answered. A context-length refusal moves to the ``context`` chain instead, when there is one.
+        ``first``'s replicas leave ``reserved`` of the attempts to the chain, which is asked at least once."""
         queue = [first]
         more: Callable[[], list[Target]] | None = fallbacks
         context_used = False
         later: list[_Later] = []
+        limit = max(self.config.max_attempts - reserved, 1)  # the model's own replicas' first pass
         while queue or more is not None:
             if not queue:
                 assert more is not None
                 queue, more = more(), None
+                limit = self._chain_limit()
                 continue
             target = queue.pop(0)
             if not target.upstreams:
                 self.skipped.append(f"{target.model}: {target.why_none or 'no replica serves it'}")
                 continue
             try:
-                opened = await self._one_model(target, path, headers, timeout_s, later)
+                opened = await self._one_model(target, path, headers, timeout_s, later, limit)
             except Refused as refused:
                 if refused.error.kind.code == CONTEXT_LENGTH and not context_used:
                     context_used = True
@@ -139,23 +146,36 @@ class Attempts:
                         self.skipped.append(f"{target.model}: the prompt is longer than its context")
                         refused.release()
                         queue, more = chain, None
+                        limit = self._chain_limit()
                         continue
                 raise
             if opened is not None:
                 return opened
-            if self._out_of_time() or self.made >= self.config.max_attempts:
+            if self._out_of_time():
                 break
         opened = await self._again(later, path, headers, timeout_s)
         if opened is not None:
             return opened
         raise self.error()
 
+    def _chain_limit(self) -> int:
+        """The attempts a fallback (or context) chain may take the request to: what is left of
+        ``max_attempts``, and at least one more, so that the chain always gets its turn."""
+        return max(self.config.max_attempts, self.made + 1)
+
     async def _one_model(
-        self, target: Target, path: str, headers: dict[str, str], timeout_s: float, later: list[_Later]
+        self,
+        target: Target,
+        path: str,
+        headers: dict[str, str],
+        timeout_s: float,
+        later: list[_Later],
+        limit: int,
     ) -> Opened | None:
-        """Each replica of ``target`` once; those that may answer later go on ``later``."""
+        """Each replica of ``target`` once, while fewer than ``limit`` attempts were made; those that may
+        answer later go on ``later``."""
         for upstream in target.upstreams:
-            if self.made >= self.config.max_attempts or self._out_of_time():
+            if self.made >= limit or self._out_of_time():
                 return None
             if (most := _most_choices(upstream)) and self.choices > most:
                 self._most_choices = max(self._most_choices, most)

@@ -97,12 +97,15 @@ class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # A non-streamed answer arrives whole, so its first byte also gets this much per max_tokens.
     unary_timeout_per_token_s: Annotated[float, Meta(ge=0)] = 0.25
     # Retries: at most max_attempts requests to regions per client request (replicas, retries and fallback
-    # models together; continuations count apart). A replica that refused with Retry-After is not asked
-    # again before it (by any request), for at most max_retry_after_s whatever it said (one reply must not
-    # bench a replica for an hour; /health and region_cooling_seconds show it cooling); the edge waits for
-    # it only when no other replica or fallback can take the request and the wait is at most
-    # max_retry_wait_s. Attempts on one replica are spaced by exponential backoff with jitter (half of
-    # retry_backoff_s, doubling up to retry_backoff_max_s, plus up to as much again at random).
+    # models together; continuations count apart). The fallback chain always gets its turn: the model's
+    # own replicas leave it one of them (edge/attempts.py), and it is asked at least once even when none is
+    # left (max_attempts = 1: one on the model, one on the fallback). A replica that refused with
+    # Retry-After is not asked again before it (by any request), for at most max_retry_after_s whatever it
+    # said (one reply must not bench a replica for an hour; /health and region_cooling_seconds show it
+    # cooling); the edge waits for it only when no other replica or fallback can take the request and the
+    # wait is at most max_retry_wait_s. Attempts on one replica are spaced by exponential backoff with
+    # jitter (half of retry_backoff_s, doubling up to retry_backoff_max_s, plus up to as much again at
+    # random).
     max_attempts: Annotated[int, Meta(ge=1, le=16)] = 4
     max_retry_after_s: Annotated[float, Meta(ge=0, le=3600)] = 60.0
     max_retry_wait_s: Annotated[float, Meta(ge=0, le=3600)] = 10.0

@@ -65,6 +65,9 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True):
     text: str = ""
     finish_reason: EngineFinish | None = None
     error: str | None = None
+    # With finish "error": the request's grammar failed it (it allowed no next token): the request's own
+    # error, a 400 naming the parameter that asked for the grammar, never the engine's.
+    grammar_failed: bool = False
     cached_tokens: int = 0
     queue_s: float = 0.0
     prefill_s: float = 0.0

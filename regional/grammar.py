@@ -149,7 +149,7 @@ class Constraint:
     computed once per state (:meth:`prepare`, on the grammar thread while the model runs) and read by the
     sampler (:meth:`mask`); advancing makes it stale."""
 
-    __slots__ = ("_error", "_fresh", "_mask", "_matcher", "tokens")
+    __slots__ = ("_error", "_fresh", "_mask", "_matcher", "failure", "tokens")
 
     def __init__(self, matcher: Any, words: int) -> None:
         self._matcher = matcher
@@ -157,6 +157,9 @@ class Constraint:
         self._fresh = False  # _mask (or _error) is the current state's
         self._error: GrammarError | None = None
         self.tokens = 0  # tokens accepted so far
+        # Why the grammar failed its sequence (it allowed no token, or refused the one drawn): the request's
+        # own error (a 400), never the engine's.
+        self.failure: GrammarError | None = None
 
     def prepare(self) -> None:
         """Compute the current state's mask if it is not yet; a grammar that allows nothing is kept for
@@ -182,18 +185,29 @@ class Constraint:
         until the next :meth:`advance`; raises :class:`GrammarError` when the grammar allows nothing."""
         self.prepare()
         if self._error is not None:
+            self.failure = self._error
             raise self._error
         return self._mask
 
     def check(self) -> None:
-        """The first mask, computed once up front (see :class:`LazyConstraint`)."""
+        """The first mask, computed once up front, and the output the grammar forces from there, followed
+        on a copy: a grammar that allows nothing, or whose forced output never ends (an object or a list
+        that must hold another like it: a required ``$ref`` back into itself), is refused before its
+        sequence is queued, not when its first token is drawn (see also :class:`LazyConstraint`)."""
         self.mask()
+        probe = self._matcher.deep_copy()
+        if not probe.consume_tokens(probe.compute_ff_tokens()) or probe.is_error():
+            reason = (probe.get_error() or "forced output refused").splitlines()[0]
+            raise GrammarError(
+                "the grammar forces an output that never ends (a required $ref back into itself): " + reason
+            )
 
     def advance(self, token: int) -> None:
         self._fresh = False
         if not self._matcher.consume_token(token):
             reason = (self._matcher.get_error() or "token refused").splitlines()[0]
-            raise GrammarError(f"constrained decoding failed after {self.tokens} tokens: {reason}")
+            self.failure = GrammarError(f"constrained decoding failed after {self.tokens} tokens: {reason}")
+            raise self.failure
         self.tokens += 1
 
     @property
@@ -250,10 +264,15 @@ class LazyConstraint:
     def tokens(self) -> int:
         return self.inner.tokens
 
+    @property
+    def failure(self) -> GrammarError | None:
+        return self.inner.failure
+
     def check(self) -> None:
-        """The grammar's first mask, computed once up front: a grammar that allows nothing is refused before
-        the sequence is queued, not when the model opens a call."""
-        self.inner.mask()
+        """The grammar checked up front as :meth:`Constraint.check` does: a grammar that allows nothing, or
+        forces an output that never ends, is refused before the sequence is queued, not when the model
+        opens a call."""
+        self.inner.check()
 
 
 def allows(mask: np.ndarray, token: int) -> bool:

@@ -22,8 +22,9 @@ log = logging.getLogger("nearshore.engine")
 
 def checked(vocab: Vocabulary, grammar: str, trigger: str | None) -> Constraint | LazyConstraint:
     """A sequence's matcher of a checked grammar, with its first mask computed: a grammar that allows no
-    output at all (a ``$ref`` loop, bounds no value meets) raises :class:`GrammarError` here, before the
-    sequence is queued (off the event loop: a large grammar takes milliseconds)."""
+    output at all (a ``$ref`` loop, bounds no value meets), or whose forced output never ends (a required
+    ``$ref`` back into itself), raises :class:`GrammarError` here, before the sequence is queued (off the
+    event loop: a large grammar takes milliseconds)."""
     constraint = vocab.constraint(grammar, trigger)
     constraint.check()
     return constraint
@@ -71,8 +72,8 @@ class GrammarStep:
             try:
                 seq.constraint.advance(token)
                 self.tokens += masked
-            except GrammarError as exc:
-                log.error("request %s: %s", seq.request_id, exc)
+            except GrammarError as exc:  # the request's own error (a 400), not the engine's
+                log.warning("request %s: %s", seq.request_id, exc)
                 sampled[i] = None
                 failures[seq] = str(exc)
         self.seconds += time.perf_counter() - started

@@ -17,6 +17,7 @@ import numpy as np
 
 from regional.config import EngineConfig
 from regional.engine import Logprobs
+from regional.grammar import GrammarError
 from regional.kv_memory import KvMemory
 from regional.kv_slots import SlotMemory
 from regional.llama_model import ContextSettings, KvCacheFull, LlamaError, LlamaModel
@@ -113,6 +114,11 @@ class LlamaCppEngine(StepEngine):
                 top_n = seq.request.logprobs
                 logprobs.append(None if top_n is None else position_logprobs(row_logits, token, top_n))
                 sampled.append(token)
+            except GrammarError as exc:  # its grammar allows nothing more: the request's own error
+                log.warning("request %s: %s", seq.request_id, exc)
+                sampled.append(None)
+                logprobs.append(None)
+                failures[seq] = str(exc)
             except Exception as exc:  # this sequence's sampling alone: the others' tokens stand
                 log.error("sampling failed for request %s", seq.request_id, exc_info=True)
                 sampled.append(None)

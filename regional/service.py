@@ -378,6 +378,8 @@ class Generation:
             async with contextlib.aclosing(events):
                 async for event in events:
                     now = time.perf_counter()
+                    if event.grammar_failed:  # the request's grammar allowed no next token: its own error
+                        raise GrammarError(event.error or "the grammar allows no next token")
                     if event.finish_reason in ("error", "abort"):
                         raise ApiError(INTERNAL, f"Generation failed: {event.error or event.finish_reason}")
                     if event.token_id >= 0:  # max_tokens 0 ends with no token
@@ -404,7 +406,10 @@ class Generation:
                     yield text, self.finish_reason, scored
                     if self.finish_reason is not None:
                         return  # leaving the aclosing block aborts the sequence if it still runs
-        except GrammarError as exc:  # before anything was queued: the grammar allows no output at all
+        except GrammarError as exc:
+            # The grammar allows no output at all (refused before anything was queued), or dead-ended after
+            # some tokens: the request's error, a 400 while nothing was sent (else the stream's error event),
+            # which the edge neither retries nor counts against this node.
             param = p.grammar.param if p.grammar is not None else "response_format"
             raise ApiError(INVALID_REQUEST, f"Invalid {param}: {exc}.", param=param) from None
         except EngineOverloaded as exc:

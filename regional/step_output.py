@@ -56,7 +56,11 @@ def step_events(plan: StepPlan, output: StepOutput, vocab: Vocabulary, now: floa
         return events
     for (seq, _row), token, scored in zip(plan.samples, output.sampled, output.logprobs, strict=True):
         if token is None:
-            events.append((seq, TokenEvent(finish_reason="error", error=output.failures[seq])))
+            grammar_failed = seq.constraint is not None and seq.constraint.failure is not None
+            error = TokenEvent(
+                finish_reason="error", error=output.failures[seq], grammar_failed=grammar_failed
+            )
+            events.append((seq, error))
         else:
             events.append((seq, token_event(vocab, seq, token, scored, now)))
     return events

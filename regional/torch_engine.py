@@ -25,6 +25,7 @@ import numpy as np
 from gpu.sampling_rows import SamplingRow
 from regional.config import EngineConfig
 from regional.engine import Logprobs
+from regional.grammar import GrammarError
 from regional.kv_memory import KvMemory
 from regional.kv_paged import PagedMemory
 from regional.kv_slots import SlotMemory
@@ -220,6 +221,9 @@ class TorchEngine(StepEngine):
                 mask = seq.constraint.mask()
                 if mask is not None:  # None: a lazy grammar not yet triggered leaves the row free
                     bitmask[i] = mask
+            except GrammarError as exc:  # its grammar allows nothing more: the request's own error
+                log.warning("request %s: %s", seq.request_id, exc)
+                failures[seq] = str(exc)
             except Exception as exc:
                 failures[seq] = f"sampling failed: {exc}"
         return bitmask

@@ -101,6 +101,7 @@ def test_a_token_the_grammar_refuses_fails_its_sequence_alone(vocabulary: Vocabu
     step.advance(plan, sampled, failures)
     assert sampled == [letter, None] and list(failures) == [plan.samples[1][0]]
     assert "constrained decoding failed" in failures[plan.samples[1][0]]
+    assert digits.failure is not None  # the request's own failure: a 400 naming its grammar's parameter
 
 
 def test_a_grammar_that_allows_nothing_raises_where_its_sequence_samples(vocabulary: Vocabulary):
@@ -111,3 +112,18 @@ def test_a_grammar_that_allows_nothing_raises_where_its_sequence_samples(vocabul
         constraint.mask()
     with pytest.raises(GrammarError, match="allows no output at all"):
         checked(vocabulary, check(GrammarSpec.json_schema(loop)), None)  # refused before it is queued
+    assert constraint.failure is not None  # its sequence's failure is the request's own (a 400)
+
+
+# An object that must hold another like it: every value's forced output runs on forever (issue 34, N9).
+ENDLESS = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+
+
+@pytest.mark.parametrize("trigger", [None, "<call>"])
+def test_a_grammar_whose_forced_output_never_ends_is_refused_before_it_is_queued(
+    vocabulary: Vocabulary, trigger: str | None
+):
+    with pytest.raises(GrammarError, match="never ends"):
+        checked(vocabulary, check(GrammarSpec.json_schema(ENDLESS)), trigger)
+    finite = {"type": "object", "properties": {"a": {"$ref": "#"}}}  # {} ends it
+    assert checked(vocabulary, check(GrammarSpec.json_schema(finite)), trigger).tokens == 0
