@@ -73,25 +73,27 @@ def _words(text: str) -> set[str]:
 Judge = Callable[[Sequence[tuple[str, str]]], "Sequence[float]"]
 log = logging.getLogger("nearshore.cache")
 
-# (judge threshold, false-hit rate on hard negatives: the upper end of the 95% Wilson interval), as
-# `nearshore cache-eval --calibrate-judge` measures it through the whole check (cosine threshold, vetoes,
-# judge) on the calibration slices of the public sets (cache/judge_data.py: never trained on; 2,194 pairs,
-# 1,309 hard negatives); non-increasing, the lowest threshold within the operator's target is used. No
-# threshold reaches the default 1%: the rate stays at 1.1% (the verifier's own false hits on these
-# sentence pairs) however sure the judge must be, so at the default target the judge never says yes and is
-# not asked; a target of 2% uses 0.98, 5% uses 0.77. Measured with the judge in int8, the shipped file.
+# (judge threshold, false-hit rate on hard negatives: the worst public set's, the upper end of its 95% Wilson
+# interval), as `nearshore cache-eval --calibrate-judge` measures it through the whole check (cosine
+# threshold, vetoes, judge) on each public set's calibration slice (cache/judge_data.py: never trained on;
+# MRPC, STS-B, PAWS-Wiki, SICK, banking77, CLINC150, HWU64), non-increasing; the lowest threshold within the
+# operator's target is used. The promise is per set, so each slice is held to it on its own: slices of a
+# few hundred negatives cannot prove 1% or 2% (the worst stays at 4.0% however sure the judge must be), so
+# at those targets the calibration never lets the judge serve, and only a partition's own audited traffic
+# does (cache/audit_judge.py); 5% uses 0.99, 10% 0.77. Measured with the judge in int8, the shipped file;
+# re-measure after retraining it or changing the verifier.
 JUDGE_CALIBRATION: Sequence[tuple[float, float]] = (
-    (0.50, 0.1917),
-    (0.60, 0.1052),
-    (0.70, 0.0620),
-    (0.77, 0.0474),
-    (0.85, 0.0378),
-    (0.90, 0.0334),
-    (0.92, 0.0280),
-    (0.95, 0.0244),
-    (0.97, 0.0207),
-    (0.98, 0.0150),
-    (0.99, 0.0110),
+    (0.50, 0.3757),
+    (0.60, 0.1829),
+    (0.70, 0.1101),
+    (0.77, 0.1000),
+    (0.85, 0.0967),
+    (0.90, 0.0832),
+    (0.92, 0.0764),
+    (0.95, 0.0660),
+    (0.97, 0.0590),
+    (0.98, 0.0518),
+    (0.99, 0.0401),
 )
 
 

@@ -59,14 +59,21 @@ def judge_curve(
     judged: Sequence[Judged], cosine: float, grid: Sequence[float] = JUDGE_GRID
 ) -> list[tuple[float, float, float]]:
     """(judge threshold, upper end of the 95% interval of false hits on hard negatives, paraphrase hit
-    rate), the false-hit column made non-increasing in the threshold."""
-    hard = [j for j in judged if not j.pair.same and j.pair.kind not in EASY_KINDS]
+    rate), the false-hit column made non-increasing in the threshold. The promise is per set (at most the
+    target on every one), so the false hits are the worst source's: each public set's calibration slice
+    on its own, not all of them pooled (a pool of easy negatives would hide one hard set)."""
+    hard: dict[str, list[Judged]] = {}
+    for j in judged:
+        if not j.pair.same and j.pair.kind not in EASY_KINDS:
+            hard.setdefault(j.pair.kind.rsplit("-", 1)[0], []).append(j)
     same = [j for j in judged if j.pair.same]
     rows = []
     for t in grid:
-        false = sum(j.hit_at(cosine, t) for j in hard)
+        worst = max(
+            (wilson(sum(j.hit_at(cosine, t) for j in js), len(js))[1] for js in hard.values()), default=0.0
+        )
         hits = sum(j.hit_at(cosine, t) for j in same)
-        rows.append((t, wilson(false, len(hard))[1], hits / len(same) if same else 0.0))
+        rows.append((t, worst, hits / len(same) if same else 0.0))
     out, floor = [], 0.0
     for t, rate, hit_rate in reversed(rows):
         floor = max(floor, rate)

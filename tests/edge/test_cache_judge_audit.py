@@ -84,9 +84,9 @@ async def test_a_partitions_own_right_verdicts_open_the_judge_where_the_calibrat
             if metric(edge, opened):
                 break
             await stored(edge, key, asked(f"What is the capital of {country}?"))
-            # The verifier cannot explain "which city" and the judge is sure, but nothing is proved yet:
-            # a miss, whose region answer is judged against the candidate's, for free.
-            _, headers, _ = await ask(edge, key, asked(f"Which city is the capital of {country}?"))
+            # The verifier cannot explain "the name of" and the judge is fairly sure (0.91-0.98), but
+            # nothing is proved yet: a miss, whose region answer is judged against the candidate's, for free.
+            _, headers, _ = await ask(edge, key, asked(f"What's the name of the capital of {country}?"))
             assert headers["x-nearshore-cache"] == "MISS" or asked_before >= 16, (country, headers)
             asked_before += 1
         assert await settled(edge, agreed) >= 16, "the region's answers to the rewordings were not judged"
@@ -95,7 +95,7 @@ async def test_a_partitions_own_right_verdicts_open_the_judge_where_the_calibrat
 
         served = 0
         for country in COUNTRIES[:asked_before]:
-            _, headers, _ = await ask(edge, key, asked(f"What's the name of the capital of {country}?"))
+            _, headers, _ = await ask(edge, key, asked(f"Which city is the capital of {country}?"))  # ~0.98
             served += headers["x-nearshore-cache"] == "SEMANTIC"
         raced = await settled(edge, 'cache_audits_total{mode="raced",verdict="agree"}')
         assert served + raced >= asked_before // 2  # found (served, or beaten by the region's first byte)
@@ -104,14 +104,14 @@ async def test_a_partitions_own_right_verdicts_open_the_judge_where_the_calibrat
         # Another tenant's partition has proved nothing: the same rewording is a miss there.
         other = edge.new_key(tenant="new", rpm=10_000, tpm=10**7)
         await stored(edge, other, asked("What is the capital of Chile?"))
-        _, headers, _ = await ask(edge, other, asked("What's the name of the capital of Chile?"))
+        _, headers, _ = await ask(edge, other, asked("Which city is the capital of Chile?"))
         assert headers["x-nearshore-cache"] == "MISS"
     finally:
         edge.stop()
 
 
 async def test_a_judged_hit_found_wrong_closes_its_partition_above_it_and_no_other(tmp_path, far_region: str):
-    # The calibrated threshold at a 30% target lets the judge serve from 0.50 (one wrong verdict of one
+    # The calibrated threshold at a 30% target lets the judge serve from 0.60 (one wrong verdict of one
     # does not switch the partition to exact hits at 30%, so what closes the family is the judge's floor).
     cache = {"folder": str(tmp_path / "cache"), "store_truncated": True, "target_false_hit_rate": 0.3}
     edge = start_edge(tmp_path / "edge", [("london", far_region)], cache=cache)
@@ -123,8 +123,8 @@ async def test_a_judged_hit_found_wrong_closes_its_partition_above_it_and_no_oth
         await stored(edge, misled, asked("What is the capital of Ghana?"))
         await stored(edge, control, asked("What is the capital of Ghana?"))
 
-        # The judge (about 0.99 here) serves the planted answer once; the audit finds it wrong.
-        status, headers, body = await ask(edge, misled, asked("What city serves as the capital of Nigeria?"))
+        # The judge (about 0.98 here) serves the planted answer once; the audit finds it wrong.
+        status, headers, body = await ask(edge, misled, asked("Which city is the capital of Nigeria?"))
         assert status == 200 and headers["x-nearshore-cache"] == "SEMANTIC" and WRONG in body.decode()
         for _ in range(600):
             if metric(edge, 'cache_judge_partitions{state="closed"}') == 1:
@@ -134,14 +134,17 @@ async def test_a_judged_hit_found_wrong_closes_its_partition_above_it_and_no_oth
         assert health(edge)["cache_audit"]["judge"]["partitions_closed"] == 1
         assert health(edge)["cache_audit"]["partitions_off"] == 0
 
-        # A rewording the judge is less sure of (about 0.97) is no longer served in that partition ...
-        _, headers, _ = await ask(edge, misled, asked("Which city is the capital of Ghana?"))
+        # A rewording the judge is less sure of (about 0.94) is no longer served in that partition ...
+        _, headers, _ = await ask(edge, misled, asked("What's the name of the capital of Ghana?"))
         assert headers["x-nearshore-cache"] == "MISS"
         # ... and still is in another tenant's.
         found = False
         for _ in range(3):  # (a hit beaten by the region's first byte is a miss: ask until one wins)
             _, headers, _ = await ask(
-                edge, control, asked("Which city is the capital of Ghana?"), {"Cache-Control": "no-store"}
+                edge,
+                control,
+                asked("What's the name of the capital of Ghana?"),
+                {"Cache-Control": "no-store"},
             )
             found = found or headers["x-nearshore-cache"] == "SEMANTIC"
         assert found
