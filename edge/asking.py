@@ -46,6 +46,8 @@ async def ask_regions(
         forwarded.deadline,
         admission.prompt_estimate,
         choices=admission.choices,
+        first_byte=forwarded.first_byte,
+        request_id=journey.request_id,
     )
     attempts.made = forwarded.attempts  # max_attempts bounds the request, however many times it asks
     try:

@@ -32,8 +32,9 @@ from edge.config import UpstreamConfig
 from edge.h1 import MalformedResponse, Response
 from edge.metrics import EdgeMetrics
 from edge.opened import Opened, UpstreamTiming
-from edge.retry import Deadline, backoff_s, parse_retry_after
+from edge.retry import NO_FIRST_BYTE_BUDGET, Deadline, FirstByteBudget, backoff_s, parse_retry_after
 from edge.upstream import UPSTREAM_ERRORS, Slot, Upstream, UpstreamPool
+from nearshore.jsonlog import FIELDS
 from nearshore.protocol.errors import (
     INVALID_REQUEST,
     NO_ROOM_FOR_CHOICES,
@@ -51,6 +52,7 @@ RETRYABLE = frozenset({429, 500, 502, 503, 504})
 REFUSALS = frozenset({429, 503})  # the region is up and says "not now": Retry-After applies
 CONTEXT_LENGTH = "context_length_exceeded"
 _PEEK_BYTES = 4096
+_MIN_ATTEMPT_S = 0.05  # less than this left to wait for a head: the attempt is not made
 
 
 @dataclass(slots=True)
@@ -95,6 +97,8 @@ class Attempts:
     deadline: Deadline
     prompt_tokens: int = 0  # the request's prompt estimate: the router takes its prefill out of a TTFT
     choices: int = 1  # n: a replica that reports taking fewer in one request is not asked
+    first_byte: FirstByteBudget = NO_FIRST_BYTE_BUDGET  # the request's, shared by every attempt
+    request_id: str = ""  # for its log lines
     made: int = 0
     skipped: list[str] = field(default_factory=list)
     # What the failures were, for the client's error.
@@ -231,16 +235,63 @@ class Attempts:
         self, upstream: Upstream, target: Target, path: str, headers: dict[str, str], timeout_s: float
     ) -> tuple[Opened | None, float | None]:
         """One request to one replica: the answer head, or None and when it may be asked again (None:
-        not by this request)."""
+        not by this request). Each is one log line: replica, model, outcome and time."""
+        started, made, noted = time.perf_counter(), self.made, len(self.skipped)
+        try:
+            opened, again = await self._send(upstream, target, path, headers, timeout_s)
+        except Refused as refused:
+            self._log(upstream, target, f"refused it (HTTP {refused.opened.response.status})", started)
+            raise
+        if opened is not None:
+            what = "answered"
+        elif len(self.skipped) > noted:
+            what = self.skipped[-1].removeprefix(f"{upstream.name}: ")
+        else:
+            what = "failed"
+        self._log(upstream, target, what, started, asked=self.made > made)
+        return opened, again
+
+    def _log(self, upstream: Upstream, target: Target, what: str, started: float, asked: bool = True) -> None:
+        seconds = time.perf_counter() - started
+        if not asked:
+            model = target.model
+            log.info("request %s: %s for %s not asked: %s", self.request_id, upstream.name, model, what)
+            return
+        fields = {
+            "request_id": self.request_id,
+            "attempt": self.made,
+            "replica": upstream.name,
+            "model": target.model,
+            "outcome": what[:200],
+            "ms": round(seconds * 1000, 3),
+        }
+        log.info(
+            "request %s: attempt %d at %s for %s: %s (%.3fs)",
+            self.request_id,
+            self.made,
+            upstream.name,
+            target.model,
+            what[:200],
+            seconds,
+            extra={FIELDS: fields},
+        )
+
+    async def _send(
+        self, upstream: Upstream, target: Target, path: str, headers: dict[str, str], timeout_s: float
+    ) -> tuple[Opened | None, float | None]:
+        limit = self.first_byte.limit(target.model, self.deadline.cap(timeout_s))
+        if limit < _MIN_ATTEMPT_S:  # the budget is spent (or kept for the fallbacks): not worth a request
+            self._timeouts += 1
+            self.skipped.append(f"{upstream.name}: the request's first-byte budget is spent")
+            return None, None
         self.made += 1
-        limit = self.deadline.cap(timeout_s)
         timing = UpstreamTiming(forwarded_at=time.perf_counter())
         try:
             response, slot = await _post(upstream, path, headers, target.body, limit)
         except TimeoutError:
             self._timeouts += 1
-            self._deadline_hit = self._deadline_hit or limit < timeout_s
-            self._skip(upstream, f"no answer within {limit:g}s")
+            self._deadline_hit = self._deadline_hit or self.deadline.passed()
+            self._skip(upstream, f"no answer within {round(limit, 2):g}s")
             return None, None
         except MalformedResponse as exc:  # it answered, but not in HTTP
             self._malformed += 1

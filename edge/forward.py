@@ -26,7 +26,7 @@ from edge.fallbacks import fallback_models
 from edge.journey import Journey, Preempting, Racing, Reply
 from edge.opened import Opened
 from edge.response_budget import response_budget
-from edge.retry import Deadline
+from edge.retry import Deadline, FirstByteBudget
 from edge.stream_reply import StreamReply, failed_before_first_byte, start_stream
 from edge.upstream import Upstream
 from nearshore.protocol.errors import EXCEEDS_LIMIT, ApiError
@@ -50,6 +50,8 @@ async def forward(journey: Journey, racing: Racing | None = None) -> Reply | Non
             param="input",
         )
     chain = fallback_models(journey)
+    journey.forwarded.chain = tuple(chain)
+    journey.forwarded.first_byte = first_byte_budget(journey, bool(chain))
     stream = start_stream(journey) if body.stream else None
     state.metrics.overhead.observe(time.perf_counter() - journey.started)
     cut = cut_now(journey)
@@ -125,6 +127,16 @@ def head_timeout_s(journey: Journey) -> float:
     if body.stream:
         return up.ttft_timeout_s
     return up.ttft_timeout_s + up.unary_timeout_per_token_s * admission.max_tokens
+
+
+def first_byte_budget(journey: Journey, has_chain: bool) -> FirstByteBudget:
+    """The request's first-byte budget, from now: upstream.first_byte_budget_s (plus, for a unary answer,
+    the time its tokens take), a third of it (at most ttft_timeout_s) kept for the fallback chain."""
+    up, body = journey.state.config.upstream, journey.body
+    assert body is not None
+    generating_s = head_timeout_s(journey) - up.ttft_timeout_s
+    reserve_s = min(up.ttft_timeout_s, up.first_byte_budget_s / 3) if has_chain else 0.0
+    return FirstByteBudget(time.monotonic() + up.first_byte_budget_s + generating_s, reserve_s, body.model)
 
 
 async def _race(

@@ -23,7 +23,7 @@ from edge.budget import Hold
 from edge.keys import ApiKey
 from edge.limits import Decision
 from edge.opened import Opened
-from edge.retry import Deadline
+from edge.retry import NO_FIRST_BYTE_BUDGET, Deadline, FirstByteBudget
 from edge.sse_relay import StreamOutcome
 from edge.state import EdgeState
 from edge.upstream import Upstream
@@ -160,6 +160,8 @@ class Forwarded:
     """The forward stage's side: the region that answers (and the continuation, which forwards again)."""
 
     deadline: Deadline | None = None  # when the whole request must be done (upstream.request_deadline_s)
+    first_byte: FirstByteBudget = NO_FIRST_BYTE_BUDGET  # every attempt's first byte, together
+    chain: tuple[str, ...] = ()  # the request's fallback models, in order (edge/fallbacks.py)
     opened: Opened | None = None  # the region's answer, once its head arrived
     stream: StreamSide | None = None  # a stream's client side
     region: str = ""
@@ -200,7 +202,14 @@ class Continued:
     """The continue stage's: another region took the stream over."""
 
     count: int = 0  # how many times another replica took the answer over
-    from_region: str = ""  # the region that died mid-answer, when another finished the stream
+    regions: list[str] = field(default_factory=list)  # those that served part of it and died, in order
+
+    @property
+    def from_region(self) -> str:
+        """Every region that served part of a continued answer before the last (the ledger's
+        ``continued_from``: "a,b" when b continued a's answer and e finished it)."""
+        return ",".join(self.regions)
+    stalled_s: float = 0.0  # the silences that cut this stream so far (upstream.stall_budget_s bounds them)
 
 
 @dataclass(slots=True)

@@ -35,6 +35,7 @@ from edge.h1 import Response
 from edge.journey import CutShort, Journey, Reply, WholeAnswer
 from edge.opened import Opened
 from edge.response_budget import response_budget
+from edge.retry import stall_window
 from edge.sse_relay import SseRelay, StreamClock, StreamOutcome
 from edge.stream_reply import StreamReply, failed_before_first_byte
 from edge.upstream import Upstream
@@ -164,13 +165,16 @@ async def _relay_stream(journey: Journey, stream: StreamReply) -> Reply | None:
 
 async def relay_from(journey: Journey, relay: SseRelay, opened: Opened) -> StreamOutcome:
     """Relay ``opened``'s stream on the request's clock: its first token within ttft_timeout_s of asking
-    it, then no stall longer than stall_timeout_s, all before the deadline."""
-    up, deadline = journey.state.config.upstream, journey.forwarded.deadline
-    assert deadline is not None
+    it and within the request's first-byte budget, then no silence longer than the stall window (the stall
+    timeout, or what the stalls that cut this stream before left of the stall budget), all before the
+    deadline. A continuation's first token is a silence of the stream the client has: the window bounds
+    it."""
+    up, forwarded = journey.state.config.upstream, journey.forwarded
+    assert forwarded.deadline is not None
     asked_at = time.monotonic() - (time.perf_counter() - opened.timing.forwarded_at)
-    relay.clock = StreamClock(
-        asked_at + up.ttft_timeout_s, up.stall_timeout_s, deadline.at, up.ttft_timeout_s
-    )
+    first_s = forwarded.first_byte.limit(opened.model, up.ttft_timeout_s, now=asked_at)
+    window_s = stall_window(up.stall_timeout_s, up.stall_budget_s, journey.continued.stalled_s)
+    relay.clock = StreamClock(asked_at + first_s, window_s, forwarded.deadline.at, first_s)
     return await relay.relay(opened.response)
 
 

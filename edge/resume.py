@@ -22,7 +22,6 @@ replicas come last in its order, then the local stand-in, if the request may hav
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import msgspec
 
@@ -30,10 +29,12 @@ from edge.answer import with_usage
 from edge.asking import ask_regions
 from edge.attempts import Attempts, Refused, Target
 from edge.degraded import stand_ins
+from edge.fallbacks import targets
 from edge.forward import take
 from edge.journey import CutShort, Journey, Reply
 from edge.opened import Opened
 from edge.relay import end_stream, relay_from, relay_guarded
+from edge.retry import stall_window
 from edge.routing import route_for
 from edge.sse_relay import StreamOutcome
 from edge.stream_reply import StreamReply
@@ -65,22 +66,32 @@ async def _continue(journey: Journey, stream: StreamReply, cut: CutShort) -> Rep
     """Other replicas continue the answer while it may be continued; the stream ends as the last left it."""
     state, relay = journey.state, stream.relay
     opened, outcome, failed = cut.opened, cut.outcome, list(cut.tried)
+    _note_stall(journey, outcome)
     while may_continue(journey, outcome):
         resumed = await open_continuation(journey, opened, outcome, failed)
         if resumed is None:
             break
         continued = journey.continued
         continued.count += 1
-        continued.from_region = journey.forwarded.region
+        died = journey.forwarded.region
+        continued.regions.append(died)
         take(journey, resumed)
         opened = resumed
         failed.append(resumed.upstream)
         first_events = outcome.content_events
         relay.resume()
         outcome = await relay_from(journey, relay, resumed)
+        _note_stall(journey, outcome)
         combine_usage(outcome, first_events, journey.bounds.prompt_ceiling)
-        state.metrics.continued.labels(continued.from_region, journey.forwarded.region).inc()
+        state.metrics.continued.labels(died, journey.forwarded.region).inc()
     return end_stream(journey, stream, outcome)
+
+
+def _note_stall(journey: Journey, outcome: StreamOutcome) -> None:
+    """A silence that cut the stream once the client had some of it spends the request's stall budget
+    (before its first token, the first-byte budget bounds the wait)."""
+    if outcome.stalled_s and outcome.content_events:
+        journey.continued.stalled_s += outcome.stalled_s
 
 
 def may_continue(journey: Journey, outcome: StreamOutcome) -> bool:
@@ -182,38 +193,57 @@ async def open_continuation(
 
 
 async def _continued(journey: Journey, outcome: StreamOutcome, tried: list[Upstream]) -> Opened | None:
-    """The serving model's next replica, asked to continue the relayed text; else the local stand-in, when
-    the request may have it (edge/degraded.py: the cable took the model's remote regions away)."""
-    state, call, admission, deadline = (
-        journey.state,
-        journey.call,
-        journey.admission,
-        journey.forwarded.deadline,
-    )
-    assert call is not None and admission is not None and deadline is not None
+    """The serving model's next replica, asked to continue the relayed text; after two of its replicas
+    failed this stream (the same fault, likely, waits on the next), the later models of the fallback chain
+    first; then the local stand-in, when the request may have it (edge/degraded.py: the cable took the
+    model's remote regions away). Its head, as its first token, within the stall window: the client is
+    mid-answer and waiting."""
+    state, admission, deadline = journey.state, journey.admission, journey.forwarded.deadline
+    assert journey.call is not None and admission is not None and deadline is not None
     up = state.config.upstream
-    order = [u for u in _order(journey) if u not in tried]
+    serving = journey.forwarded.served_model or journey.model
     remaining = admission.max_tokens - outcome.content_events
     text = "".join(outcome.text)
-    stand_in = [
-        Target(t.model, untried, continuation_body(journey, text, remaining, t.model))
-        for t in stand_ins(journey, [journey.model])
-        if (untried := [u for u in t.upstreams if u not in tried])
-    ]
-    if not order and not stand_in:
+
+    def untried(found: list[Target]) -> list[Target]:
+        return [
+            Target(t.model, kept, continuation_body(journey, text, remaining, t.model), t.why_none)
+            for t in found
+            if (kept := [u for u in t.upstreams if u not in tried]) or t.why_none
+        ]
+
+    later = untried(targets(journey, _later_models(journey, serving)))
+    local = untried(stand_ins(journey, [journey.model]))
+    order = _order(journey)
+    own = [u for u in order if u not in tried]
+    if later and sum(u in order for u in tried) >= 2:
+        own = []  # two of the model's replicas failed this stream: its fallbacks take the rest
+    if not own and not later and not local:
         return None
     body = continuation_body(journey, text, remaining)
     attempts = Attempts(
-        state.pool, up, state.metrics, deadline, admission.prompt_estimate, choices=admission.choices
+        state.pool,
+        up,
+        state.metrics,
+        deadline,
+        admission.prompt_estimate,
+        choices=admission.choices,
+        request_id=journey.request_id,
     )
-    no_more: Callable[[], list[Target]] = list  # else a continuation stays with the model that began it
+    window_s = stall_window(up.stall_timeout_s, up.stall_budget_s, journey.continued.stalled_s)
     try:
-        target = Target(journey.model, order, body)
+        first = Target(serving, own, body, "" if own else "two of its replicas failed this stream")
         return await attempts.open(
-            target, lambda: stand_in, no_more, call.path, call.headers, up.ttft_timeout_s
+            first, lambda: later + local, list, journey.call.path, journey.call.headers, window_s
         )
     finally:
         journey.forwarded.attempts += attempts.made
+
+
+def _later_models(journey: Journey, serving: str) -> list[str]:
+    """The fallback chain's models after the one serving (all of it, while the model asked for serves)."""
+    chain = journey.forwarded.chain
+    return list(chain[chain.index(serving) + 1 :]) if serving in chain else list(chain)
 
 
 def _order(journey: Journey) -> list[Upstream]:

@@ -40,6 +40,44 @@ class Deadline:
         return self.left(now) <= 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class FirstByteBudget:
+    """One first-byte budget for all of a request's attempts (issue 34: three silent replicas used to get
+    the whole first-token limit each, 90 s before the fallback was asked). Every attempt's head, and a
+    stream's first token, must come by ``by``; while the request's own model is asked, ``reserve_s`` of it
+    is kept back for its fallback chain, so the chain is reached with time to answer."""
+
+    by: float  # on the monotonic clock; 0: no budget
+    reserve_s: float = 0.0  # kept for the fallback chain (0: the request has none)
+    own_model: str = ""  # the model asked for: its replicas leave the reserve
+
+    def limit(self, model: str, timeout_s: float, now: float | None = None) -> float:
+        """How long an attempt at ``model`` may wait for its first byte: ``timeout_s`` or the budget left."""
+        if not self.by:
+            return timeout_s
+        left = self.by - (time.monotonic() if now is None else now)
+        if model == self.own_model:
+            left -= self.reserve_s
+        return max(0.0, min(timeout_s, left))
+
+
+NO_FIRST_BYTE_BUDGET = FirstByteBudget(0.0)
+
+# A stream's later stall windows never go below this (or half the stall timeout, when that is shorter): a
+# healthy replica's tokens are far closer together, and a continuation needs a moment to prefill what was
+# relayed.
+MIN_STALL_WINDOW_S = 5.0
+
+
+def stall_window(stall_timeout_s: float, budget_s: float, stalled_s: float) -> float:
+    """How long a stream may be silent now: ``stall_timeout_s``, or what is left of the request's stall
+    budget after ``stalled_s`` of silences that cut earlier streams (at least MIN_STALL_WINDOW_S, or half
+    the stall timeout when that is shorter). A chain of stalling replicas waits the budget, not a stall
+    each."""
+    floor = min(stall_timeout_s / 2, MIN_STALL_WINDOW_S)
+    return max(floor, min(stall_timeout_s, budget_s - stalled_s))
+
+
 def parse_retry_after(value: str | None, now_epoch: float | None = None) -> float | None:
     """``Retry-After`` in seconds from now: delta-seconds or an HTTP date (RFC 9110 10.2.3); None when
     absent or unreadable; never negative, at most MAX_RETRY_AFTER_S."""

@@ -75,6 +75,7 @@ class StreamOutcome:
     bad_events: int = 0  # events that did not parse, skipped
     expired: bool = False  # the request's deadline passed: nothing may continue it
     called: bool = False  # it streamed tool calls: its text is not all the answer, nothing continues it
+    stalled_s: float = 0.0  # how long the region had been silent when the edge cut it (0: not a stall)
 
 
 class UpstreamIdle(Exception):
@@ -175,6 +176,7 @@ class SseRelay:
         outcome.failure, outcome.fault, outcome.done = None, False, False
         outcome.usage = outcome.usage_event = None
         outcome.finish_reason = ""
+        outcome.stalled_s = 0.0
         self._events = sse.SseParser()
         self._resumed = outcome.content_events > 0 or self.first_write_at > 0
         self._total = 0
@@ -268,6 +270,7 @@ class SseRelay:
             outcome.done = True  # it said how it finished and what it cost, or it sent every token asked
         elif isinstance(exc, UpstreamIdle):
             outcome.fault, outcome.expired = True, exc.expired
+            outcome.stalled_s = time.monotonic() - self.last_event_at
             when = "before its first token" if outcome.content_events == 0 else "mid-stream"
             outcome.failure = ApiError(UPSTREAM_TIMEOUT, f"The region stalled {when}: {exc}.")
         elif isinstance(exc, MalformedResponse):

@@ -6,7 +6,15 @@ import random
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
-from edge.retry import MAX_RETRY_AFTER_S, Deadline, RetryBudget, backoff_s, parse_retry_after
+from edge.retry import (
+    MAX_RETRY_AFTER_S,
+    Deadline,
+    FirstByteBudget,
+    RetryBudget,
+    backoff_s,
+    parse_retry_after,
+    stall_window,
+)
 from edge.sse_relay import StreamClock
 
 
@@ -62,3 +70,20 @@ def test_a_streams_clock_has_one_limit_for_the_first_token_one_for_stalls_and_on
     assert clock.overdue(12.0, 5, 10.5) == ("", False)  # streaming: 1.5 s since the last event
     assert clock.overdue(12.6, 5, 10.5) == ("no event from the region for 2s", False)
     assert clock.overdue(30.0, 5, 29.9) == ("the request's deadline passed", True)  # nothing may continue it
+
+
+def test_one_first_byte_budget_for_all_attempts_keeps_the_fallbacks_share():
+    budget = FirstByteBudget(by=100.0, reserve_s=15.0, own_model="big")
+    assert budget.limit("big", 30.0, now=55.0) == 30.0  # a first attempt waits its whole timeout
+    assert budget.limit("big", 30.0, now=85.0) == 0.0  # the model's own replicas leave the reserve
+    assert budget.limit("small", 30.0, now=85.0) == 15.0  # which is the fallback's
+    assert budget.limit("small", 30.0, now=101.0) == 0.0
+    assert FirstByteBudget(0.0).limit("big", 30.0, now=1e9) == 30.0  # no budget: the timeout alone
+
+
+def test_the_stall_window_spends_the_stall_budget_down_to_a_floor():
+    assert stall_window(20.0, 30.0, 0.0) == 20.0
+    assert stall_window(20.0, 30.0, 20.0) == 10.0  # what the first stall left
+    assert stall_window(20.0, 30.0, 30.0) == 5.0  # spent: the floor
+    assert stall_window(2.0, 2.5, 2.0) == 1.0  # a short stall timeout's floor is half of it
+    assert stall_window(2.0, 100.0, 50.0) == 2.0  # never longer than the stall timeout
