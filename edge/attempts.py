@@ -186,13 +186,13 @@ class Attempts:
                 self.skipped.append(f"{upstream.name}: takes at most n = {most}")
                 continue
             now = time.monotonic()
-            if upstream.cooling_until > now:  # it asked not to be asked yet: maybe later
-                self.skipped.append(f"{upstream.name}: asked to wait {upstream.cooling_until - now:.1f}s")
-                if upstream.cooling_status == 429:
+            if cooling_s := upstream.cooling_left(now, target.model):  # it asked not to be asked yet
+                self.skipped.append(f"{upstream.name}: asked to wait {cooling_s:.1f}s")
+                if upstream.cooling_status(target.model) == 429:
                     self._rate_limited += 1
                 else:
                     self._other += 1
-                later.append(_Later(upstream, target, upstream.cooling_until, asked=0))
+                later.append(_Later(upstream, target, now + cooling_s, asked=0))
                 continue
             upstream.budget.deposit(now)
             opened, again = await self._attempt(upstream, target, path, headers, timeout_s)
@@ -291,25 +291,25 @@ class Attempts:
         except TimeoutError:
             self._timeouts += 1
             self._deadline_hit = self._deadline_hit or self.deadline.passed()
-            self._skip(upstream, f"no answer within {round(limit, 2):g}s")
+            self._skip(upstream, target.model, f"no answer within {round(limit, 2):g}s")
             return None, None
         except MalformedResponse as exc:  # it answered, but not in HTTP
             self._malformed += 1
-            self._skip(upstream, f"a malformed response ({str(exc)[:80]})")
+            self._skip(upstream, target.model, f"a malformed response ({str(exc)[:80]})")
             return None, None
         except UPSTREAM_ERRORS as exc:  # refused, reset: the next try may find it back
             self._other += 1
-            self._skip(upstream, type(exc).__name__)
+            self._skip(upstream, target.model, type(exc).__name__)
             return None, time.monotonic()
         timing.first_byte_s = time.perf_counter() - timing.forwarded_at
         timing.connect_s = response.connect_s
         timing.region_timing = response.headers.get(SERVER_TIMING.lower(), "")[:512]
         opened = Opened(upstream, response, timing, slot, self.skipped, target.model, target.body)
         if response.status == 200:
-            self.pool.answered(upstream, response, timing.first_byte_s, self.prompt_tokens)
+            self.pool.answered(upstream, response, timing.first_byte_s, target.model, self.prompt_tokens)
             return opened, None
         if response.status not in RETRYABLE:
-            upstream.replica.health.request_succeeded()  # it is up: the request is what it refused
+            upstream.replica.health.request_succeeded(target.model)  # up: the request is what it refused
             self.pool.refused(upstream, response)  # its load report (and limits) come with the refusal
             try:
                 error, passed_on = await read_refusal(response)
@@ -317,9 +317,11 @@ class Attempts:
                 opened.release()
                 raise
             raise Refused(error, passed_on, opened)  # its slot is held until the refusal is released
-        return None, await self._retryable(upstream, response, slot)
+        return None, await self._retryable(upstream, target.model, response, slot)
 
-    async def _retryable(self, upstream: Upstream, response: Response, slot: Slot) -> float | None:
+    async def _retryable(
+        self, upstream: Upstream, model: str, response: Response, slot: Slot
+    ) -> float | None:
         """A 429 or 5xx: note it, and say when the replica may be asked again (None: not by this
         request)."""
         try:
@@ -336,7 +338,7 @@ class Attempts:
         if status in REFUSALS and refusal_code(peeked) in REQUEST_SCOPED_REFUSALS:
             # About this request alone (its n choices do not fit now): the replica is up and others'
             # requests are welcome there, so neither its health nor its cooling hears of it.
-            upstream.replica.health.request_succeeded()
+            upstream.replica.health.request_succeeded(model)
             self._no_room += 1
             self._retry_after = max(self._retry_after, retry_after or 0.0)
             self.skipped.append(f"{upstream.name}: HTTP {status} {detail}".strip())
@@ -344,11 +346,12 @@ class Attempts:
         ready_at = now
         if retry_after is not None and status in REFUSALS:
             ready_at = now + retry_after
-            if upstream.cool(ready_at, status, now):  # for every request, not only this one
+            if upstream.cool(ready_at, status, now, model):  # for every request for the model there
                 capped = " (upstream.max_retry_after_s)" if asked is not None and asked > retry_after else ""
                 log.warning(
-                    "region %s is cooling for %gs%s: HTTP %d with Retry-After: %s",
+                    "region %s is cooling for %s for %gs%s: HTTP %d with Retry-After: %s",
                     upstream.name,
+                    model,
                     retry_after,
                     capped,
                     status,
@@ -361,11 +364,11 @@ class Attempts:
             self._other += 1
         # Refusals in a row open the circuit as failures do: a region saying "not now" to every request
         # is out until its ejection ends (and a half-open trial finds it back).
-        self._skip(upstream, f"HTTP {status} {detail}".strip(), refused=status in REFUSALS)
+        self._skip(upstream, model, f"HTTP {status} {detail}".strip(), refused=status in REFUSALS)
         return ready_at
 
-    def _skip(self, upstream: Upstream, why: str, refused: bool = False) -> None:
-        self.pool.failed(upstream, why, refused)
+    def _skip(self, upstream: Upstream, model: str, why: str, refused: bool = False) -> None:
+        self.pool.failed(upstream, why, model, refused)
         self.skipped.append(f"{upstream.name}: {why}")
         self.metrics.failovers.labels(upstream.name).inc()
 

@@ -209,6 +209,7 @@ class Continued:
         """Every region that served part of a continued answer before the last (the ledger's
         ``continued_from``: "a,b" when b continued a's answer and e finished it)."""
         return ",".join(self.regions)
+
     stalled_s: float = 0.0  # the silences that cut this stream so far (upstream.stall_budget_s bounds them)
 
 

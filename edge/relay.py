@@ -90,7 +90,7 @@ async def _read_unary(journey: Journey) -> Reply:
             break
         except UpstreamFault as fault:
             tried.append(opened.upstream)
-            state.pool.failed(opened.upstream, f"its answer: {fault.error.message}"[:300])
+            state.pool.failed(opened.upstream, f"its answer: {fault.error.message}"[:300], opened.model)
             if not await ask_again(journey, tried, fault):
                 return failed_before_first_byte(journey, None, fault.error)
     journey.answered(answer.usage)

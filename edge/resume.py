@@ -163,7 +163,7 @@ async def open_continuation(
     assert call is not None and admission is not None and journey.forwarded.deadline is not None
     up = state.config.upstream
     why = outcome.failure.message if outcome.failure is not None else "?"
-    state.pool.failed(failed.upstream, f"mid-stream: {why}")
+    state.pool.failed(failed.upstream, f"mid-stream: {why}", failed.model)
     try:
         if outcome.content_events == 0 and not outcome.text:
             opened: Opened | None = await ask_regions(journey, up.ttft_timeout_s, tried)

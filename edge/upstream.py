@@ -15,7 +15,7 @@ import logging
 import ssl
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import msgspec
@@ -53,6 +53,15 @@ class Slot:
             self.replica.inflight -= 1
 
 
+@dataclass(slots=True)
+class Cooling:
+    """Until when a server asked (Retry-After on a 429 or 503, at most upstream.max_retry_after_s) not to
+    be asked again, and with which status, per model: a provider's rate limits are per model, and two region
+    entries that name one URL share one (they are one server)."""
+
+    until: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+
 @dataclass(eq=False)
 class Upstream:
     """One replica: the router's view of it and the edge's connections to it."""
@@ -60,10 +69,7 @@ class Upstream:
     replica: Replica
     pool: H1Pool
     budget: RetryBudget
-    # Until then it asked (Retry-After on a 429 or 503, at most upstream.max_retry_after_s) not to be asked
-    # again, and with which status.
-    cooling_until: float = 0.0
-    cooling_status: int = 0
+    cooling: Cooling = field(default_factory=Cooling)
 
     @property
     def name(self) -> str:
@@ -77,23 +83,35 @@ class Upstream:
         """A place in the replica's in-flight count, held until the slot is released."""
         return Slot(self.replica)
 
-    def cool(self, until: float, status: int, now: float) -> bool:
-        """Ask it nothing before ``until`` (no request: it said so with ``status``); True when this starts
+    def cool(self, until: float, status: int, now: float, model: str) -> bool:
+        """Ask it nothing for ``model`` before ``until`` (it said so with ``status``); True when this starts
         its cooling (it was not cooling before)."""
-        starts = self.cooling_until <= now < until
-        if until > self.cooling_until:
-            self.cooling_until, self.cooling_status = until, status
-        return starts
+        before, _ = self.cooling.until.get(model, (0.0, 0))
+        if until > before:
+            self.cooling.until[model] = (until, status)
+        return before <= now < until
 
-    def cooling_left(self, now: float) -> float:
-        """Seconds before it may be asked again (0: it may be now)."""
-        return max(0.0, self.cooling_until - now)
+    def cooling_left(self, now: float, model: str | None = None) -> float:
+        """Seconds before it may be asked again for ``model`` (without one: for the model it waits on
+        longest; 0: it may be now)."""
+        if model is not None:
+            until, _ = self.cooling.until.get(model, (0.0, 0))
+            return max(0.0, until - now)
+        return max([0.0, *(until - now for until, _ in self.cooling.until.values())])
+
+    def cooling_status(self, model: str) -> int:
+        return self.cooling.until.get(model, (0.0, 0))[1]
 
     def status(self, now: float) -> str:
         health = self.replica.health
         if health.routable(now):
-            if left := self.cooling_left(now):
-                return f"cooling ({left:.1f}s left: HTTP {self.cooling_status} with Retry-After)"
+            cooling = [
+                f"{model} {until - now:.1f}s (HTTP {status})"
+                for model, (until, status) in self.cooling.until.items()
+                if until > now
+            ]
+            if cooling:
+                return f"cooling after a Retry-After: {', '.join(cooling)}"
             return "loading" if self.replica.loading else "up"
         return health.why_not(now)
 
@@ -137,6 +155,18 @@ class UpstreamPool:
         return client_context(ca=c.ca or None, cert=c.client_cert or None, key=c.client_key or None)
 
     async def start(self) -> None:
+        coolings: dict[str, Cooling] = {}
+        names: dict[str, list[str]] = {}
+        for replica in self.router.replicas:
+            names.setdefault(replica.url, []).append(replica.id)
+        for url, same in names.items():
+            if len(same) > 1:
+                log.warning(
+                    "regions %s name one upstream (%s): they share its health, circuits and cooling, "
+                    "and a retry never goes from one to the other as if it were another server",
+                    " and ".join(same),
+                    url,
+                )
         for replica in self.router.replicas:
             url = urlsplit(replica.url)
             pool = H1Pool(
@@ -150,7 +180,7 @@ class UpstreamPool:
             )
             c = self.config
             budget = RetryBudget(c.retry_budget_share, c.retry_budget_floor_per_s, burst=_RETRY_BURST)
-            upstream = Upstream(replica, pool, budget)
+            upstream = Upstream(replica, pool, budget, coolings.setdefault(replica.url, Cooling()))
             self.upstreams.append(upstream)
             self._by_id[replica.id] = upstream
         await self.warm()
@@ -215,18 +245,24 @@ class UpstreamPool:
 
     # --- what real requests tell the router ------------------------------------------------------------
 
-    def failed(self, upstream: Upstream, why: str, refused: bool = False) -> None:
-        if self.router.failed(upstream.replica, why, time.monotonic(), refused):
-            log.warning("region %s ejected after failed requests: %s", upstream.name, why)
+    def failed(self, upstream: Upstream, why: str, model: str, refused: bool = False) -> None:
+        if self.router.failed(upstream.replica, why, time.monotonic(), model, refused):
+            log.warning("region %s ejected for %s after failed requests: %s", upstream.name, model, why)
 
     def answered(
-        self, upstream: Upstream, response: Response, first_byte_s: float, prompt_tokens: int = 0
+        self,
+        upstream: Upstream,
+        response: Response,
+        first_byte_s: float,
+        model: str,
+        prompt_tokens: int = 0,
     ) -> None:
         """The answer head arrived: a stream's is its first token; a unary one's is the whole answer,
         which bounds the first token from above."""
         streamed = response.content_type.startswith("text/event-stream")
+        ttft_ms, load = first_byte_s * 1000, load_of(response)
         self.router.answered(
-            upstream.replica, first_byte_s * 1000, load_of(response), prompt_tokens, upper_bound=not streamed
+            upstream.replica, ttft_ms, load, prompt_tokens, upper_bound=not streamed, model=model
         )
 
     def refused(self, upstream: Upstream, response: Response) -> None:

@@ -133,6 +133,8 @@ class Router:
         edge = edge_place(config)
         r = config.routing
         replicas = []
+        # Entries that name one URL are one server: they share its probes and its circuits.
+        healths: dict[str, Health] = {}
         for i, spec in enumerate(regions):
             place = region_place(i, spec)
             km = (
@@ -149,7 +151,7 @@ class Router:
                         url=url,
                         spec=spec,
                         place=place,
-                        health=Health(config.health),
+                        health=healths.setdefault(url, Health(config.health)),
                         latency=Latency(
                             2 * floor_one_way_ms(km), r.path_inflation, r.ewma_alpha, r.explore_after_s
                         ),
@@ -175,9 +177,9 @@ class Router:
     ) -> Route:
         allowed = self.residency.allowed(where.country, where.continent, tenant)
         scope = self._serving_now(model, allowed)
-        static, tail, cut = self._tiers(scope, share_local, now)
+        static, tail, cut = self._tiers(scope, model, share_local, now)
         if not static.replicas:
-            why = "; ".join(f"{r.id}: {r.health.why_not(now)}" for r in scope.every)
+            why = "; ".join(f"{r.id}: {r.health.why_not(now, model)}" for r in scope.every)
             policy = (
                 f" allowed by data-residency policy {' + '.join(allowed.policies)}"
                 if allowed.policies
@@ -220,24 +222,26 @@ class Router:
             scope = self._serving_now(model, allowed)
         except NoRoute:
             return False
-        return bool(scope.remote) and not self._static_order(scope.remote, now).replicas
+        return bool(scope.remote) and not self._static_order(scope.remote, model, now).replicas
 
-    def _tiers(self, scope: Scope, share_local: bool, now: float) -> tuple[Order, list[Replica], bool]:
+    def _tiers(
+        self, scope: Scope, model: str, share_local: bool, now: float
+    ) -> tuple[Order, list[Replica], bool]:
         """The replicas to rank, the local ones after them in the failover order (standby), and whether
         every remote one is out (then the ranked are local only)."""
         if not scope.local:  # every replica is remote: out, it is a cut only where the edge has local ones
-            every = self._static_order(scope.every, now)
+            every = self._static_order(scope.every, model, now)
             return every, [], self.has_local and not every.replicas
-        remote = self._static_order(scope.remote, now) if scope.remote else None
+        remote = self._static_order(scope.remote, model, now) if scope.remote else None
         cut = bool(scope.remote) and not (remote is not None and remote.replicas)
         if share_local:
-            return self._static_order(scope.every, now), [], cut
-        local = self._static_order(scope.local, now)
+            return self._static_order(scope.every, model, now), [], cut
+        local = self._static_order(scope.local, model, now)
         if remote is not None and remote.replicas:
             return remote, list(local.replicas), cut
         return local, [], cut
 
-    def _static_order(self, serving: list[Replica], now: float) -> Order:
+    def _static_order(self, serving: list[Replica], model: str, now: float) -> Order:
         """The routable replicas of a scope and their round trips: rebuilt when a probe moved a round trip
         by a millisecond, a replica went down or came back, or an ejection ended."""
         key = id(serving)
@@ -249,9 +253,10 @@ class Router:
         valid_until = math.inf
         for r in serving:
             health = r.health
-            if health.ejected_until > now:
-                valid_until = min(valid_until, health.ejected_until)
-            if not health.probed_up or now < health.ejected_until:
+            ejected_until = health.ejected_until(model)
+            if ejected_until > now:
+                valid_until = min(valid_until, ejected_until)
+            if not health.probed_up or now < ejected_until:
                 continue
             replicas.append(r)
             rtts.append(r.latency.rtt_ms)
@@ -453,11 +458,12 @@ class Router:
         prompt_tokens: int = 0,
         upper_bound: bool = False,
         now: float | None = None,
+        model: str = "",
     ) -> None:
         """The replica's answer head arrived ``ttft_ms`` after the request left: a stream's first token, or
         (``upper_bound``) a whole non-streamed answer, which bounds the first token from above. The expected
         prefill of the request's ``prompt_tokens`` is subtracted: a long prompt is not the replica's fault."""
-        replica.health.request_succeeded()
+        replica.health.request_succeeded(model)
         prefill_ms = 1000.0 * prompt_tokens / self.config.routing.prefill_tokens_per_s
         now = time.monotonic() if now is None else now
         replica.latency.first_token(ttft_ms, prefill_ms, now, upper_bound)
@@ -469,13 +475,15 @@ class Router:
     def finished(self, replica: Replica, service_ms: float) -> None:
         replica.latency.service.add(service_ms)
 
-    def failed(self, replica: Replica, why: str, now: float, refused: bool = False) -> bool:
-        """A real request failed at the replica (connect error, 5xx, timeout); True when it was ejected.
-        ``refused``: it answered in HTTP that it will not serve (429, 503): the edge's network is fine, so
-        the max_ejected_percent guard (against the edge's own faults) does not hold it in."""
-        ejected = sum(1 for r in self.replicas if r.health.ejected(now))
-        limit = self.config.health.max_ejected_percent / 100 * len(self.replicas)
-        if replica.health.request_failed(why, now, may_eject=refused or ejected + 1 <= limit):
+    def failed(self, replica: Replica, why: str, now: float, model: str, refused: bool = False) -> bool:
+        """A real request for ``model`` failed at the replica (connect error, 5xx, timeout); True when it
+        was ejected for that model. ``refused``: it answered in HTTP that it will not serve (429, 503): the
+        edge's network is fine, so the max_ejected_percent guard (against the edge's own faults) does not
+        hold it in."""
+        serving = [r for r in self.replicas if model in r.models]
+        ejected = sum(1 for r in serving if r.health.ejected(now, model))
+        limit = self.config.health.max_ejected_percent / 100 * len(serving)
+        if replica.health.request_failed(why, now, may_eject=refused or ejected + 1 <= limit, model=model):
             self._epoch += 1
             self.affinity.forget(replica.id)
             return True

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 MODEL = "gemma-3-270m"
 CAP_S = 4.0  # the test's upstream.max_retry_after_s: far below what the region asks
 HUGE = "999999999"
-COOLING = re.compile(r"^cooling \((?P<left>[0-9.]+)s left: HTTP 429 with Retry-After\)$")
+COOLING = re.compile(rf"^cooling after a Retry-After: {MODEL} (?P<left>[0-9.]+)s \(HTTP 429\)$")
 
 
 class OneRefusal:

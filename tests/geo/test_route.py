@@ -108,17 +108,19 @@ def test_consecutive_failures_eject_a_replica_for_a_growing_time_and_it_returns(
     settings = HealthSettings(consecutive_failures=2, base_ejection_s=10, max_ejected_percent=50)
     r = measured(router("london", "virginia", health=settings), london=90.0, virginia=180.0)
     london = replica(r, "london")
-    assert not r.failed(london, "connect", now=0.0)
-    assert r.failed(london, "connect", now=0.0)
+    assert not r.failed(london, "connect", model=MODEL, now=0.0)
+    assert r.failed(london, "connect", model=MODEL, now=0.0)
     assert pick(r, now=1.0) == "virginia"
     assert pick(r, now=10.5) == "virginia"  # routable again after base_ejection_s: the challenger ...
     assert pick(r, now=13.6) == "london"  # ... takes the traffic back once it has held its lead (hold_s)
-    r.failed(london, "connect", now=14.0)
-    r.failed(london, "connect", now=14.0)
-    assert london.health.ejected_until == pytest.approx(34.0)  # the second ejection lasts twice as long
+    r.failed(london, "connect", model=MODEL, now=14.0)
+    r.failed(london, "connect", model=MODEL, now=14.0)
+    assert london.health.ejected_until(MODEL) == pytest.approx(
+        34.0
+    )  # the second ejection lasts twice as long
     virginia = replica(r, "virginia")  # never more than half the replicas out
-    r.failed(virginia, "connect", now=15.0)
-    assert not r.failed(virginia, "connect", now=15.0)
+    r.failed(virginia, "connect", model=MODEL, now=15.0)
+    assert not r.failed(virginia, "connect", model=MODEL, now=15.0)
     assert pick(r, now=15.0) == "virginia"
 
 
@@ -383,3 +385,21 @@ def test_an_exploration_that_found_it_about_as_good_brings_the_group_back_at_onc
     times["london"] = 132.0
     picks = [serve(r, 10.5 + 0.5 * i, times) for i in range(8)]
     assert picks == ["london"] * 8, picks
+
+
+def test_two_entries_naming_one_url_are_one_server_and_circuits_are_per_model():
+    specs = [
+        RegionSpec(name="london", city="london", url="http://127.0.0.1:9000", models=[MODEL, "other"]),
+        RegionSpec(name="paris", city="paris", url="http://127.0.0.1:9000", models=[MODEL, "other"]),
+        RegionSpec(name="virginia", city="virginia", url="http://127.0.0.1:9100", models=[MODEL, "other"]),
+    ]
+    config = GeoConfig(health=HealthSettings(consecutive_failures=2, max_ejected_percent=100))
+    r = Router.build(specs, config, [MODEL, "other"])
+    london, paris = replica(r, "london"), replica(r, "paris")
+    assert london.health is paris.health
+    r.failed(london, "503", now=0.0, model=MODEL, refused=True)
+    r.answered(london, 90.0, None, model="other", now=0.1)  # the other model's answer resets nothing
+    assert r.failed(paris, "503", now=0.2, model=MODEL, refused=True)  # the second in a row, one server
+    ranked = r.route(MODEL, LAGOS, "t", 10, (), 0.5).ranked
+    assert [x.id for x in ranked] == ["virginia"]  # both entries out for the failing model ...
+    assert {x.id for x in r.route("other", LAGOS, "t", 10, (), 0.5).ranked} == {"london", "paris", "virginia"}
