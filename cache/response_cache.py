@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,12 +26,14 @@ import numpy as np
 from cache.audit import AuditBook
 from cache.audit_judge import EXPLORE_FROM
 from cache.decision import SemanticCheck
-from cache.embedder_pool import EmbedderPool, OutOfScope
+from cache.deferred_index import DeferredIndex
+from cache.embedder_pool import EmbedderBusy, EmbedderPool, OutOfScope
 from cache.keys import CacheKey
 from cache.store import CacheStore, Entry, StoreLimits
 from cache.verify import semantic_allowed
 
 log = logging.getLogger("nearshore.cache")
+LOG_EVERY_S = 60.0
 HitKind = Literal["exact", "semantic"]
 
 # (threshold, false-hit rate on the hard negatives, verifier on: the upper end of its 95% Wilson interval),
@@ -107,6 +111,9 @@ class ResponseCache:
         self.semantic_off = ""  # why only exact hits are served (no embedding model), for /health
         self.audit: AuditBook | None = None  # the live audit's book, when the edge audits
         self._background: set[asyncio.Future] = set()  # reads being recorded for the LRU
+        self.deferred = DeferredIndex(embedder, self.store)  # answers stored while the embedder was full
+        self.shed = 0  # lookups that found every embedding slot taken (a miss, not a failure)
+        self._logged_at: dict[str, float] = {}  # when each kind of failure was last logged
 
     @property
     def failure(self) -> str:
@@ -139,6 +146,9 @@ class ResponseCache:
         try:
             vector = (await self.embedder.embed([key.query], regions))[0]
         except OutOfScope:
+            return Lookup(None, None)
+        except EmbedderBusy:  # load shed: this lookup misses, the cache is not broken
+            self.shed += 1
             return Lookup(None, None)
         except Exception as exc:
             self._broke("embedding", exc)
@@ -223,6 +233,7 @@ class ResponseCache:
         try:
             if key.scope and not entry.scope:  # which tenant an entry is for, for `nearshore cache`
                 entry = msgspec.structs.replace(entry, scope=key.scope)
+            later = False
             if not semantic_allowed(key.query):
                 vector = None  # exact hits only: never embedded, never compared
             elif vector is None and not self.semantic_off:
@@ -230,7 +241,13 @@ class ResponseCache:
                     vector = (await self.embedder.embed([key.query], regions))[0]
                 except OutOfScope:
                     vector = None
+                except (
+                    EmbedderBusy
+                ):  # stored for exact hits now; its vector follows (cache/deferred_index.py)
+                    later = True
             saved = await asyncio.to_thread(self.store.put, key.exact, entry, vector, replace)
+            if saved and later:
+                self.deferred.add(key, entry, regions)
         except Exception as exc:
             self._broke("store", exc)
             return False
@@ -246,10 +263,15 @@ class ResponseCache:
 
     def _broke(self, what: str, exc: BaseException) -> None:
         reason = f"{what} failed: {type(exc).__name__}: {exc}"[:300]
-        if reason != self.failures.get(what):
+        # One line per kind of failure a minute at most: under load the same failure repeats per request.
+        kind, now = f"{what}: {type(exc).__name__}", time.monotonic()
+        if now - self._logged_at.get(kind, -math.inf) >= LOG_EVERY_S:
+            self._logged_at[kind] = now
             log.warning("cache bypassed: %s", reason)
         self.failures[what] = reason
         self.failure_counts[what] = self.failure_counts.get(what, 0) + 1
 
     def close(self) -> None:
+        if self.deferred.waiting:
+            log.info("cache: %d stored answers close unindexed (exact hits only)", len(self.deferred.waiting))
         self.store.close()

@@ -226,6 +226,15 @@ class CacheStore:
             self._append(entry.partition, exact, vector)
         return True
 
+    def add_vector(self, exact: str, entry: Entry, vector: np.ndarray) -> bool:
+        """The index row of ``entry``, stored earlier without one (its question was embedded later); False
+        when the key no longer holds that entry (evicted, replaced or expired meanwhile)."""
+        stored = self.peek(exact)
+        if stored is None or stored.created_s != entry.created_s or stored.text != entry.text:
+            return False
+        self._append(entry.partition, exact, vector)
+        return True
+
     def put_many(self, items: list[tuple[str, Entry]], vectors: np.ndarray) -> int:
         """Store many entries of one partition in one transaction, and their rows (``vectors[i]`` for
         ``items[i]``) in one write; an exact key already stored keeps its answer and gets no row. Returns
