@@ -94,6 +94,9 @@ class RoutingSettings(Struct, forbid_unknown_fields=True, kw_only=True):
     hold_s: Annotated[float, Meta(ge=0)] = 3.0
     # What one request costs before measurements: service time, and prefill speed for the prompt term.
     default_service_ms: Annotated[float, Meta(gt=0)] = 2000.0
+    # A generated token's time, until a replica's streams measured its own: what a unary answer's time
+    # has to explain before the rest counts as queue.
+    default_decode_ms_per_token: Annotated[float, Meta(gt=0, le=10_000)] = 25.0
     prefill_tokens_per_s: Annotated[float, Meta(gt=0)] = 2000.0
     # What real requests saw: the first-token time beyond the round trip and the prompt's expected prefill
     # is the queue term (or the reported queue, whichever is larger). A replica that lost its traffic to what

@@ -68,11 +68,13 @@ class Latency:
     rtt: Ewma = None  # type: ignore[assignment]
     ttft: Ewma = None  # type: ignore[assignment]  # as seen, prefill and round trip included
     service: Ewma = None  # type: ignore[assignment]
+    decode: Ewma = None  # type: ignore[assignment]  # ms per generated token, from its streams
     observed: Observed = None  # type: ignore[assignment]
     explored_at: float = -math.inf  # when the router last sent it a request to re-measure it
 
     def __post_init__(self) -> None:
         self.rtt, self.ttft, self.service = Ewma(self.alpha), Ewma(self.alpha), Ewma(self.alpha)
+        self.decode = Ewma(self.alpha)
         self.observed = Observed(self.alpha, self.stale_after_s)
 
     @property
@@ -92,6 +94,22 @@ class Latency:
 
     def service_ms(self, default_ms: float) -> float:
         return self.service.value if self.service.samples else default_ms
+
+    def stream_ended(self, service_ms: float, first_token_ms: float, tokens: int) -> None:
+        """A stream's tokens after its first came in ``service_ms - first_token_ms``: its decode speed."""
+        if tokens > 1 and service_ms > first_token_ms:
+            self.decode.add((service_ms - first_token_ms) / (tokens - 1))
+
+    def unary_answer(
+        self, total_ms: float, prefill_ms: float, tokens: int, default_decode_ms: float, now: float
+    ) -> None:
+        """A whole non-streamed answer of ``tokens`` took ``total_ms``: what its decode (at the speed its
+        streams showed, else ``default_decode_ms`` a token) and the round trip and prefill do not explain
+        was queue, as a stream's late first token is. A replica slow at unary answers looks slow, though it
+        answers /health at once and reports an idle batch. The sample weighs less the more it subtracts."""
+        decode_ms = tokens * (self.decode.value if self.decode.samples else default_decode_ms)
+        excess_ms = max(0.0, total_ms - self.rtt_ms - prefill_ms - decode_ms)
+        self.observed.add(excess_ms, now, 1.0 / (1.0 + (prefill_ms + decode_ms) / PREFILL_NOISE_MS))
 
     def first_token(self, ttft_ms: float, prefill_ms: float, now: float, upper_bound: bool = False) -> None:
         """A real request's first token came ``ttft_ms`` after it left (the prompt's expected prefill

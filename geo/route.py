@@ -472,8 +472,31 @@ class Router:
         if load is not None:
             replica.load = load
 
-    def finished(self, replica: Replica, service_ms: float) -> None:
-        replica.latency.service.add(service_ms)
+    def finished(
+        self,
+        replica: Replica,
+        service_ms: float,
+        tokens: int = 0,
+        first_token_ms: float | None = None,
+        prompt_tokens: int = 0,
+        now: float | None = None,
+    ) -> None:
+        """An answer of ``tokens`` ended ``service_ms`` after it was asked: a stream's (its first token at
+        ``first_token_ms``) teaches the replica's decode speed; a unary answer's, its queue (unary answers
+        teach the router as streams do)."""
+        latency = replica.latency
+        latency.service.add(service_ms)
+        if first_token_ms is not None:
+            latency.stream_ended(service_ms, first_token_ms, tokens)
+            return
+        if tokens <= 0:
+            return  # (an embedding, or an answer whose size is unknown)
+        routing = self.config.routing
+        prefill_ms = 1000.0 * prompt_tokens / routing.prefill_tokens_per_s
+        now = time.monotonic() if now is None else now
+        latency.unary_answer(service_ms, prefill_ms, tokens, routing.default_decode_ms_per_token, now)
+        self._observed_ms[replica.index] = self._measured_ms[replica.index] = latency.observed.value
+        self._observed_at[replica.index] = latency.observed.at
 
     def failed(self, replica: Replica, why: str, now: float, model: str, refused: bool = False) -> bool:
         """A real request for ``model`` failed at the replica (connect error, 5xx, timeout); True when it

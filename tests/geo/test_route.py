@@ -330,6 +330,26 @@ def test_a_whole_non_streamed_answer_only_bounds_the_first_token():
     assert london.latency.observed.value < 515.0
 
 
+def test_unary_answers_teach_the_router_as_streams_do():
+    # London answers /health at once and reports an idle batch, but takes 3 s for a 6-token answer that
+    # Frankfurt gives in 0.2 s: beyond its round trip and the tokens' decode, the rest was a queue.
+    r = measured(router("london", "frankfurt"), london=80.0, frankfurt=110.0)
+    london, frankfurt = replica(r, "london"), replica(r, "frankfurt")
+    for x in (london, frankfurt):
+        r.probe_passed(x, None, LoadReport(running=0, capacity=8))
+    assert pick(r, now=0.0) == "london"
+    r.answered(london, 3000.0, None, prompt_tokens=10, upper_bound=True, now=0.0)
+    r.finished(london, 3000.0, tokens=6, prompt_tokens=10, now=0.0)
+    assert london.latency.observed.value > 2000.0
+    assert pick(r, now=0.1) == "frankfurt"
+    # A stream teaches the decode speed a unary answer's tokens are explained by: 200 tokens at 40 ms.
+    r.finished(frankfurt, 110.0 + 8000.0, tokens=201, first_token_ms=110.0)
+    assert frankfurt.latency.decode.value == pytest.approx(40.0)
+    r.finished(frankfurt, 110.0 + 100 * 40.0, tokens=100, prompt_tokens=10, now=0.2)  # a long unary answer
+    assert frankfurt.latency.observed.value < 100.0  # its decode explains it: no queue
+    assert pick(r, now=0.3) == "frankfurt"
+
+
 def test_a_nodes_own_service_time_does_not_send_its_traffic_to_a_replica_not_measured_yet():
     # Lagos' regions on one CPU: London 100 ms away, Johannesburg 120; each node takes ~250 ms of its own
     # (queue, first step) beyond the network. Measured London must not lose to unmeasured Johannesburg on
