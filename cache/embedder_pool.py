@@ -31,8 +31,13 @@ from typing import Literal
 import numpy as np
 
 from cache.embedder import Embedder, EmbedderLoadError, limit_blas_threads
+from cache.fair_turns import FairTurns
 
 log = logging.getLogger("nearshore.embedder")
+
+# A foreground call's texts go to the worker this many at a time, each chunk a turn shared fairly across
+# keys (cache/fair_turns.py): another key's short call waits for one chunk of a long one, not all of it.
+FAIR_CHUNK = 32
 
 # The background thread's niceness: below a lookup's thread and the event loop, above nothing else.
 BACKGROUND_NICE = 10
@@ -93,6 +98,7 @@ class EmbedderPool:
         self._foreground = 0  # foreground calls submitted and not yet finished
         self._quiet = asyncio.Event()  # set while no foreground call waits: background work may go
         self._quiet.set()
+        self._turns = FairTurns()  # the foreground worker's, by share key
 
     @property
     def loaded(self) -> Embedder | None:
@@ -134,10 +140,13 @@ class EmbedderPool:
         """The texts' vectors (``regions``, where a region embeds, is no concern of a local pool)."""
         return (await self._run(texts, count=False, max_tokens=None)).vectors
 
-    async def embed_counted(self, texts: Sequence[str], max_tokens: int | None = None) -> Embedded:
+    async def embed_counted(
+        self, texts: Sequence[str], max_tokens: int | None = None, share_key: str = ""
+    ) -> Embedded:
         """The vectors and the number of word pieces they came from (what /v1/embeddings bills);
-        :class:`TooManyTokens` past ``max_tokens``, before any work on the vectors."""
-        return await self._run(texts, count=True, max_tokens=max_tokens)
+        :class:`TooManyTokens` past ``max_tokens``, before any work on the vectors. ``share_key``: whose
+        call it is (the edge's per-key id): calls share the worker fairly by it, a chunk at a time."""
+        return await self._run(texts, count=True, max_tokens=max_tokens, share_key=share_key)
 
     async def embed_background(
         self, texts: Sequence[str], regions: frozenset[str] | None = None
@@ -152,7 +161,12 @@ class EmbedderPool:
         return np.concatenate(rows) if rows else np.empty((0, 0), dtype=np.float32)
 
     async def _run(
-        self, texts: Sequence[str], count: bool, max_tokens: int | None, foreground: bool = True
+        self,
+        texts: Sequence[str],
+        count: bool,
+        max_tokens: int | None,
+        foreground: bool = True,
+        share_key: str = "",
     ) -> Embedded:
         if self.num_waiting >= self.max_waiting:
             raise EmbedderBusy(f"{self.num_waiting} embedding requests are already waiting")
@@ -164,13 +178,37 @@ class EmbedderPool:
             embedder = await self.embedder()
             loop = asyncio.get_running_loop()
             worker = self._worker(foreground)
-            return await loop.run_in_executor(worker, _embed, embedder, list(texts), count, max_tokens)
+            if not foreground:
+                return await loop.run_in_executor(worker, _embed, embedder, list(texts), count, max_tokens)
+            return await self._in_turns(embedder, list(texts), count, max_tokens, share_key)
         finally:
             self.num_waiting -= 1
             if foreground:
                 self._foreground -= 1
                 if not self._foreground:
                     self._quiet.set()
+
+    async def _in_turns(
+        self, embedder: Embedder, texts: list[str], count: bool, max_tokens: int | None, share_key: str
+    ) -> Embedded:
+        """The call's tokens counted (and checked) in one turn, then its texts a chunk a turn."""
+        loop, worker = asyncio.get_running_loop(), self._worker()
+        num_tokens = 0
+        if count:
+            await self._turns.take(share_key)
+            try:
+                num_tokens = await loop.run_in_executor(worker, _count, embedder, texts, max_tokens)
+            finally:
+                self._turns.release()
+        rows = []
+        for start in range(0, max(len(texts), 1), FAIR_CHUNK):
+            await self._turns.take(share_key)
+            try:
+                chunk = texts[start : start + FAIR_CHUNK]
+                rows.append(await loop.run_in_executor(worker, embedder.embed, chunk))
+            finally:
+                self._turns.release()
+        return Embedded(rows[0] if len(rows) == 1 else np.concatenate(rows), num_tokens)
 
     def _worker(self, foreground: bool = True) -> ThreadPoolExecutor:
         executor = self._executor if foreground else self._background
@@ -217,8 +255,13 @@ def _yield_the_cpu() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
 
 
-def _embed(embedder: Embedder, texts: list[str], count: bool, max_tokens: int | None) -> Embedded:
-    num_tokens = sum(embedder.count_tokens(texts)) if count else 0
+def _count(embedder: Embedder, texts: list[str], max_tokens: int | None) -> int:
+    num_tokens = sum(embedder.count_tokens(texts))
     if max_tokens is not None and num_tokens > max_tokens:
         raise TooManyTokens(num_tokens, max_tokens)
+    return num_tokens
+
+
+def _embed(embedder: Embedder, texts: list[str], count: bool, max_tokens: int | None) -> Embedded:
+    num_tokens = _count(embedder, texts, max_tokens) if count else 0
     return Embedded(embedder.embed(texts), num_tokens)

@@ -1,5 +1,5 @@
 """What the router keeps per (model, residency) scope: the replicas serving it by tier, and the routable ones
-in bound order (geo/route.py builds and reads them)."""
+in bound order (geo/route.py builds and reads them); and the replicas' places as arrays."""
 
 from __future__ import annotations
 
@@ -31,3 +31,22 @@ class Scope:
     every: list[Replica]
     remote: list[Replica]  # across the ocean (every one, when no region is local)
     local: list[Replica]  # on this side of it: the degraded tier
+
+
+@dataclass(frozen=True, slots=True)
+class PlaceArrays:
+    """The replicas' places as arrays (radians), for the client terms of a new client place at once."""
+
+    lat: np.ndarray
+    lon: np.ndarray
+    known: np.ndarray
+    edge_one_way_ms: np.ndarray
+
+    @classmethod
+    def of(cls, replicas: list[Replica]) -> PlaceArrays:
+        return cls(
+            np.radians([r.place.latitude for r in replicas]),
+            np.radians([r.place.longitude for r in replicas]),
+            np.array([r.place.known for r in replicas]),
+            np.array([r.edge_one_way_ms for r in replicas]),
+        )

@@ -49,7 +49,7 @@ from geo.decision import NoRoute, Replica, Route, Scored, Where
 from geo.health import Health
 from geo.hold import Group, GroupKey, explore, hold
 from geo.latency import Latency
-from geo.orders import Order, Scope
+from geo.orders import Order, PlaceArrays, Scope
 from geo.places import EARTH_RADIUS_KM, FIBRE_KM_PER_MS, floor_one_way_ms, great_circle_km
 from geo.residency import Allowed, Residency
 from geo.terms import LOAD_PENALTY_MS, queue_and_load
@@ -65,25 +65,6 @@ _ROUTABLE_STATES = frozenset(("ready", "unloaded"))  # LoadReport.routable, read
 # work: GeoIP places are cities, and a city's addresses are one place anyway.
 _PLACE_GRID = 4.0
 _SLACK_MS = 1.0  # scores within a millisecond tie (the catalog's order decides): scan those too
-
-
-@dataclass(frozen=True, slots=True)
-class _PlaceArrays:
-    """The replicas' places as arrays (radians), for the client terms of a new client place at once."""
-
-    lat: np.ndarray
-    lon: np.ndarray
-    known: np.ndarray
-    edge_one_way_ms: np.ndarray
-
-    @classmethod
-    def of(cls, replicas: list[Replica]) -> _PlaceArrays:
-        return cls(
-            np.radians([r.place.latitude for r in replicas]),
-            np.radians([r.place.longitude for r in replicas]),
-            np.array([r.place.known for r in replicas]),
-            np.array([r.edge_one_way_ms for r in replicas]),
-        )
 
 
 # A Scored's sort key is the score rounded to the millisecond, then the catalog position (within a
@@ -104,7 +85,7 @@ class Router:
     # client term of every replica for a client's place (GeoIP places repeat: cities, not addresses).
     _serving: dict[tuple[str, frozenset[str] | None], Scope] = field(default_factory=dict)
     _client_ms: dict[tuple[int, int, bool], np.ndarray] = field(default_factory=dict)
-    _places: _PlaceArrays | None = None
+    _places: PlaceArrays | None = None
     # The routable replicas in bound order, per (serving list, client place); valid while _epoch stands
     # (every probe sample, health change and ejection moves it) and until the next ejection ends.
     _static: dict[tuple, Order] = field(default_factory=dict)
@@ -411,7 +392,7 @@ class Router:
         if terms is not None:
             return terms
         if self._places is None:
-            self._places = _PlaceArrays.of(self.replicas)
+            self._places = PlaceArrays.of(self.replicas)
         p = self._places
         lat1 = math.radians(where.latitude)
         h = (

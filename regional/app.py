@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -14,7 +13,7 @@ from nearshore.httpkit import Handler, metrics_response, openai_errors, read_jso
 from nearshore.protocol import sse
 from nearshore.protocol.answers import ChatAnswer, TextAnswer
 from nearshore.protocol.errors import INVALID_API_KEY, ApiError
-from nearshore.protocol.headers import EDGE_SECRET, SHARE_KEY
+from nearshore.protocol.headers import EDGE_SECRET
 from nearshore.protocol.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -38,6 +37,7 @@ from regional.load_report import LoadReporter, load_header
 from regional.logprob_wire import CompletionLogprobsWriter
 from regional.request_log import GENERATION, request_log
 from regional.service import Generation, RegionService, Timings
+from regional.share_key import share_key_of
 
 SERVICE = web.AppKey("service", RegionService)
 LOAD_REPORTER = web.AppKey("load_reporter", LoadReporter)
@@ -47,7 +47,6 @@ STARTED_AT = int(time.time())
 
 # Probes and scrapes come from the operator's monitoring, not from edges.
 OPEN_PATHS = frozenset({"/health", "/health/ready", "/metrics"})
-_SHARE_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def create_app(
@@ -123,13 +122,6 @@ def edges_only(server: ServerConfig) -> Middleware | None:
         return await handler(request)
 
     return guard
-
-
-def share_key_of(request: web.Request) -> str:
-    """The edge's opaque per-key id, for the scheduler's fair shares; "" when absent or not one. Trusted as
-    the other edge headers are: where the node serves edges only (edges_only), nobody else gets this far."""
-    value = request.headers.get(SHARE_KEY, "")
-    return value if _SHARE_KEY.fullmatch(value) else ""
 
 
 # --- endpoints ---------------------------------------------------------------------------------------

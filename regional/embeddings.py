@@ -33,6 +33,7 @@ from nearshore.protocol.schemas import (
     json_encoder,
 )
 from regional.config import EmbeddingsConfig
+from regional.share_key import share_key_of
 
 # A load failure does not heal by itself: a client may retry once the operator has fixed the folder.
 RETRY_FAILED_LOAD_S = 60.0
@@ -79,10 +80,13 @@ class EmbeddingsService:
                 param="dimensions",
             )
 
-    async def embed(self, body: EmbeddingRequest) -> EmbeddingList:
+    async def embed(self, body: EmbeddingRequest, share_key: str = "") -> EmbeddingList:
+        """The vectors; ``share_key`` (the edge's per-key id): keys share the embedder fairly, a chunk at a
+        time, so one key's thousands of inputs do not hold another's short call behind them all."""
         self.check(body)
         try:
-            done = await self.pool.embed_counted(body.texts(), self.config.max_request_tokens)
+            texts, max_tokens = body.texts(), self.config.max_request_tokens
+            done = await self.pool.embed_counted(texts, max_tokens, share_key)
         except TooManyTokens as exc:
             raise ApiError(INVALID_REQUEST, f"Too many tokens: {exc}.", param="input") from None
         except EmbedderBusy as exc:
@@ -127,7 +131,7 @@ def add_embeddings(app: web.Application, service: EmbeddingsService) -> None:
 async def embeddings(request: web.Request) -> web.Response:
     arrived = time.perf_counter()
     body: EmbeddingRequest = await read_json(request, embedding_request_decoder)
-    answer = await request.app[EMBEDDINGS].embed(body)
+    answer = await request.app[EMBEDDINGS].embed(body, share_key_of(request))
     took_ms = (time.perf_counter() - arrived) * 1000
     return web.Response(
         body=json_encoder.encode(answer),
