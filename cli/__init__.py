@@ -185,6 +185,16 @@ BENCHMARKS = [
         run="run_fairness",
     ),
     Command(
+        "region-rss",
+        "bench.region_rss",
+        "a region's memory over many scoring (echo + logprobs) requests",
+        "A real region on the embedded model answers --requests completions with echo and logprobs=20 (or "
+        "short chats); its VmRSS every --every requests, the growth in all and per request in the second "
+        "half.",
+        add="add_arguments",
+        run="run_and_print",
+    ),
+    Command(
         "hostile",
         "cli.bench",
         "what a hostile region costs the edge, beside an honest one",
