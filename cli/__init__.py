@@ -186,13 +186,13 @@ BENCHMARKS = [
     ),
     Command(
         "region-rss",
-        "bench.region_rss",
+        "cli.bench",
         "a region's memory over many scoring (echo + logprobs) requests",
         "A real region on the embedded model answers --requests completions with echo and logprobs=20 (or "
         "short chats); its VmRSS every --every requests, the growth in all and per request in the second "
         "half.",
-        add="add_arguments",
-        run="run_and_print",
+        add="add_region_rss_arguments",
+        run="run_region_rss",
     ),
     Command(
         "hostile",

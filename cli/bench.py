@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from bench import fairness, hostile, region
+from bench import fairness, hostile, region, region_rss
 from bench.cache import lookup as bench_cache
 from bench.cache import ttft as cache_ttft
 from bench.edge import routing as edge_routing
@@ -140,6 +140,17 @@ def add_region_arguments(parser: argparse.ArgumentParser) -> None:
 def run_region(args: argparse.Namespace) -> int:
     region.run(_settings(args, region.RegionBench))
     return 0
+
+
+# --- bench region-rss ----------------------------------------------------------------------------------
+
+
+def add_region_rss_arguments(parser: argparse.ArgumentParser) -> None:
+    region_rss.add_arguments(parser)
+
+
+def run_region_rss(args: argparse.Namespace) -> int:
+    return region_rss.run_and_print(args)
 
 
 # --- bench hostile -------------------------------------------------------------------------------------

@@ -235,6 +235,15 @@ FLAGS = {
         "--logs",
     ],
     "bench grammar": ["--model", "--repeats", "--json"],
+    "bench region-rss": [
+        "--requests",
+        "--every",
+        "--prompt-words",
+        "--kind",
+        "--threads",
+        "--logs",
+        "--json",
+    ],
     "bench hostile": ["--seconds", "--concurrency", "--logs"],
     "bench faults": ["--litellm", "--cases", "--repeats", "--logs"],
     "bench fairness": [
