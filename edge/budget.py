@@ -8,7 +8,8 @@ overspend it together, as they could when only the spend so far was checked.
 Two books keep the same rules. :class:`BudgetBook` keeps them in this process: what a key has spent is read
 from the ledger once, then kept up to date as requests settle. :class:`SharedBudgets` keeps them in Redis
 (through the Redis limiter's connection) for edges and workers that share limits: one Lua script per hold,
-seeded from the ledger the first time a key is seen, so several processes can never overspend a key together.
+seeded from what each process knows (the ledger, and the spend it last saw there) the first time it sees a
+key's hash, so several processes can never overspend a key together, and a Redis restart does not reset it.
 """
 
 from __future__ import annotations
@@ -114,16 +115,27 @@ class BudgetBook:
             self.spent[key_id] += cost_usd
 
 
-# KEYS: the key's budget hash (spent, held). ARGV: budget, worst, the ledger's spend ("" when not read yet).
-# Returns {verdict, spent, held}; verdict -1 asks for the ledger's spend (the key is new to this Redis).
+# KEYS: the key's budget hash (spent, held, epoch: made with the hash, so a Redis that restarted empty has a
+# new one). ARGV: budget, worst, the epoch this process last saw ("" if none), what it knows the key has
+# spent ("" when not read yet). Returns {verdict, spent, held, epoch}; verdict -1 asks for that knowledge:
+# the hash is new, or new to this process. Each process raises the spend to what it knows (the most it ever
+# saw the fleet's spend at, plus its own since, or its ledger's): never above what was spent, and after a
+# restart, what the processes that were counting knew (a restart used to leave one edge's ledger alone).
 _HOLD = Script.of("""
-local spent = redis.call('HGET', KEYS[1], 'spent')
-if not spent then
-  if ARGV[3] == '' then return {-1, '0', '0'} end
-  redis.call('HSET', KEYS[1], 'spent', ARGV[3])
-  spent = ARGV[3]
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if epoch ~= ARGV[3] or not epoch then
+  if ARGV[4] == '' then return {-1, '0', '0', epoch or ''} end
+  if not epoch then
+    local t = redis.call('TIME')
+    epoch = t[1] .. '.' .. t[2]
+    redis.call('HSET', KEYS[1], 'epoch', epoch)
+  end
+  local known = tonumber(ARGV[4])
+  if known > tonumber(redis.call('HGET', KEYS[1], 'spent') or '0') then
+    redis.call('HSET', KEYS[1], 'spent', ARGV[4])
+  end
 end
-spent = tonumber(spent)
+local spent = tonumber(redis.call('HGET', KEYS[1], 'spent') or '0')
 local held = tonumber(redis.call('HGET', KEYS[1], 'held') or '0')
 local budget, worst = tonumber(ARGV[1]), tonumber(ARGV[2])
 local verdict = 0
@@ -131,16 +143,16 @@ if spent >= budget then verdict = 1
 elseif worst > budget then verdict = 2
 elseif spent + held + worst > budget then verdict = 3
 else redis.call('HINCRBYFLOAT', KEYS[1], 'held', ARGV[2]) end
-return {verdict, tostring(spent), tostring(held)}
+return {verdict, tostring(spent), tostring(held), epoch}
 """)
-# KEYS: the hash. ARGV: the hold to release, the cost to add to what was spent.
+# KEYS: the hash. ARGV: the hold to release, the cost to add to what was spent. Returns the spend.
 _SETTLE = Script.of("""
-if redis.call('HEXISTS', KEYS[1], 'spent') == 1 then
+if redis.call('HEXISTS', KEYS[1], 'epoch') == 1 then
   redis.call('HINCRBYFLOAT', KEYS[1], 'spent', ARGV[2])
 end
 local held = tonumber(redis.call('HINCRBYFLOAT', KEYS[1], 'held', '-' .. ARGV[1]))
 if held < 1e-12 then redis.call('HSET', KEYS[1], 'held', '0') end
-return 0
+return redis.call('HGET', KEYS[1], 'spent') or '0'
 """)
 
 
@@ -157,21 +169,30 @@ class SharedBudgets:
         self.limiter = limiter
         self.local = local
         self.key_prefix = key_prefix
+        # Per key: the hash's epoch this process last saw, and the most it knows the key has spent (what
+        # Redis last said, plus this process's own costs since): what it seeds a new hash with.
+        self._epochs: dict[str, str] = {}
+        self._known: dict[str, float] = {}
 
     async def hold(self, key: ApiKey, worst_usd: float) -> Hold | None:
         budget = key.budget_usd
         if budget is None:
             return None
-        keys = [f"{self.key_prefix}{{{key.key_id}}}"]
-        result = await self.limiter.run_shared(_HOLD, keys, (budget, repr(worst_usd), ""))
+        key_id = key.key_id
+        keys = [f"{self.key_prefix}{{{key_id}}}"]
+        args = (budget, repr(worst_usd), self._epochs.get(key_id, ""))
+        result = await self.limiter.run_shared(_HOLD, keys, (*args, ""))
         if result is not None and int(result[0]) == _UNSEEDED:
-            seed = await self.local.spent_once(key.key_id)
-            result = await self.limiter.run_shared(_HOLD, keys, (budget, repr(worst_usd), repr(seed)))
+            known = max(await self.local.spent_once(key_id), self._known.get(key_id, 0.0))
+            result = await self.limiter.run_shared(_HOLD, keys, (*args, repr(known)))
         if result is None:  # Redis is unreachable
             if self.limiter.fail_mode == "closed":
                 raise LimiterUnavailable("the budget store (Redis) is unreachable")
             return await self.local.hold(key, worst_usd)
         verdict, spent, held = int(result[0]), float(result[1]), float(result[2])
+        epoch = result[3]
+        self._epochs[key_id] = epoch.decode() if isinstance(epoch, bytes) else str(epoch)
+        self._known[key_id] = max(self._known.get(key_id, 0.0), spent)
         if error := refusal(verdict, spent, held, budget, worst_usd):
             raise error
         return Hold(key.key_id, worst_usd, shared=True)
@@ -181,4 +202,6 @@ class SharedBudgets:
             await self.local.settle(hold, key_id, cost_usd)
             return
         keys = [f"{self.key_prefix}{{{key_id}}}"]
-        await self.limiter.run_shared(_SETTLE, keys, (repr(hold.usd), repr(cost_usd)))
+        spent = await self.limiter.run_shared(_SETTLE, keys, (repr(hold.usd), repr(cost_usd)))
+        known = self._known.get(key_id, 0.0) + cost_usd
+        self._known[key_id] = max(known, float(spent)) if spent is not None else known

@@ -99,6 +99,25 @@ class MemoryLimiter:
         reset = expiry(history.oldest_at(0)) if history.entries else 0.0
         return decision_of(spec, tokens, self.window_s, verdict, count, used, reset, retry, member)
 
+    def record(self, key_id: str, member: str, tokens: int) -> None:
+        """Note an admission made elsewhere (the shared limiter's, through Redis) in this key's log: what
+        this process admitted, should Redis lose it or go away."""
+        now = self._clock()
+        self._sweep(now)
+        history = self._logs.setdefault(key_id, _Log())
+        history.trim(now - self.window_s)
+        history.entries[member] = _Entry(now, tokens)
+        history.used += tokens
+
+    def recent(self, key_id: str) -> list[tuple[str, int, int]]:
+        """This key's entries in the window: (id, age in ms, tokens), oldest first."""
+        history = self._logs.get(key_id)
+        if history is None:
+            return []
+        now = self._clock()
+        history.trim(now - self.window_s)
+        return [(m, int((now - e.at) * 1000), e.tokens) for m, e in history.entries.items()]
+
     async def settle(self, key_id: str, reservation: str, actual_tokens: int) -> None:
         check_tokens(actual_tokens)
         history = self._logs.get(key_id)

@@ -35,14 +35,18 @@ from edge.limits_memory import MemoryLimiter
 log = logging.getLogger("nearshore.edge.limits")
 
 
-# KEYS: the key's zset (entry -> admitted at, ms) and hash (entry -> tokens, "_sum" -> their total).
-# ARGV: window_ms, rpm, tpm, tokens, entry id. Returns {verdict, count, used, reset_ms, retry_ms}.
+# KEYS: the key's zset (entry -> admitted at, ms), hash (entry -> tokens, "_sum" -> their total) and set of
+# the processes that admitted its requests in the window. ARGV: window_ms, rpm, tpm, tokens, entry id, this
+# process's id, "1" when it admitted some of the key's requests in the window. Returns {verdict, count, used,
+# reset_ms, retry_ms}; verdict -1: Redis does not know this process's part of the window (it restarted
+# empty): put it back first (_RESTORE), then ask again.
 _ADMIT_LUA = """
 if redis.replicate_commands then redis.replicate_commands() end  -- TIME before writes, on Redis < 5
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local window, rpm, tpm, tokens = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local zset, hash = KEYS[1], KEYS[2]
+local zset, hash, admitters = KEYS[1], KEYS[2], KEYS[3]
+if ARGV[7] == '1' and redis.call('SISMEMBER', admitters, ARGV[6]) == 0 then return {-1, 0, 0, 0, 0} end
 local function expiry(score) return math.max(0, tonumber(score) + window - now) end
 
 -- 1. trim, in batches (unpack has a stack limit)
@@ -92,6 +96,8 @@ if verdict == 0 then
   redis.call('HINCRBY', hash, '_sum', tokens)
   redis.call('PEXPIRE', zset, math.ceil(window))
   redis.call('PEXPIRE', hash, math.ceil(window))
+  redis.call('SADD', admitters, ARGV[6])
+  redis.call('PEXPIRE', admitters, math.ceil(window))
   count, used = count + 1, used + tokens
 end
 local reset = 0
@@ -107,6 +113,32 @@ if not old then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HINCRBY', KEYS[1], '_sum', tonumber(ARGV[2]) - tonumber(old))
 return 1
+"""
+
+# KEYS: the key's zset, hash and set of admitters. ARGV: window_ms, this process's id, then (entry id, age
+# ms, tokens) per entry it admitted in the window: put back as admitted that long ago (an entry already there
+# is left alone), and the process counted among the key's admitters again.
+_RESTORE_LUA = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+local window = tonumber(ARGV[1])
+local added = 0
+redis.call('SADD', KEYS[3], ARGV[2])
+redis.call('PEXPIRE', KEYS[3], math.ceil(window))
+for i = 3, #ARGV, 3 do
+  local at = now - tonumber(ARGV[i + 1])
+  if at > now - window and redis.call('ZADD', KEYS[1], 'NX', string.format('%.3f', at), ARGV[i]) == 1 then
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 2])
+    redis.call('HINCRBY', KEYS[2], '_sum', tonumber(ARGV[i + 2]))
+    added = added + 1
+  end
+end
+if added > 0 then
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window))
+  redis.call('PEXPIRE', KEYS[2], math.ceil(window))
+end
+return added
 """
 
 # Redis is unreachable (refused, timed out, no pooled connection free): not a bug to surface as a 500.
@@ -126,6 +158,7 @@ class Script:
 
 _ADMIT = Script.of(_ADMIT_LUA)
 _SETTLE = Script.of(_SETTLE_LUA)
+_RESTORE = Script.of(_RESTORE_LUA)
 
 
 class RedisLimiter:
@@ -173,7 +206,8 @@ class RedisLimiter:
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         self._redis = Redis.from_pool(pool)
-        self._fallback = MemoryLimiter(window_s=window_s)
+        self._fallback = MemoryLimiter(window_s=window_s)  # also this process's record of its admissions
+        self._id = os.urandom(8).hex()  # this process, among a key's admitters
         self._up = True
         self._probe: asyncio.Task[None] | None = None
 
@@ -182,20 +216,19 @@ class RedisLimiter:
         if not spec.rpm and not spec.tpm:
             return UNLIMITED
         if self._up:
-            member = os.urandom(16).hex()  # as unique as a uuid4, without building one
-            args = (math.ceil(self.window_s * 1000), spec.rpm, spec.tpm, tokens, member)
             try:
-                verdict, count, used, reset_ms, retry_ms = await self._run(_ADMIT, self._keys(key_id), args)
+                decision = await self._admit_shared(key_id, spec, tokens)
             except _UNREACHABLE as exc:
                 self._mark_down(exc)
             else:
-                reset_s, retry_s = reset_ms / 1000, retry_ms / 1000
-                return decision_of(
-                    spec, tokens, self.window_s, verdict, count, used, reset_s, retry_s, member
-                )
+                if decision.allowed and decision.reservation:  # this edge's own record of it
+                    self._fallback.record(key_id, decision.reservation, tokens)
+                return decision
         if self.fail_mode == "closed":
             raise LimiterUnavailable("the rate-limit store (Redis) is unreachable")
         share = local_share(spec, self.workers)
+        # The fallback's log already holds what this edge admitted through Redis in the window: local limits
+        # start from what was used, not from nothing.
         decision = await self._fallback.admit(key_id, share, tokens)
         reservation = _LOCAL + decision.reservation if decision.reservation else None
         reason = decision.reason
@@ -203,15 +236,35 @@ class RedisLimiter:
             reason += f" (This process's share of the key's limits, 1/{self.workers}, while Redis is away.)"
         return replace(decision, reservation=reservation, degraded=True, reason=reason)
 
+    async def _admit_shared(self, key_id: str, spec: LimitSpec, tokens: int) -> Decision:
+        """One admission through Redis; a key whose log Redis lost (a restart, empty) though this edge
+        admitted some of its requests in the window gets them back first, so the limits count them (each
+        edge puts back its own: together, the key's whole window)."""
+        member = os.urandom(16).hex()  # as unique as a uuid4, without building one
+        window_ms = math.ceil(self.window_s * 1000)
+        keys = self._keys(key_id)
+        mine = self._fallback.recent(key_id)
+        args = (window_ms, spec.rpm, spec.tpm, tokens, member, self._id, "1" if mine else "0")
+        verdict, count, used, reset_ms, retry_ms = await self._run(_ADMIT, keys, args)
+        if verdict == -1:
+            restored = [str(value) for entry in mine for value in entry]
+            added = await self._run(_RESTORE, keys, (window_ms, self._id, *restored))
+            log.warning("rate-limit store had lost %d of this process's requests for a key: put back", added)
+            args = (*args[:6], "0")
+            verdict, count, used, reset_ms, retry_ms = await self._run(_ADMIT, keys, args)
+        reset_s, retry_s = reset_ms / 1000, retry_ms / 1000
+        return decision_of(spec, tokens, self.window_s, verdict, count, used, reset_s, retry_s, member)
+
     async def settle(self, key_id: str, reservation: str, actual_tokens: int) -> None:
         check_tokens(actual_tokens)
         if reservation.startswith(_LOCAL):
             await self._fallback.settle(key_id, reservation.removeprefix(_LOCAL), actual_tokens)
             return
+        await self._fallback.settle(key_id, reservation, actual_tokens)  # this edge's own record too
         if not self._up:
             return  # the reservation stands until it leaves the window: overcharged, never undercharged
         try:
-            await self._run(_SETTLE, self._keys(key_id)[1:], (reservation, actual_tokens))
+            await self._run(_SETTLE, self._keys(key_id)[1:2], (reservation, actual_tokens))
         except _UNREACHABLE as exc:
             self._mark_down(exc)
 
@@ -236,9 +289,9 @@ class RedisLimiter:
         await self._fallback.close()
 
     def _keys(self, key_id: str) -> list[str]:
-        # The hash tag keeps a key's two structures in one Redis Cluster slot, as a script needs.
+        # The hash tag keeps a key's structures in one Redis Cluster slot, as a script needs.
         base = f"{self.key_prefix}{{{key_id}}}"
-        return [base + ":req", base + ":tok"]
+        return [base + ":req", base + ":tok", base + ":by"]
 
     async def _run(self, script: Script, keys: Sequence[str], args: Sequence[object]) -> Any:
         try:
