@@ -98,6 +98,49 @@ CHAT_BODY = st.one_of(VALID_CHAT, VALID_CHAT, _mutated(VALID_CHAT))
 COMPLETION_BODY = st.one_of(VALID_COMPLETION, VALID_COMPLETION, _mutated(VALID_COMPLETION))
 
 
+# The attack pass's bodies (issue 34): many choices, grammars that cannot end or cannot start, and JSON
+# nested past any parser's patience, in every place a grammar can come from.
+_ENDLESS = [
+    {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+    {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+    {"type": "string", "enum": []},
+    {"type": "array", "items": {"type": "integer"}, "minItems": 3, "maxItems": 1},
+    {"type": "object", "properties": {"a": {"$ref": "#/$defs/nowhere"}}},
+]
+
+
+def _nested(depth: int, leaf: object = 1) -> object:
+    value = leaf
+    for _ in range(depth):
+        value = {"type": "array", "items": value} if isinstance(value, dict) else [value]
+    return value
+
+
+GRAMMARS = st.one_of(
+    st.sampled_from(_ENDLESS),
+    st.integers(60, 1200).map(lambda d: _nested(d, {"type": "integer"})),
+    st.integers(60, 1200).map(_nested),
+)
+
+
+def _with_grammar(body: dict, where: str, grammar: object) -> dict:
+    if where == "response_format":
+        return {**body, where: {"type": "json_schema", "json_schema": {"name": "x", "schema": grammar}}}
+    if where == "tools":
+        tool = {"type": "function", "function": {"name": "f", "parameters": grammar}}
+        return {**body, "tools": [tool], "tool_choice": "required"}
+    return {**body, where: grammar}
+
+
+ATTACK_CHAT = st.one_of(
+    st.tuples(VALID_CHAT, st.integers(1, 128)).map(lambda t: {**t[0], "n": t[1]}),
+    st.tuples(VALID_CHAT, st.sampled_from(["response_format", "tools", "guided_json"]), GRAMMARS).map(
+        lambda t: _with_grammar(*t)
+    ),
+    CHAT_BODY,
+)
+
+
 @dataclass(frozen=True)
 class Case:
     body: bytes
