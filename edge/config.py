@@ -94,8 +94,9 @@ class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     ttft_timeout_s: Interval = 30.0
     stall_timeout_s: Interval = 20.0
     # And two budgets per request, so that failover is bounded in time. first_byte_budget_s: every attempt
-    # (head, then a stream's first token) within this of the first ask, its replicas leaving a third of it
-    # (at most ttft_timeout_s) to the fallback chain; a silent replica's timeout is what is left of it.
+    # (head, then a stream's first token) within this (at least ttft_timeout_s) of the first ask, its
+    # replicas leaving a third of it (at most ttft_timeout_s) to the fallback chain; a silent replica's
+    # timeout is what is left of it.
     # stall_budget_s: the silences that cut a stream, summed over its continuations; once spent, a
     # continuation may be silent only 5 s, or half the stall timeout if less (edge/retry.py). After two
     # of the model's replicas failed one stream, its fallback chain continues it.

@@ -130,13 +130,15 @@ def head_timeout_s(journey: Journey) -> float:
 
 
 def first_byte_budget(journey: Journey, has_chain: bool) -> FirstByteBudget:
-    """The request's first-byte budget, from now: upstream.first_byte_budget_s (plus, for a unary answer,
-    the time its tokens take), a third of it (at most ttft_timeout_s) kept for the fallback chain."""
+    """The request's first-byte budget, from now: upstream.first_byte_budget_s, and never less than one
+    ttft_timeout_s (an operator who gave a slow node longer meant it), plus, for a unary answer, the time its
+    tokens take; a third of it (at most ttft_timeout_s) kept for the fallback chain."""
     up, body = journey.state.config.upstream, journey.body
     assert body is not None
+    budget_s = max(up.first_byte_budget_s, up.ttft_timeout_s)
     generating_s = head_timeout_s(journey) - up.ttft_timeout_s
-    reserve_s = min(up.ttft_timeout_s, up.first_byte_budget_s / 3) if has_chain else 0.0
-    return FirstByteBudget(time.monotonic() + up.first_byte_budget_s + generating_s, reserve_s, body.model)
+    reserve_s = min(up.ttft_timeout_s, budget_s / 3) if has_chain else 0.0
+    return FirstByteBudget(time.monotonic() + budget_s + generating_s, reserve_s, body.model)
 
 
 async def _race(
