@@ -3,7 +3,7 @@ fewest KV tokens, prompts prefilled in rounds across keys, prompt scoring capped
 
 from __future__ import annotations
 
-from regional.engine import GenerationRequest, SamplingParams
+from regional.engine import GenerationRequest, Logprobs, SamplingParams
 from regional.sampler import TokenSampler
 from regional.scheduler import SCORED_ROWS_PER_STEP, SHARED_SCORED_ROWS_PER_STEP, SHARED_WINDOW_S, Sequence
 from tests.regional.test_scheduler import scheduler, step
@@ -78,7 +78,7 @@ def test_prompt_scoring_is_capped_per_step_for_all_sequences_together():
     while any(s.finish_reason is None for s in scorers):
         plan = sched.schedule(0.0)
         assert sum(rows for _, _, rows in plan.prompt_rows) <= SCORED_ROWS_PER_STEP
-        scores = [[None] * rows for _, _, rows in plan.prompt_rows]
+        scores = [[Logprobs(99, -1.0, [])] * rows for _, _, rows in plan.prompt_rows]
         sched.postprocess(plan, [99] * len(plan.samples), 0.0, scores)
         steps += 1
         if steps == 1:
