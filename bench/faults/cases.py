@@ -94,8 +94,8 @@ CASES: tuple[Case, ...] = (
     # Failover bounded in time (issue 34): both primaries stall mid-answer, each after 20 tokens: the
     # fallback continues what two replicas of the model failed; both send their head and never a token:
     # one first-byte budget, not a timeout each, before the fallback answers.
-    Case("stall-chain", "a, b: each stalls 12s at 20", spec=_both("stall-at:20:12"), unary=False),
-    Case("no-token", "a, b: head, never a token", spec=_both("hang-after-headers"), unary=False),
+    Case("stall-chain", "a, b: stall 12s at 20", spec=_both("stall-at:20:12"), unary=False),
+    Case("no-token", "a, b: head, no token", spec=_both("hang-after-headers"), unary=False),
     Case("no-done", "no [DONE]", spec="*=no-done", unary=False),
     Case("context", "context length 400", spec=_both("context-length")),
     Case("filter", "content filter 400", spec=_both("content-filter"), expect="advise", advisory=(400,)),
