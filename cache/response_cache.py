@@ -241,10 +241,10 @@ class ResponseCache:
                     vector = (await self.embedder.embed([key.query], regions))[0]
                 except OutOfScope:
                     vector = None
-                except (
-                    EmbedderBusy
-                ):  # stored for exact hits now; its vector follows (cache/deferred_index.py)
-                    later = True
+                except EmbedderBusy:
+                    # Stored for exact hits now; the vector follows (cache/deferred_index.py), unless the
+                    # entry replaced one (no-cache): the key's row serves it already.
+                    later = not replace
             saved = await asyncio.to_thread(self.store.put, key.exact, entry, vector, replace)
             if saved and later:
                 self.deferred.add(key, entry, regions)

@@ -109,6 +109,15 @@ class MemoryLimiter:
         history.entries[member] = _Entry(now, tokens)
         history.used += tokens
 
+    def has_recent(self, key_id: str) -> bool:
+        """Whether this key has an entry in the window (no list built: the shared limiter asks this on every
+        admission)."""
+        history = self._logs.get(key_id)
+        if history is None:
+            return False
+        history.trim(self._clock() - self.window_s)
+        return bool(history.entries)
+
     def recent(self, key_id: str) -> list[tuple[str, int, int]]:
         """This key's entries in the window: (id, age in ms, tokens), oldest first."""
         history = self._logs.get(key_id)

@@ -243,11 +243,11 @@ class RedisLimiter:
         member = os.urandom(16).hex()  # as unique as a uuid4, without building one
         window_ms = math.ceil(self.window_s * 1000)
         keys = self._keys(key_id)
-        mine = self._fallback.recent(key_id)
-        args = (window_ms, spec.rpm, spec.tpm, tokens, member, self._id, "1" if mine else "0")
+        has_mine = self._fallback.has_recent(key_id)
+        args = (window_ms, spec.rpm, spec.tpm, tokens, member, self._id, "1" if has_mine else "0")
         verdict, count, used, reset_ms, retry_ms = await self._run(_ADMIT, keys, args)
-        if verdict == -1:
-            restored = [str(value) for entry in mine for value in entry]
+        if verdict == -1:  # rare (Redis lost the key's window): only now is this process's part listed
+            restored = [str(value) for entry in self._fallback.recent(key_id) for value in entry]
             added = await self._run(_RESTORE, keys, (window_ms, self._id, *restored))
             log.warning("rate-limit store had lost %d of this process's requests for a key: put back", added)
             args = (*args[:6], "0")

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.edge.test_shared_state import health, post, refusal, session
-from tests.edge_fixtures import Edge, start_edge, start_pacer
+from tests.edge.test_shared_state import health, post, refusal, session, two_edges_on_redis
+from tests.edge_fixtures import Edge
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -25,18 +25,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def two_edges(tmp_path) -> Iterator[tuple[RedisServer, Edge, Edge]]:
-    redis = RedisServer(tmp_path / "redis").start()
-    pacer = start_pacer(tmp_path, tokens=1, interval_ms=1)
-    limits = {"backend": "redis", "redis_url": redis.url, "fail_mode": "closed"}
-    first = start_edge(tmp_path / "a", [("r", pacer.url)], limits=limits)
-    second = start_edge(tmp_path / "b", [("r", pacer.url)], keys_db=first.keys_db, limits=limits)
-    try:
-        yield redis, first, second
-    finally:
-        first.stop()
-        second.stop()
-        pacer.process.stop()
-        redis.stop()
+    with two_edges_on_redis(tmp_path) as edges:
+        yield edges
 
 
 async def restart_empty(redis: RedisServer, edges: tuple[Edge, ...]) -> None:

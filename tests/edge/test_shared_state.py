@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -45,13 +48,26 @@ async def health(edge: Edge) -> dict:
         return await r.json()
 
 
-async def test_two_edges_sharing_redis_never_admit_more_than_the_limit(tmp_path):
-    redis = RedisServer(tmp_path / "redis").start()
-    pacer = start_pacer(tmp_path, tokens=1, interval_ms=1)
+@contextlib.contextmanager
+def two_edges_on_redis(folder: Path) -> Iterator[tuple[RedisServer, Edge, Edge]]:
+    """A real redis-server, a pacer, and two edges sharing their keys and the Redis (fail closed), each with
+    its own ledger."""
+    redis = RedisServer(folder / "redis").start()
+    pacer = start_pacer(folder, tokens=1, interval_ms=1)
     limits = {"backend": "redis", "redis_url": redis.url, "fail_mode": "closed"}
-    first = start_edge(tmp_path / "a", [("r", pacer.url)], limits=limits)
-    second = start_edge(tmp_path / "b", [("r", pacer.url)], keys_db=first.keys_db, limits=limits)
+    first = start_edge(folder / "a", [("r", pacer.url)], limits=limits)
+    second = start_edge(folder / "b", [("r", pacer.url)], keys_db=first.keys_db, limits=limits)
     try:
+        yield redis, first, second
+    finally:
+        first.stop()
+        second.stop()
+        pacer.process.stop()
+        redis.stop()
+
+
+async def test_two_edges_sharing_redis_never_admit_more_than_the_limit(tmp_path):
+    with two_edges_on_redis(tmp_path) as (_, first, second):
         key = first.new_key(rpm=25)
         async with session(first) as s1, session(second) as s2:
             # Ten through each edge one by one, then a burst split across both.
@@ -63,11 +79,6 @@ async def test_two_edges_sharing_redis_never_admit_more_than_the_limit(tmp_path)
             )
         assert statuses.count(200) == 25, statuses
         assert set(statuses) == {200, 429}
-    finally:
-        first.stop()
-        second.stop()
-        pacer.process.stop()
-        redis.stop()
 
 
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
