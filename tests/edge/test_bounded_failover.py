@@ -93,19 +93,25 @@ async def test_a_stall_chain_spends_one_stall_budget_and_the_fallback_takes_the_
         assert answer.status == 200
         events = answer.events()
         assert events[-1] == b"[DONE]" and b'"error"' not in answer.body, answer.body[-400:]
-        assert len(answer.text().split()) == TOKENS  # whole: 4 from a, 4 from b, the rest from e
-        # a and b each failed the stream after their 4 tokens; the third replica of the model is not asked
+        assert len(answer.text().split()) == TOKENS  # whole: 4 from each of two replicas, the rest from e
+        # Two replicas each failed the stream after their 4 tokens; the model's third replica is not asked
         # (it would likely stall the same way): the fallback continues.
-        assert await asked(replicas) == {"a": 1, "b": 1, "c": 0, "e": 1}
+        # Which two of the model's replicas the router tried first depends on its estimates, not on names.
+        counts = await asked(replicas)
+        served = sorted(name for name in OWN if counts[name])
+        assert len(served) == 2 and counts["e"] == 1 and sum(counts[n] for n in OWN) == 2, counts
         log = edge_log(edge)
+        # One log line per attempt: which replica, for which model, what it did (a continuation's own first).
+        lines = [f"attempt 1 at {name} for gemma-3-270m: answered" for name in served]
+        assert all(line in log for line in lines), log[-2000:]
+        first, second = sorted(served, key=lambda name: log.index(f"attempt 1 at {name} for gemma-3-270m"))
         # The first stall waited the stall timeout; the second only what the budget left (the floor).
         assert "no event from the region for 2s" in log
         assert "no event from the region for 1s" in log
         row = await row_of(edge, answer.client_id)
         assert (row["status"], row["model"], row["fallback_from"]) == ("ok", SMALL, MODEL)
-        assert (row["region"], row["continued_from"]) == ("e", "a,b")  # every region that served part
-        # One log line per attempt: which replica, for which model, what it did.
-        assert "attempt 1 at a for gemma-3-270m: answered" in log
+        # every region that served part, in the order they served it
+        assert (row["region"], row["continued_from"]) == ("e", f"{first},{second}")
     finally:
         edge.stop()
 
