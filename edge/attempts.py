@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edge.answer import UpstreamFault, read_refusal, refusal_code
 from edge.config import UpstreamConfig
 from edge.h1 import MalformedResponse, Response
 from edge.metrics import EdgeMetrics
 from edge.opened import Opened, UpstreamTiming
+from edge.region_answer import UpstreamFault, read_refusal, refusal_code
 from edge.retry import NO_FIRST_BYTE_BUDGET, Deadline, FirstByteBudget, backoff_s, parse_retry_after
 from edge.upstream import UPSTREAM_ERRORS, Slot, Upstream, UpstreamPool
 from nearshore.jsonlog import FIELDS

@@ -27,12 +27,12 @@ from cache.answer_compare import judge
 from cache.audit import Mode
 from cache.embedder_pool import OutOfScope
 from cache.response_cache import Hit, ResponseCache
-from edge.answer import MAX_TOKEN_TEXT_BYTES, UpstreamFault, read_bounded
 from edge.attempts import Refused
 from edge.billing import PriceTable
 from edge.config import EdgeConfig
 from edge.metrics import EdgeMetrics
 from edge.opened import Opened
+from edge.region_answer import MAX_TOKEN_TEXT_BYTES, UpstreamFault, read_bounded
 from edge.upstream import UPSTREAM_ERRORS
 from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError

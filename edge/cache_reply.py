@@ -4,14 +4,15 @@ framing for a stream (a role event, the text in word-sized chunks, the finish, t
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 
 from aiohttp import web
 
 from cache.response_cache import Hit
-from edge.degraded import answered_by, cut_now
-from edge.journey import CacheUse, Journey
+from edge.degraded import answered_by
+from edge.journey import Journey
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
 from nearshore.protocol.answers import answer_for, stream_chunks
@@ -42,8 +43,8 @@ class CachedReply:
         assert admission is not None
         usage = Usage.of(admission.prompt_estimate, entry.completion_tokens)
         journey.answered(json_encoder.encode(usage))
-        journey.cache = CacheUse(self.hit.kind, lookup_s)
-        if cut_now(journey):  # the remote regions are out: the cache answers in their place
+        journey.cache = dataclasses.replace(journey.cache, status=self.hit.kind, lookup_s=lookup_s)
+        if journey.cut.remote_out:  # the remote regions are out: the cache answers in their place
             answered_by(journey, "cache", entry.model)
         journey.relayed.events = entry.completion_tokens if journey.body and journey.body.stream else None
 

@@ -3,9 +3,10 @@
 Regions marked ``local = true`` are on this side of the ocean (the last mile only). The router leaves them
 out of a model's ranking while any remote replica of it is routable and puts them last in its failover
 order (``degraded.traffic = "standby"``), or ranks them with the others (``"share"``; geo/route.py). The
-cut stage (after admission, before the cache) learns whether every remote replica of the request's model is
-down or ejected by the probes, and the policy for it (edge/degraded_policy.py: by key tier and model).
-While they are, the edge answers, in this order:
+cut stage (edge/stages/cut.py: after admission, before the cache) decides once whether every remote replica
+of the request's model is down or ejected by the probes, and the policy for it (edge/degraded_policy.py: by
+key tier and model); the stages after it read its record (``journey.cut``). While they are out, the edge
+answers, in this order:
 
 1. from the response cache, as its policy allows any request (an exact hit at once; a semantic lookup is
    awaited before the local tier is asked, rather than raced against it): a request the cache does not
@@ -29,39 +30,14 @@ replicas back and standby traffic goes to them from the next request on.
 
 from __future__ import annotations
 
-import time
-
 from edge.attempts import Target
 from edge.degraded_policy import REASON
 from edge.fallbacks import targets
-from edge.journey import Cut, Journey, Reply
+from edge.journey import Journey
 from edge.opened import Opened
-from edge.routing import client_where
 from edge.stream_reply import StreamReply
 from nearshore.protocol.errors import CABLE_CUT, ApiError
 from nearshore.protocol.headers import DEGRADED, MODEL
-from nearshore.protocol.schemas import EmbeddingRequest
-
-
-async def cut_stage(journey: Journey) -> Reply | None:
-    state, body, key = journey.state, journey.body, journey.key
-    tier = state.degraded
-    if tier is None:
-        return None  # no local region: nothing to degrade to
-    assert body is not None and key is not None
-    policy = tier.policy(key.tier, body.model, journey.sizing.alias, key.substitute)
-    where = client_where(journey, state.locator)
-    out = state.pool.router.cut_off(body.model, where, key.tenant, time.monotonic())
-    stand_in = policy.stand_in
-    if isinstance(body, EmbeddingRequest) or not key.allows(stand_in):
-        stand_in = ""  # a vector has no stand-in; a key kept to its models is kept to them in a cut too
-    journey.cut = Cut(body.model in tier.remote_models, out, policy.share_local, stand_in)
-    return None
-
-
-def cut_now(journey: Journey) -> bool:
-    """Every remote replica of the request's model is out, by the cut stage or (later, fresher) the route."""
-    return journey.cut.remote_out or journey.routed.cut
 
 
 def answered_by(journey: Journey, by: str, model: str = "") -> None:
@@ -116,10 +92,10 @@ def answered_locally(journey: Journey, opened: Opened) -> None:
     assert body is not None
     if not cut.served_remotely or not opened.upstream.replica.local:
         return
-    if opened.model == body.model and cut.share_local and not cut_now(journey):
+    if opened.model == body.model and cut.share_local and not cut.remote_out:
         return
     answered_by(journey, "local", opened.model)
     stream = journey.forwarded.stream
-    if isinstance(stream, StreamReply) and not stream.client.prepared:
-        stream.client.headers[DEGRADED] = REASON
-        stream.client.headers.setdefault(MODEL, opened.model)
+    if isinstance(stream, StreamReply):
+        stream.head(DEGRADED, REASON)
+        stream.head(MODEL, opened.model, replace=False)

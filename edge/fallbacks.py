@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from edge.attempts import Target
 from edge.call_body import region_body
+from edge.client_route import route_for
 from edge.journey import Journey
-from edge.routing import route_for
 from geo.route import NoRoute
 from nearshore.protocol.errors import INVALID_REQUEST, ApiError
 from nearshore.protocol.headers import FALLBACK

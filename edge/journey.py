@@ -5,8 +5,8 @@ one small record that it produces and later stages read (authenticate the key, p
 its :class:`Sizing`, admit its :class:`Admission` and :class:`Call`, cut its :class:`Cut`, cache its
 :class:`CacheUse`, route its :class:`Routed`, gate its :class:`Gated`, forward its :class:`Forwarded`,
 relay its :class:`Relayed`, continue its :class:`Continued`), and whichever stage ends the request records
-its :class:`Outcome`. The pipeline's one exit bills from it (:mod:`edge.settle`). Values flow through it as
-fields, never through module-level context.
+its :class:`Outcome`. The pipeline's one exit bills from it (:mod:`edge.stages.settle`). Values flow
+through it as fields, never through module-level context.
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from typing import Literal, Protocol
 
 from aiohttp import web
 
-from edge.budget import Hold
+from cache.keys import CacheKey
+from edge.cache_lookup import NO_DIRECTIVES, Directives, SemanticLookup
 from edge.keys import ApiKey
 from edge.limits import Decision
 from edge.opened import Opened
 from edge.retry import NO_FIRST_BYTE_BUDGET, Deadline, FirstByteBudget
+from edge.spend_budget import Hold
 from edge.sse_relay import StreamOutcome
 from edge.state import EdgeState
 from edge.upstream import Upstream
@@ -122,8 +124,9 @@ class Call:
 
 @dataclass(slots=True)
 class Cut:
-    """The cut stage's (edge/degraded.py): whether the request's model is cut off from its remote regions,
-    the degraded tier's policy for it, and who answered because the remote regions could not."""
+    """The cut stage's decision (edge/stages/cut.py), made once: whether the request's model is cut off
+    from its remote regions, and the degraded tier's policy for it. Later stages read it, they do not ask
+    the router again; who answered in the remote regions' place is noted here too (edge/degraded.py)."""
 
     served_remotely: bool = False  # remote regions serve its model (False: no local region, no cut stage)
     remote_out: bool = False  # every remote replica of the model is down or ejected (by the probes)
@@ -134,10 +137,14 @@ class Cut:
 
 @dataclass(frozen=True, slots=True)
 class CacheUse:
-    """What the response cache did for the request (the ledger's ``cache_status``)."""
+    """What the response cache did for the request (the ledger's ``cache_status``), and what the store
+    stage needs to keep its answer: the cache stage's key, the client's directives, the semantic lookup."""
 
     status: str = "bypass"  # "bypass" (not looked up) | "miss" | "exact" | "semantic"
     lookup_s: float = 0.0  # the lookup that answered (Server-Timing cache;dur)
+    key: CacheKey | None = None  # None: the request is not cached
+    directives: Directives = NO_DIRECTIVES
+    semantic: SemanticLookup | None = None  # the lookup the forward stage races, and the store reuses
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +153,6 @@ class Routed:
 
     route: Route | None = None
     unrouted: str = ""  # why no replica may serve the model asked for (its fallbacks may)
-    cut: bool = False  # every remote replica of the model is out (the route is local, or there is none)
     route_s: float = 0.0  # the route stage's time (Server-Timing route;dur)
 
 
@@ -253,6 +259,7 @@ class Journey:
     continued: Continued = field(default_factory=Continued)  # continue
     outcome: Outcome = field(default_factory=Outcome)  # whichever stage ends it
     billed: Usage | None = None  # settle: the usage as settled (checked), once billed
+    settled: AuditedUsage | None = None  # settle: what the answer's finish says of the usage
     # Run at the exit whatever happened (stop a stream's watchdog, release an unread answer).
     cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 

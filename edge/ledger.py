@@ -47,7 +47,7 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
-    # What the response cache did (edge/cache_stage.py): "bypass" (not looked up: no cache, or a request it
+    # What the response cache did (edge/stages/cache.py): "bypass" (not looked up: no cache, or a request it
     # does not keep, such as an embedding or a sampled answer), "miss" (looked up; a region answered), or
     # the hit that answered: "exact" or "semantic" (a semantic lookup may find the exact question too).
     cache_status: str

@@ -17,12 +17,10 @@ from aiohttp import web
 from cache.audit import AuditBook
 from edge.app import EdgeState, create_app, create_metrics_app
 from edge.billing import PriceTable
-from edge.budget import BudgetBook, SharedBudgets
 from edge.cache_audit import Auditor
 from edge.cache_setup import cache_lifetime, make_cache
 from edge.config import EdgeConfig, FallbackConfig, file_problems, open_named_file, value_problems
 from edge.degraded_policy import check_degraded, make_degraded
-from edge.gate_stage import make_gates
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
 from edge.inflight import STOP_GRACE_S, end_revoked
 from edge.keys import KeyStore, refresh_keys
@@ -32,6 +30,8 @@ from edge.limits_memory import MemoryLimiter
 from edge.limits_redis import RedisLimiter
 from edge.metrics import EdgeMetrics
 from edge.pipeline import Pipeline
+from edge.pool_gate import make_gates
+from edge.spend_budget import BudgetBook, SharedBudgets
 from edge.stages import default_pipeline
 from edge.token_count import make_counter
 from edge.upstream import UpstreamPool

@@ -14,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from edge.config import PoolsConfig
 from edge.key_share import KeyShares
+from geo.route import Replica
 from nearshore.protocol.errors import OVERLOADED, ApiError
 
 
@@ -93,3 +96,23 @@ class PoolGate:
             "Retry shortly.",
             retry_after_s=1,
         )
+
+
+POOL_CLASSES = ("large", "small", "embedding")
+
+
+def make_gates(config: PoolsConfig, replicas: Sequence[Replica]) -> dict[str, PoolGate]:
+    gates = {}
+    for pool in POOL_CLASSES:
+        limits = getattr(config, pool)
+        capacity = sum(r.spec.capacity for r in replicas if r.spec.pool == pool)
+        shares = KeyShares(pool, config.key_share)
+        gates[pool] = PoolGate(
+            pool,
+            limits.max_inflight or capacity,
+            limits.max_queue,
+            limits.max_wait_s,
+            config.tier_order,
+            shares,
+        )
+    return gates

@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 
 from cache.embedder_pool import OutOfScope
-from edge.answer import MAX_VECTOR_BYTES, UpstreamFault, check_embeddings, read_bounded
+from edge.region_answer import MAX_VECTOR_BYTES, UpstreamFault, check_embeddings, read_bounded
 from edge.upstream import UPSTREAM_ERRORS, UpstreamPool
 
 

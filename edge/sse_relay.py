@@ -1,4 +1,5 @@
-"""The checked SSE copy of one region's stream to the client (the relay stage's engine, :mod:`edge.relay`).
+"""The checked SSE copy of one region's stream to the client (the engine of the stream's owner,
+:mod:`edge.stream_reply`).
 
 Nothing here buffers a stream: the region's bytes are checked and written to the client as they arrive, from
 the connection's own ``data_received`` (no coroutine wakes per event), and a client that reads slowly pauses
@@ -20,8 +21,8 @@ from dataclasses import dataclass, field
 import msgspec
 from aiohttp import web
 
-from edge.answer import NO_USAGE, UpstreamFault, passed_on, usage_bytes
 from edge.h1 import MalformedResponse, Response
+from edge.region_answer import NO_USAGE, UpstreamFault, passed_on, usage_bytes
 from nearshore.protocol import sse
 from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, ApiError, ErrorBody
 
@@ -30,6 +31,8 @@ from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, Ap
 _TAIL_S = 1.0
 # Past this much unsent to the client, the region's connection is paused until the client drains.
 _CLIENT_HIGH_WATER = 64 * 1024
+# ... and resumed once the client's socket holds no more than this.
+_CLIENT_LOW_WATER = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,12 +327,16 @@ class SseRelay:
         self._draining = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
-        writer = self.client._payload_writer  # aiohttp's writer: its drain waits on the transport's pause
-        try:
-            if writer is not None:
-                await writer.drain()
-        except (ConnectionError, RuntimeError) as exc:
-            self._broken = exc
+        """Wait until the client's socket has taken most of what is queued for it, through the transport's
+        public API (a slow reader only: the wait starts at a millisecond and backs off to 50 ms)."""
+        transport, wait_s = self.request.transport, 0.001
+        while transport is not None and not transport.is_closing():
+            if transport.get_write_buffer_size() <= _CLIENT_LOW_WATER:
+                break
+            await asyncio.sleep(wait_s)
+            wait_s = min(wait_s * 2, 0.05)
+        else:
+            self._broken = ConnectionResetError("the client went away")
             self._finish()
             return
         self.write_started = 0.0

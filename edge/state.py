@@ -11,7 +11,6 @@ from aiohttp import web
 
 from cache.response_cache import ResponseCache
 from edge.billing import PriceTable
-from edge.budget import BudgetBook, Budgets
 from edge.cache_audit import Auditor
 from edge.config import EdgeConfig
 from edge.degraded_policy import DegradedTier
@@ -21,6 +20,7 @@ from edge.ledger import Ledger
 from edge.limits import RateLimiter
 from edge.metrics import EdgeMetrics
 from edge.pool_gate import PoolGate
+from edge.spend_budget import BudgetBook, Budgets
 from edge.token_count import TokenCounter
 from edge.upstream import UpstreamPool
 from geo.locate import Locator

@@ -1,6 +1,8 @@
-"""A stream's client side: started by the forward stage before the region answers (its watchdog sends
-heartbeats while the region prefills), filled by the relay stage, and ended by its ``finish`` once the
-journey is billed (the checked usage chunk or the error event, then ``[DONE]``).
+"""One stream's owner: its client side, started by the forward stage before the region answers (its watchdog
+sends heartbeats while the region prefills), relayed from the region by the relay stage (``relay_from``),
+continued from another region by the continue stage (``continue_from``), ended as the last region left it
+(``end``), and finished once the journey is billed (the checked usage chunk or the error event, then
+``[DONE]``). The stages act on a stream through these verbs only.
 
 Also the answer to a request that failed before any token reached the client: a plain HTTP error if
 nothing did, else an error event on the stream a heartbeat already committed.
@@ -9,20 +11,27 @@ nothing did, else an error event on the stream a heartbeat already committed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from edge.answer import with_usage
-from edge.journey import Journey, Reply
+from edge.answer_size import event_budget, response_budget
+from edge.journey import Journey, Reply, WholeAnswer
 from edge.opened import Opened
-from edge.response_budget import event_budget, response_budget
-from edge.sse_relay import SseRelay, StreamLimits
+from edge.region_answer import with_usage
+from edge.retry import stall_window
+from edge.sse_relay import SseRelay, StreamClock, StreamLimits, StreamOutcome
+from edge.upstream import Upstream
 from edge.usage_audit import AuditedUsage
 from edge.watchdog import StreamWatchdog
 from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError
 from nearshore.protocol.headers import REGION, SERVER_TIMING
+
+# Its lines keep the logger they had when the relay lived in the forward stage.
+log = logging.getLogger("nearshore.edge.forward")
 
 
 class StreamReply:
@@ -42,6 +51,95 @@ class StreamReply:
     @property
     def first_write_at(self) -> float:
         return self.relay.first_write_at
+
+    def head(self, name: str, value: str, *, replace: bool = True) -> None:
+        """A header of the response head, while it is not sent (after a heartbeat: in its chunks only)."""
+        if not self.client.prepared and (replace or name not in self.client.headers):
+            self.client.headers[name] = value
+
+    async def relay_from(self, opened: Opened) -> StreamOutcome:
+        """Relay ``opened``'s stream on the request's clock: its first token within ttft_timeout_s of
+        asking it and within the request's first-byte budget, then no silence longer than the stall window
+        (the stall timeout, or what the stalls that cut this stream before left of the stall budget), all
+        before the deadline."""
+        journey = self.journey
+        up, forwarded = journey.state.config.upstream, journey.forwarded
+        assert forwarded.deadline is not None
+        asked_at = time.monotonic() - (time.perf_counter() - opened.timing.forwarded_at)
+        first_s = forwarded.first_byte.limit(opened.model, up.ttft_timeout_s, now=asked_at)
+        window_s = stall_window(up.stall_timeout_s, up.stall_budget_s, journey.continued.stalled_s)
+        self.relay.clock = StreamClock(asked_at + first_s, window_s, forwarded.deadline.at, first_s)
+        return await self.relay.relay(opened.response)
+
+    async def continue_from(self, opened: Opened) -> StreamOutcome:
+        """Relay another region's continuation of the answer: its role event is not sent again, and its
+        first token is a silence of the stream the client has (the stall window bounds it)."""
+        self.relay.resume()
+        return await self.relay_from(opened)
+
+    def end(self, outcome: StreamOutcome) -> Reply:
+        """Record how the stream ended: answered (its text whole), or failed (an error event tells the
+        client at the finish)."""
+        journey = self.journey
+        if outcome.bad_events:
+            self._count_bad_events(outcome)
+        if outcome.failure is not None:
+            journey.failed(outcome.failure)
+            self.failure = outcome.failure
+        else:
+            journey.answered(outcome.usage)
+            journey.relayed.answer = WholeAnswer("".join(outcome.text), outcome.finish_reason)
+        return self
+
+    async def guarded(self, step: Callable[[], Awaitable[Reply | None]]) -> Reply | None:
+        """Run ``step``, which relays this stream, as the client may break it. Unless the step hands the
+        stream on (None: the continue stage takes it), what was relayed is noted on the journey however it
+        ends."""
+        journey = self.journey
+        state = journey.state
+        handed_on = False
+        try:
+            reply = await step()
+            handed_on = reply is None
+            return reply
+        except (ConnectionError, TimeoutError):
+            # The client stopped reading (write timeout) or its socket broke: cut off, billed what it got.
+            journey.left()
+            self.cut = True
+            state.in_background(state.pool.replenish(self._answering()))
+            return self
+        except asyncio.CancelledError:
+            # The client left: leaving the relay closed the upstream request, so the region aborts.
+            state.in_background(state.pool.replenish(self._answering()))
+            raise
+        finally:
+            if not handed_on:
+                self._note_relayed(self.relay.outcome)
+
+    def _answering(self) -> Upstream:
+        opened = self.journey.forwarded.opened
+        assert opened is not None
+        return opened.upstream
+
+    def _note_relayed(self, outcome: StreamOutcome) -> None:
+        journey = self.journey
+        journey.relayed.events = outcome.content_events
+        recorded = journey.outcome
+        recorded.produced = recorded.produced or outcome.content_events > 0
+        if recorded.usage is None:
+            recorded.usage = outcome.usage
+
+    def _count_bad_events(self, outcome: StreamOutcome) -> None:
+        journey = self.journey
+        region = journey.forwarded.region
+        journey.relayed.bad_events = outcome.bad_events
+        journey.state.metrics.bad_events.labels(region or "none").inc(outcome.bad_events)
+        log.warning(
+            "request %s: %s sent %d stream events that do not parse (skipped)",
+            journey.request_id,
+            region,
+            outcome.bad_events,
+        )
 
     async def commit(self, opened: Opened | None = None) -> None:
         """Send the response head (once); with the region's answer, its name and timings go in it."""

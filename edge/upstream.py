@@ -20,10 +20,10 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from edge.answer import UpstreamFault, read_bounded
 from edge.config import UpstreamConfig
 from edge.h1 import MalformedResponse, Response
 from edge.h1_pool import H1Pool
+from edge.region_answer import UpstreamFault, read_bounded
 from edge.retry import RetryBudget
 from geo.catalog import GeoConfig, RegionSpec
 from geo.route import Replica, Route, Router

@@ -142,6 +142,35 @@ def test_links_and_their_control_api_import_one_way():
     assert not any(name.startswith("netem.control") for name in link)
 
 
+STAGES = "edge.stages"
+# Where the stages are put in order: the package itself, and the edge's app and process that run it.
+STAGE_ASSEMBLY = {STAGES, "edge.app", "edge.node"}
+
+
+def test_no_stage_imports_another_and_what_they_share_lives_below_them():
+    """The edge's stages are rooms (ARCHITECTURE.md, "The journey of one request"): one file per stage in
+    edge/stages/, none importing another; what two stages share lives below them, and only the assembly
+    (which puts them in order) imports a stage."""
+    graph = _graph()
+    stages = {m for m in graph if m.startswith(STAGES + ".")}
+    assert {m.removeprefix(STAGES + ".") for m in stages} >= {
+        "authenticate", "parse", "rightsize", "admit", "cut", "cache", "route", "gate", "forward", "relay",
+        "continuation", "store", "settle",
+    }  # fmt: skip
+    wrong = []
+    for module, targets in graph.items():
+        if not module.startswith("edge."):
+            continue
+        for target in targets:
+            if target not in stages or target == module:
+                continue
+            if module in stages:
+                wrong.append(f"stage {module} imports stage {target}")
+            elif module not in STAGE_ASSEMBLY:
+                wrong.append(f"{module}, below the stages, imports stage {target}")
+    assert not wrong
+
+
 def test_no_file_over_500_lines():
     files = [*_modules().values(), *sorted((REPO / "tests").rglob("*.py"))]
     long = {str(path): n for path in files if (n := len(path.read_text().splitlines())) > MAX_LINES}

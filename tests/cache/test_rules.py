@@ -106,7 +106,7 @@ def test_spacing_inside_quotes_is_kept_in_the_exact_key_and_prose_around_them_is
 
 
 def test_the_scope_setting_keeps_keys_or_users_apart_within_a_tenant():
-    from edge.cache_stage import scope_of
+    from edge.cache_lookup import scope_of
     from edge.keys import ApiKey
 
     key = ApiKey(key_id="k1", tenant="acme")

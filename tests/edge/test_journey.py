@@ -89,6 +89,8 @@ async def test_a_new_stage_plugs_in_without_touching_the_others(tmp_path: Path, 
         "forward",
         "relay",
         "continue",
+        "store",
+        "settle",
     ]
     key = new_key(tmp_path)
     async for url in serve(build_edge_app(edge_config(tmp_path, pacer.url), pipeline)):

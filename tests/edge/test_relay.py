@@ -13,16 +13,16 @@ from typing import Any
 import msgspec
 import pytest
 
+from edge.asking import take
 from edge.config import EdgeConfig
-from edge.forward import take
 from edge.journey import Admission, Call, Journey, WholeAnswer
 from edge.limits import Decision, Window
 from edge.metrics import EdgeMetrics
 from edge.opened import Opened, UpstreamTiming
-from edge.relay import UnaryReply, relay
-from edge.resume import continue_stage
 from edge.retry import Deadline, RetryBudget
 from edge.sse_relay import SseRelay, StreamLimits
+from edge.stages.continuation import continue_stage
+from edge.stages.relay import UnaryReply, relay
 from edge.stream_reply import StreamReply
 from edge.token_count import EstimatingCounter
 from edge.upstream import Upstream

@@ -14,14 +14,14 @@ import msgspec
 import pytest
 
 from edge.billing import Price, PriceTable
-from edge.budget import Hold
 from edge.config import EdgeConfig
 from edge.journey import CLIENT_LEFT, Admission, CacheUse, Journey
 from edge.keys import ApiKey
 from edge.ledger import UsageRecord
 from edge.limits import Decision, Window
 from edge.metrics import EdgeMetrics
-from edge.settle import settle_journey
+from edge.spend_budget import Hold
+from edge.stages.settle import settle_journey
 from nearshore.protocol.errors import UPSTREAM_UNAVAILABLE, ApiError
 from nearshore.protocol.schemas import ChatCompletionRequest
 

@@ -8,8 +8,8 @@ import asyncio
 import msgspec
 import pytest
 
-from edge.budget import BudgetBook
 from edge.keys import ApiKey
+from edge.spend_budget import BudgetBook
 from edge.token_count import EstimatingCounter, chat_ceiling, text_ceiling
 from edge.usage_audit import UsageBounds, audit_usage
 from nearshore.protocol.errors import ApiError

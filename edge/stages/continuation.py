@@ -14,9 +14,10 @@ is under ``upstream.continue_max_tokens``; a key's request opts out with ``x-nea
 continued but asked again of another replica (nothing reached the client), whatever those settings say.
 
 The continue stage runs after the relay stage, on the stream the relay reported cut: while the stream may be
-continued, it opens the next replica's stream (taken on the journey by the forward stage, as the first was)
-and relays it to the same client; then it ends the stream as the last region left it. The model's own local
-replicas come last in its order, then the local stand-in, if the request may have it (edge/degraded.py).
+continued, it opens the next replica's stream (taken on the journey as the first was, :mod:`edge.asking`)
+and the stream's owner relays it to the same client; then it ends the stream as the last region left it.
+The model's own local replicas come last in its order, then the local stand-in, if the request may have it
+(edge/degraded.py).
 """
 
 from __future__ import annotations
@@ -25,17 +26,15 @@ import logging
 
 import msgspec
 
-from edge.answer import with_usage
-from edge.asking import ask_regions
+from edge.asking import ask_regions, take
 from edge.attempts import Attempts, Refused, Target
+from edge.client_route import route_for
 from edge.degraded import stand_ins
 from edge.fallbacks import targets
-from edge.forward import take
 from edge.journey import CutShort, Journey, Reply
 from edge.opened import Opened
-from edge.relay import end_stream, relay_from, relay_guarded
+from edge.region_answer import with_usage
 from edge.retry import stall_window
-from edge.routing import route_for
 from edge.sse_relay import StreamOutcome
 from edge.stream_reply import StreamReply
 from edge.upstream import Upstream
@@ -59,12 +58,12 @@ async def continue_stage(journey: Journey) -> Reply | None:
     cut, stream = journey.relayed.cut, journey.forwarded.stream
     if cut is None or not isinstance(stream, StreamReply):
         return None  # nothing was cut: the relay stage answered
-    return await relay_guarded(journey, stream, lambda: _continue(journey, stream, cut))
+    return await stream.guarded(lambda: _continue(journey, stream, cut))
 
 
 async def _continue(journey: Journey, stream: StreamReply, cut: CutShort) -> Reply:
     """Other replicas continue the answer while it may be continued; the stream ends as the last left it."""
-    state, relay = journey.state, stream.relay
+    state = journey.state
     opened, outcome, failed = cut.opened, cut.outcome, list(cut.tried)
     _note_stall(journey, outcome)
     while may_continue(journey, outcome):
@@ -79,12 +78,11 @@ async def _continue(journey: Journey, stream: StreamReply, cut: CutShort) -> Rep
         opened = resumed
         failed.append(resumed.upstream)
         first_events = outcome.content_events
-        relay.resume()
-        outcome = await relay_from(journey, relay, resumed)
+        outcome = await stream.continue_from(resumed)
         _note_stall(journey, outcome)
         combine_usage(outcome, first_events, journey.bounds.prompt_ceiling)
         state.metrics.continued.labels(died, journey.forwarded.region).inc()
-    return end_stream(journey, stream, outcome)
+    return stream.end(outcome)
 
 
 def _note_stall(journey: Journey, outcome: StreamOutcome) -> None:

@@ -4,33 +4,9 @@ pool is full (:mod:`edge.pool_gate`). Both are given back at the journey's exit,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from edge.config import PoolsConfig
 from edge.journey import Gated, Journey, Reply
 from edge.key_share import KeyShares
-from edge.pool_gate import PoolGate
-from geo.route import Replica
 from nearshore.protocol.errors import CONCURRENCY_LIMITED, ApiError
-
-POOL_CLASSES = ("large", "small", "embedding")
-
-
-def make_gates(config: PoolsConfig, replicas: Sequence[Replica]) -> dict[str, PoolGate]:
-    gates = {}
-    for pool in POOL_CLASSES:
-        limits = getattr(config, pool)
-        capacity = sum(r.spec.capacity for r in replicas if r.spec.pool == pool)
-        shares = KeyShares(pool, config.key_share)
-        gates[pool] = PoolGate(
-            pool,
-            limits.max_inflight or capacity,
-            limits.max_queue,
-            limits.max_wait_s,
-            config.tier_order,
-            shares,
-        )
-    return gates
 
 
 def pool_of(journey: Journey) -> str:

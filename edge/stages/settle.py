@@ -1,5 +1,6 @@
-"""The journey's one bill: audit the usage, settle the reservation and the budget hold, write the ledger row,
-count the metrics. Called once per admitted request by the pipeline's exit (:mod:`edge.pipeline`).
+"""The settle stage, the journey's last: its one bill. Audit the usage, settle the reservation and the budget
+hold, write the ledger row, count the metrics; once per admitted request, at the pipeline's exit
+(:mod:`edge.pipeline`), whatever ended it. The answer's last bytes go after it (``journey.settled``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from edge.usage_audit import AuditedUsage, audit_usage
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("nearshore.edge")
+
+
+async def settle_stage(journey: Journey) -> None:
+    journey.settled = await settle_journey(journey)
 
 
 async def settle_journey(journey: Journey) -> AuditedUsage | None:
