@@ -11,6 +11,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
 MetricType = Literal["counter", "gauge", "histogram"]
 # The series a family of each type exposes, by suffix (Prometheus' text format, prometheus_client's
 # ``_created`` included).
@@ -28,6 +30,7 @@ class MetricSpec:
     labels: tuple[str, ...]
     meaning: str  # the HELP text, word for word
     optional_labels: tuple[str, ...] = ()  # labels that a setting adds (e.g. tenant, when asked for)
+    buckets: tuple[float, ...] = ()  # a histogram's upper bounds (empty: prometheus_client's defaults)
 
     def series(self) -> tuple[str, ...]:
         """The series names a scrape shows for this family."""
@@ -44,3 +47,17 @@ def family_of(series: str, catalog: Iterable[MetricSpec]) -> MetricSpec | None:
         if series in spec.series():
             return spec
     return None
+
+
+Family = Counter | Gauge | Histogram
+
+
+def make_family(spec: MetricSpec, registry: CollectorRegistry, with_optional: bool = False) -> Family:
+    """The family ``spec`` declares, in ``registry`` (with its optional labels when a setting asks)."""
+    labels = [*spec.labels, *(spec.optional_labels if with_optional else ())]
+    if spec.type == "histogram":
+        if spec.buckets:
+            return Histogram(spec.name, spec.meaning, labels, registry=registry, buckets=spec.buckets)
+        return Histogram(spec.name, spec.meaning, labels, registry=registry)
+    made = Counter if spec.type == "counter" else Gauge
+    return made(spec.name, spec.meaning, labels, registry=registry)
