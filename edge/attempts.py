@@ -99,6 +99,7 @@ class Attempts:
     choices: int = 1  # n: a replica that reports taking fewer in one request is not asked
     first_byte: FirstByteBudget = NO_FIRST_BYTE_BUDGET  # the request's, shared by every attempt
     request_id: str = ""  # for its log lines
+    rescuing: bool = False  # a stream's continuation: each attempt is worth a line, even one that answers
     made: int = 0
     skipped: list[str] = field(default_factory=list)
     # What the failures were, for the client's error.
@@ -252,6 +253,13 @@ class Attempts:
         return opened, again
 
     def _log(self, upstream: Upstream, target: Target, what: str, started: float, asked: bool = True) -> None:
+        # A request's one attempt that answered is the common case: its line is DEBUG (at INFO, one line a
+        # request cost the edge 7% of its CPU). Every attempt of a request that needed more than one, and
+        # every continuation's, is INFO: which replica failed, why, and after how long.
+        plain = asked and what == "answered" and self.made == 1 and not self.rescuing
+        level = logging.DEBUG if plain else logging.INFO
+        if not log.isEnabledFor(level):
+            return
         seconds = time.perf_counter() - started
         if not asked:
             model = target.model
@@ -265,7 +273,8 @@ class Attempts:
             "outcome": what[:200],
             "ms": round(seconds * 1000, 3),
         }
-        log.info(
+        log.log(
+            level,
             "request %s: attempt %d at %s for %s: %s (%.3fs)",
             self.request_id,
             self.made,

@@ -227,6 +227,7 @@ async def _continued(journey: Journey, outcome: StreamOutcome, tried: list[Upstr
         admission.prompt_estimate,
         choices=admission.choices,
         request_id=journey.request_id,
+        rescuing=True,
     )
     window_s = stall_window(up.stall_timeout_s, up.stall_budget_s, journey.continued.stalled_s)
     try:
