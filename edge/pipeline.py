@@ -135,12 +135,11 @@ async def _run_stages(pipeline: Pipeline, journey: Journey) -> Reply:
 async def _close(pipeline: Pipeline, journey: Journey) -> None:
     """The closing stages, in order."""
     for stage in pipeline.closing:
-        if not stage.best_effort:
-            await cast(ClosingStep, stage.run)(journey)
-            continue
         try:
             await cast(ClosingStep, stage.run)(journey)
         except Exception:
+            if not stage.best_effort:
+                raise
             log.exception("the %s stage failed for request %s", stage.name, journey.request_id)
 
 
