@@ -293,13 +293,16 @@ class Attempts:
             self._timeouts += 1
             self.skipped.append(f"{upstream.name}: the request's first-byte budget is spent")
             return None, None
+        # Its limit is what was left of the deadline: a timeout is the deadline's, even if the loop's timer
+        # fires a hair before it (passed() alone then says no, and the error would not name the deadline).
+        at_deadline = limit >= self.deadline.left()
         self.made += 1
         timing = UpstreamTiming(forwarded_at=time.perf_counter())
         try:
             response, slot = await _post(upstream, path, headers, target.body, limit)
         except TimeoutError:
             self._timeouts += 1
-            self._deadline_hit = self._deadline_hit or self.deadline.passed()
+            self._deadline_hit = self._deadline_hit or at_deadline or self.deadline.passed()
             self._skip(upstream, target.model, f"no answer within {round(limit, 2):g}s")
             return None, None
         except MalformedResponse as exc:  # it answered, but not in HTTP
