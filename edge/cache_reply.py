@@ -12,7 +12,7 @@ from aiohttp import web
 
 from cache.response_cache import Hit
 from edge.degraded import answered_by
-from edge.journey import Journey
+from edge.journey import Journey, Relayed
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol import sse
 from nearshore.protocol.answers import answer_for, stream_chunks
@@ -42,11 +42,16 @@ class CachedReply:
         admission = journey.admission
         assert admission is not None
         usage = Usage.of(admission.prompt_estimate, entry.completion_tokens)
-        journey.answered(json_encoder.encode(usage))
+        journey.answered()
         journey.cache = dataclasses.replace(journey.cache, status=self.hit.kind, lookup_s=lookup_s)
         if journey.cut.remote_out:  # the remote regions are out: the cache answers in their place
             answered_by(journey, "cache", entry.model)
-        journey.relayed.events = entry.completion_tokens if journey.body and journey.body.stream else None
+        streamed = journey.body is not None and journey.body.stream
+        journey.relayed = Relayed(
+            events=entry.completion_tokens if streamed else None,
+            usage=json_encoder.encode(usage),
+            produced=True,
+        )
 
     def _headers(self, audited: AuditedUsage | None) -> dict[str, str]:
         journey = self.journey

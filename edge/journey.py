@@ -4,9 +4,11 @@ The arrival (who asked, when, with which ids) is fixed when the journey starts; 
 one small record that it produces and later stages read (authenticate the key, parse the body, rightsize
 its :class:`Sizing`, admit its :class:`Admission` and :class:`Call`, cut its :class:`Cut`, cache its
 :class:`CacheUse`, route its :class:`Routed`, gate its :class:`Gated`, forward its :class:`Forwarded`,
-relay its :class:`Relayed`, continue its :class:`Continued`), and whichever stage ends the request records
-its :class:`Outcome`. The pipeline's one exit bills from it (:mod:`edge.stages.settle`). Values flow
-through it as fields, never through module-level context.
+continue its :class:`Continued`), and whichever stage ends the request records its :class:`Outcome`. What
+reached the client is read from whoever delivered it (:class:`Delivery`: a stream's owner, referenced
+from the forward stage on, or the :class:`Relayed` record of a unary answer or a cache hit). The
+pipeline's one exit bills from it (:mod:`edge.stages.settle`). Values flow through it as fields, never
+through module-level context.
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ from edge.limits import Decision
 from edge.opened import Opened
 from edge.retry import NO_FIRST_BYTE_BUDGET, Deadline, FirstByteBudget
 from edge.spend_budget import Hold
-from edge.sse_relay import StreamOutcome
 from edge.state import EdgeState
-from edge.upstream import Upstream
 from edge.usage_audit import AuditedUsage, Delivered, UsageBounds
 from geo.route import Route
 from nearshore.protocol.errors import ApiError
@@ -183,24 +183,56 @@ class WholeAnswer:
     finish_reason: str
 
 
+class Delivery(Protocol):
+    """What reached the client, read from whoever delivered it: a stream's owner
+    (:class:`edge.stream_reply.StreamReply`, which holds it as the stream goes), or the :class:`Relayed`
+    record of a unary answer or a cache hit. The journey keeps a reference, never a copy."""
+
+    @property
+    def events(self) -> int | None:
+        """Streams: the content events that reached the client (None: not a stream)."""
+        ...
+
+    @property
+    def delivered(self) -> Delivered | None:
+        """Unary answers: the text that reached the client, in tokens."""
+        ...
+
+    @property
+    def answer(self) -> WholeAnswer | None:
+        """The answer, once it reached the client whole (what the store stage keeps)."""
+        ...
+
+    @property
+    def usage(self) -> bytes | None:
+        """The region's usage JSON, unchecked (the settle stage audits it)."""
+        ...
+
+    @property
+    def produced(self) -> bool:
+        """An answer, or a streamed token, came back."""
+        ...
+
+    @property
+    def bad_events(self) -> int:
+        """Stream events from a region that did not parse (skipped)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
-class CutShort:
-    """A stream its region ended with a failure: the relay's report, for the continue stage to act on."""
-
-    opened: Opened  # the region that failed it
-    outcome: StreamOutcome  # how it ended, and the text the client already has
-    tried: tuple[Upstream, ...]  # the replicas that failed this stream
-
-
-@dataclass(slots=True)
 class Relayed:
-    """What reached the client (the relay's, or a cache hit's, which delivers too)."""
+    """A delivery recorded whole, when it happened: a unary answer's, a cache hit's (which delivers too),
+    or nothing yet."""
 
-    events: int | None = None  # streams: content events that reached the client
-    delivered: Delivered | None = None  # unary answers: the text that reached the client, in tokens
-    answer: WholeAnswer | None = None  # set once an answer reached the client whole
-    bad_events: int = 0  # stream events from a region that did not parse (skipped)
-    cut: CutShort | None = None  # a stream cut by its region, handed to the continue stage
+    events: int | None = None
+    delivered: Delivered | None = None
+    answer: WholeAnswer | None = None
+    usage: bytes | None = None
+    produced: bool = False
+    bad_events: int = 0
+
+
+NOTHING_RELAYED = Relayed()
 
 
 @dataclass(slots=True)
@@ -226,8 +258,6 @@ class Outcome:
     status: Status = "aborted"
     http_status: int = CLIENT_LEFT
     error_code: str = ""
-    usage: bytes | None = None  # the region's usage JSON, unchecked
-    produced: bool = False  # an answer, or a streamed token, came back
     refused: bool = False  # the region refused the request itself (a 4xx)
     stopped: bool = False  # the edge itself ended it (its key revoked, a shutdown): no region failed it
     recorded: bool = False  # an outcome was recorded
@@ -255,7 +285,7 @@ class Journey:
     routed: Routed = Routed()  # route
     gated: Gated = Gated()  # gate
     forwarded: Forwarded = field(default_factory=Forwarded)  # forward
-    relayed: Relayed = field(default_factory=Relayed)  # relay
+    relayed: Delivery = NOTHING_RELAYED  # relay (a stream's owner from the forward stage on)
     continued: Continued = field(default_factory=Continued)  # continue
     outcome: Outcome = field(default_factory=Outcome)  # whichever stage ends it
     billed: Usage | None = None  # settle: the usage as settled (checked), once billed
@@ -263,9 +293,9 @@ class Journey:
     # Run at the exit whatever happened (stop a stream's watchdog, release an unread answer).
     cleanups: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
-    def answered(self, usage: bytes | None) -> None:
+    def answered(self) -> None:
         o = self.outcome
-        o.status, o.http_status, o.usage, o.produced = "ok", 200, usage, True
+        o.status, o.http_status = "ok", 200
         o.recorded = True
 
     def failed(self, error: ApiError, *, refused: bool = False) -> None:

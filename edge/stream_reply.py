@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -24,7 +25,7 @@ from edge.region_answer import with_usage
 from edge.retry import stall_window
 from edge.sse_relay import SseRelay, StreamClock, StreamLimits, StreamOutcome
 from edge.upstream import Upstream
-from edge.usage_audit import AuditedUsage
+from edge.usage_audit import AuditedUsage, Delivered
 from edge.watchdog import StreamWatchdog
 from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError
@@ -34,8 +35,20 @@ from nearshore.protocol.headers import REGION, SERVER_TIMING
 log = logging.getLogger("nearshore.edge.forward")
 
 
+@dataclass(frozen=True, slots=True)
+class CutShort:
+    """A stream its region ended with a failure: the relay's report, for the continue stage to act on."""
+
+    opened: Opened  # the region that failed it
+    outcome: StreamOutcome  # how it ended, and the text the client already has
+    tried: tuple[Upstream, ...]  # the replicas that failed this stream
+
+
 class StreamReply:
-    """The client's side of one stream: committed by the first heartbeat or the region's answer."""
+    """One stream, whole: its client side (committed by the first heartbeat or the region's answer), the
+    relay that copies its regions' events to it, and what reached the client (the relay's
+    :class:`StreamOutcome`, the one record of it: the journey reads it here as its
+    :class:`~edge.journey.Delivery`)."""
 
     def __init__(self, journey: Journey, relay: SseRelay) -> None:
         assert journey.call is not None
@@ -45,12 +58,41 @@ class StreamReply:
         self.relay = relay
         self.keep_usage = journey.call.keep_usage
         self.failure: ApiError | None = None
-        self.cut = False  # the client stopped reading or went away: no end to send
+        self.cut_short: CutShort | None = None  # its region failed it: the continue stage's to take on
+        self.client_left = False  # the client stopped reading or went away: no end to send
+        self._ended_whole = False
         self._prepare_lock = asyncio.Lock()
 
     @property
     def first_write_at(self) -> float:
         return self.relay.first_write_at
+
+    # --- what reached the client (edge.journey.Delivery) ---
+
+    @property
+    def events(self) -> int | None:
+        return self.relay.outcome.content_events
+
+    @property
+    def delivered(self) -> Delivered | None:
+        return None  # a stream's tokens are its events
+
+    @property
+    def answer(self) -> WholeAnswer | None:
+        outcome = self.relay.outcome
+        return WholeAnswer("".join(outcome.text), outcome.finish_reason) if self._ended_whole else None
+
+    @property
+    def usage(self) -> bytes | None:
+        return self.relay.outcome.usage
+
+    @property
+    def produced(self) -> bool:
+        return self._ended_whole or self.relay.outcome.content_events > 0
+
+    @property
+    def bad_events(self) -> int:
+        return self.relay.outcome.bad_events
 
     def head(self, name: str, value: str, *, replace: bool = True) -> None:
         """A header of the response head, while it is not sent (after a heartbeat: in its chunks only)."""
@@ -87,52 +129,37 @@ class StreamReply:
             journey.failed(outcome.failure)
             self.failure = outcome.failure
         else:
-            journey.answered(outcome.usage)
-            journey.relayed.answer = WholeAnswer("".join(outcome.text), outcome.finish_reason)
+            journey.answered()
+            self._ended_whole = True
         return self
 
     async def guarded(self, step: Callable[[], Awaitable[Reply | None]]) -> Reply | None:
         """Run ``step``, which relays this stream, as the client may break it. Unless the step hands the
-        stream on (None: the continue stage takes it), what was relayed is noted on the journey however it
-        ends."""
+        stream on (None: the continue stage takes it), the stream ends here however it ends; the client
+        is billed what reached it (read from this stream)."""
         journey = self.journey
         state = journey.state
-        handed_on = False
         try:
-            reply = await step()
-            handed_on = reply is None
-            return reply
+            return await step()
         except (ConnectionError, TimeoutError):
             # The client stopped reading (write timeout) or its socket broke: cut off, billed what it got.
             journey.left()
-            self.cut = True
+            self.client_left = True
             state.in_background(state.pool.replenish(self._answering()))
             return self
         except asyncio.CancelledError:
             # The client left: leaving the relay closed the upstream request, so the region aborts.
             state.in_background(state.pool.replenish(self._answering()))
             raise
-        finally:
-            if not handed_on:
-                self._note_relayed(self.relay.outcome)
 
     def _answering(self) -> Upstream:
         opened = self.journey.forwarded.opened
         assert opened is not None
         return opened.upstream
 
-    def _note_relayed(self, outcome: StreamOutcome) -> None:
-        journey = self.journey
-        journey.relayed.events = outcome.content_events
-        recorded = journey.outcome
-        recorded.produced = recorded.produced or outcome.content_events > 0
-        if recorded.usage is None:
-            recorded.usage = outcome.usage
-
     def _count_bad_events(self, outcome: StreamOutcome) -> None:
         journey = self.journey
         region = journey.forwarded.region
-        journey.relayed.bad_events = outcome.bad_events
         journey.state.metrics.bad_events.labels(region or "none").inc(outcome.bad_events)
         log.warning(
             "request %s: %s sent %d stream events that do not parse (skipped)",
@@ -159,7 +186,7 @@ class StreamReply:
             self.request.transport.abort()
 
     async def finish(self, audited: AuditedUsage | None) -> web.StreamResponse:
-        if self.cut:
+        if self.client_left:
             self.cut_off()
             return self.client
         try:
@@ -204,6 +231,7 @@ def start_stream(journey: Journey) -> StreamReply:
     )
     watchdog.start()
     journey.forwarded.stream = stream
+    journey.relayed = stream  # what reached the client is read from the stream, as it goes
     journey.cleanups.append(watchdog.stop)
     return stream
 

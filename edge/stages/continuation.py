@@ -31,12 +31,12 @@ from edge.attempts import Attempts, Refused, Target
 from edge.client_route import route_for
 from edge.degraded import stand_ins
 from edge.fallbacks import targets
-from edge.journey import CutShort, Journey, Reply
+from edge.journey import Journey, Reply
 from edge.opened import Opened
 from edge.region_answer import with_usage
 from edge.retry import stall_window
 from edge.sse_relay import StreamOutcome
-from edge.stream_reply import StreamReply
+from edge.stream_reply import CutShort, StreamReply
 from edge.upstream import Upstream
 from geo.route import NoRoute
 from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, ApiError
@@ -55,9 +55,10 @@ _CONTINUABLE = frozenset({UPSTREAM_UNAVAILABLE.code, UPSTREAM_TIMEOUT.code})
 
 
 async def continue_stage(journey: Journey) -> Reply | None:
-    cut, stream = journey.relayed.cut, journey.forwarded.stream
-    if cut is None or not isinstance(stream, StreamReply):
+    stream = journey.forwarded.stream
+    if not isinstance(stream, StreamReply) or stream.cut_short is None:
         return None  # nothing was cut: the relay stage answered
+    cut = stream.cut_short
     return await stream.guarded(lambda: _continue(journey, stream, cut))
 
 

@@ -3,10 +3,11 @@
 A unary answer is read with its bounds and checked; one whose body fails after its head is not the client's
 answer yet, so another replica or fallback is asked (:mod:`edge.asking`). A stream is copied event by event
 as it arrives, by its owner (:class:`edge.stream_reply.StreamReply`) on the request's clock; one that its
-region ended with a failure is reported as cut (``journey.relayed.cut``: what the client has, who failed
+region ended with a failure is reported as cut short (``stream.cut_short``: what the client has, who failed
 it) and the continue stage (:mod:`edge.stages.continuation`) takes it from there. The reply's ``finish``
-sends the last part once the journey is billed. What reached the client is noted on ``journey.relayed``,
-an answer that arrived whole as a :class:`~edge.journey.WholeAnswer` (what the store stage keeps).
+sends the last part once the journey is billed. What reached the client is ``journey.relayed``: the
+stream itself, or a unary answer's :class:`~edge.journey.Relayed` record, with an answer that arrived whole
+as a :class:`~edge.journey.WholeAnswer` (what the store stage keeps).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from aiohttp import web
 from edge.answer_size import response_budget
 from edge.asking import ask_again
 from edge.h1 import Response
-from edge.journey import CutShort, Journey, Reply, WholeAnswer
+from edge.journey import Journey, Relayed, Reply, WholeAnswer
 from edge.region_answer import (
     MAX_TOKEN_TEXT_BYTES,
     Answer,
@@ -31,7 +32,7 @@ from edge.region_answer import (
     read_refusal,
     with_usage,
 )
-from edge.stream_reply import StreamReply, failed_before_first_byte
+from edge.stream_reply import CutShort, StreamReply, failed_before_first_byte
 from edge.upstream import Upstream
 from edge.usage_audit import AuditedUsage, Delivered
 from nearshore.protocol.headers import REGION, SERVER_TIMING
@@ -82,10 +83,14 @@ async def _read_unary(journey: Journey) -> Reply:
             state.pool.failed(opened.upstream, f"its answer: {fault.error.message}"[:300], opened.model)
             if not await ask_again(journey, tried, fault):
                 return failed_before_first_byte(journey, None, fault.error)
-    journey.answered(answer.usage)
-    journey.relayed.answer = WholeAnswer(answer.text, answer.finish_reason)
-    if answer.texts:  # (an embeddings answer has none: its usage is prompt tokens only)
-        journey.relayed.delivered = _delivered(journey, answer.texts)
+    journey.answered()
+    journey.relayed = Relayed(
+        # (an embeddings answer has no texts: its usage is prompt tokens only)
+        delivered=_delivered(journey, answer.texts) if answer.texts else None,
+        answer=WholeAnswer(answer.text, answer.finish_reason),
+        usage=answer.usage,
+        produced=True,
+    )
     edge_s = opened.timing.forwarded_at - journey.started
     call = journey.call  # as the forward stage left it: a fallback that answered names itself
     headers = {
@@ -145,7 +150,7 @@ async def _relay_stream(journey: Journey, stream: StreamReply) -> Reply | None:
         if stream.first_write_at:
             journey.state.metrics.ttft.observe(stream.first_write_at - journey.started)
         if outcome.failure is not None:  # cut: the continue stage decides whether another region goes on
-            journey.relayed.cut = CutShort(opened, outcome, (opened.upstream,))
+            stream.cut_short = CutShort(opened, outcome, (opened.upstream,))
             return None
         return stream.end(outcome)
 

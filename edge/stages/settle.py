@@ -29,7 +29,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         return None
     state, key, forwarded = journey.state, journey.key, journey.forwarded
     model = journey.model  # priced as the model that served (a fallback's price, when one did)
-    audited = audit_usage(outcome.usage, journey.bounds, outcome.produced)
+    audited = audit_usage(journey.relayed.usage, journey.bounds, journey.relayed.produced)
     usage = journey.billed = audited.usage  # (before any wait: the request is billed once)
     if audited.anomalies:
         _report_anomalies(journey, audited)
@@ -87,7 +87,7 @@ def _report_anomalies(journey: Journey, audited: AuditedUsage) -> None:
     region = journey.forwarded.region or "none"
     for kind in audited.anomalies:
         journey.state.metrics.usage_anomalies.labels(kind, region).inc()
-    reported = (journey.outcome.usage or b"")[:300]
+    reported = (journey.relayed.usage or b"")[:300]
     log.warning(
         "request %s: region %s reported usage %r (%s); billed prompt=%d completion=%d",
         journey.request_id,

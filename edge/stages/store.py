@@ -120,5 +120,5 @@ def _complete(body: object, text: str, finish: str | None) -> bool:
 def _billed_completion_tokens(journey: Journey) -> int:
     """The completion as it is billed (the region's figure, checked against what was delivered): a region
     that lied about its usage must not have its lie stored and billed again on every hit."""
-    outcome = journey.outcome
-    return audit_usage(outcome.usage, journey.bounds, outcome.produced).usage.completion_tokens
+    relayed = journey.relayed
+    return audit_usage(relayed.usage, journey.bounds, relayed.produced).usage.completion_tokens

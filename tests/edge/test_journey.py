@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from edge.config import EdgeConfig
-from edge.journey import Journey, Reply
+from edge.journey import Journey, Relayed, Reply
 from edge.keys import KeyStore
 from edge.node import build_edge_app
 from edge.pipeline import Stage
@@ -119,7 +119,9 @@ class CannedReply:
 
 async def test_a_stage_can_answer_and_the_exit_still_bills_it_once(tmp_path: Path, pacer: Pacer):
     async def answer(journey: Journey) -> Reply | None:
-        journey.answered(b'{"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}')
+        journey.answered()
+        usage = b'{"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}'
+        journey.relayed = Relayed(usage=usage, produced=True)
         return CannedReply(journey)
 
     pipeline = default_pipeline().with_stage(Stage("canned", answer), before="forward")

@@ -221,7 +221,8 @@ class Harness:
         self.client = ClientResponse(socket)
         limits = StreamLimits(64 * 1024, 1 << 20, MAX_TOKENS, 0)
         self.stream = StreamReply(journey, SseRelay(request, self.client, limits))
-        journey.forwarded.stream = self.stream if stream else None
+        if stream:  # as start_stream leaves it
+            journey.forwarded.stream = journey.relayed = self.stream
 
     def _in_background(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
         task = asyncio.ensure_future(coro)
@@ -267,10 +268,11 @@ async def test_a_whole_stream_reaches_the_client_as_it_came_and_its_usage_chunk_
 
     assert reply is h.stream
     assert bytes(socket.sent) == wire(*HELLO)  # the usage chunk and [DONE] are held back for the bill
-    outcome = h.journey.outcome
-    assert (outcome.status, outcome.http_status, outcome.produced) == ("ok", 200, True)
-    assert json.loads(outcome.usage) == USAGE
-    assert h.journey.relayed.events == 2 and h.journey.relayed.cut is None
+    outcome, relayed = h.journey.outcome, h.journey.relayed
+    assert relayed is h.stream  # what reached the client is read from the stream's owner, not copied
+    assert (outcome.status, outcome.http_status, relayed.produced) == ("ok", 200, True)
+    assert json.loads(relayed.usage) == USAGE
+    assert relayed.events == 2 and h.stream.cut_short is None
     assert h.journey.relayed.answer == WholeAnswer("Hello", "stop")
     assert response.pooled  # [DONE] came before the body's end: read to it, so the connection is reused
     assert (
@@ -298,11 +300,11 @@ async def test_a_stream_cut_mid_way_is_reported_and_the_continue_stage_finishes_
     h.forward_to(london, RegionResponse([wire(*HELLO[:2])], ending=ConnectionResetError()))
 
     assert await relay(h.journey) is None  # handed on: the relay reports the cut, it does not continue
-    cut = h.journey.relayed.cut
+    cut = h.stream.cut_short
     assert cut is not None and cut.tried == (london,) and cut.opened.upstream is london
     assert cut.outcome.text == ["Hel"] and cut.outcome.failure is not None
     assert cut.outcome.failure.kind.code == "upstream_unavailable"
-    assert not h.journey.outcome.recorded and h.journey.relayed.events is None
+    assert not h.journey.outcome.recorded and h.journey.relayed.answer is None
 
     reply = await continue_stage(h.journey)
 
@@ -316,7 +318,7 @@ async def test_a_stream_cut_mid_way_is_reported_and_the_continue_stage_finishes_
     assert (j.continued.count, j.continued.from_region, j.forwarded.region) == (1, "london", "virginia")
     assert j.outcome.status == "ok" and j.relayed.events == 2
     # The relayed token is moved from the second region's prompt back to the completion.
-    usage = json.loads(j.outcome.usage)
+    usage = json.loads(j.relayed.usage)
     assert (usage["prompt_tokens"], usage["completion_tokens"], usage["total_tokens"]) == (5, 2, 7)
     assert j.relayed.answer == WholeAnswer("Hello", "stop")
     assert h.pool.failed_with == [
@@ -396,9 +398,9 @@ async def test_a_client_gone_is_cut_off_and_billed_what_it_got():
     reply = await h.run()
 
     j = h.journey
-    assert reply is h.stream and h.stream.cut
+    assert reply is h.stream and h.stream.client_left
     assert (j.outcome.status, j.outcome.http_status) == ("aborted", 499)
-    assert j.relayed.events == 2 and j.outcome.produced
+    assert j.relayed.events == 2 and j.relayed.produced
     assert h.pool.replenished == [london]  # a connection to replace the one the cut stream took down
     await h.stream.finish(None)
     assert socket.aborted and bytes(socket.sent) == b""
@@ -424,7 +426,7 @@ async def test_a_unary_answer_is_read_checked_and_its_text_counted():
 
     assert isinstance(reply, UnaryReply) and reply.answer.body == body and reply.headers[REGION] == "london"
     j = h.journey
-    assert j.outcome.status == "ok" and json.loads(j.outcome.usage) == USAGE
+    assert j.outcome.status == "ok" and json.loads(j.relayed.usage) == USAGE
     assert j.relayed.answer == WholeAnswer("Hello there", "stop")
     assert j.relayed.delivered is not None and j.relayed.delivered.floor == 1
     assert j.relayed.delivered.tokens >= 2

@@ -15,7 +15,7 @@ import pytest
 
 from edge.billing import Price, PriceTable
 from edge.config import EdgeConfig
-from edge.journey import CLIENT_LEFT, Admission, CacheUse, Journey
+from edge.journey import CLIENT_LEFT, Admission, CacheUse, Journey, Relayed
 from edge.keys import ApiKey
 from edge.ledger import UsageRecord
 from edge.limits import Decision, Window
@@ -104,8 +104,8 @@ def sample(j: Journey, name: str, **labels: str) -> float | None:
 
 async def test_an_answered_request_is_billed_its_usage_at_its_price_once(books: Books):
     j = journey(books)
-    j.answered(usage(10, 3, cached=4))
-    j.relayed.events = 3
+    j.answered()
+    j.relayed = Relayed(events=3, usage=usage(10, 3, cached=4), produced=True)
 
     audited = await settled(j)
 
@@ -167,7 +167,7 @@ async def test_a_prompt_the_region_refused_keeps_its_share_of_the_tpm_window(boo
 
 async def test_a_client_that_left_mid_stream_is_billed_what_it_was_sent(books: Books):
     j = journey(books)
-    j.relayed.events, j.outcome.produced = 5, True  # five tokens relayed, then the client went away
+    j.relayed = Relayed(events=5, produced=True)  # five tokens relayed, then the client went away
     j.left()
 
     await settled(j)
@@ -181,8 +181,8 @@ async def test_a_client_that_left_mid_stream_is_billed_what_it_was_sent(books: B
 
 async def test_a_region_that_lies_about_its_usage_is_billed_what_the_edge_can_defend(books: Books):
     j = journey(books)
-    j.answered(usage(10_000, 1_000, total=5))  # over the prompt's ceiling and max_tokens, a wrong total
-    j.relayed.events = 4
+    j.answered()  # over the prompt's ceiling and max_tokens, a wrong total:
+    j.relayed = Relayed(events=4, usage=usage(10_000, 1_000, total=5), produced=True)
 
     audited = await settled(j)
 
@@ -198,7 +198,8 @@ async def test_a_region_that_lies_about_its_usage_is_billed_what_the_edge_can_de
 
 async def test_a_cache_hit_is_billed_at_the_caches_price_and_a_fallback_names_what_was_asked(books: Books):
     j = journey(books)
-    j.answered(usage(10, 3))
+    j.answered()
+    j.relayed = Relayed(usage=usage(10, 3), produced=True)
     j.cache = CacheUse("semantic", 0.002)
     j.forwarded.served_model, j.forwarded.region = MODEL, ""
     j.body = msgspec.structs.replace(j.body, model="gemma-3-270m-large")
