@@ -70,6 +70,9 @@ def main(args: argparse.Namespace) -> int:
     # on SIGKILL the children get SIGTERM from the kernel (harness.procs).
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGHUP, _interrupt)
+    # And SIGINT itself, whatever was inherited: a shell without job control starts a background job with
+    # SIGINT ignored, and Python then leaves it ignored, so Ctrl-C (or a script's SIGINT) did nothing.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         running = launcher.start()
         print(usage_text(running, args.restart), flush=True)

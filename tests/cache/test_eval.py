@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cache import answer_compare, evaluate
+from cache import answer_compare, eval_suite, evaluate
 from cache.response_cache import CALIBRATION, threshold_for
 from cache.settings import CacheSettings
 from cli import main
@@ -54,6 +54,9 @@ def test_a_small_file_through_the_real_cache_counts_hits_and_false_hits(tmp_path
     assert [row["target_false_hit_rate"] for row in report["curve"]] == list(evaluate.TARGETS)
     cosine_only = report["cosine_only"][0]
     assert cosine_only["threshold"] == 0.90 and cosine_only["false_hits"] >= 1  # tap water: cosine 0.99
+    assert main(["cache-eval", str(path), "--calibrate"]) == 0  # the plain report, with the table
+    out = capsys.readouterr().out
+    assert "cache-eval: 5 pairs" in out and "paraphrase hit rate" in out and "measured calibration" in out
 
 
 def test_the_suite_measures_every_set_apart_with_the_generated_split_and_the_worst(capsys):
@@ -75,9 +78,10 @@ def test_the_suite_measures_every_set_apart_with_the_generated_split_and_the_wor
     assert [row["threshold"] for row in report["curve"]][:2] == [0.40, 0.42]
     # CALIBRATION is what the dev sets measure, and only they.
     assert evaluate.compress([tuple(row) for row in report["calibration"]]) == list(CALIBRATION)
-    assert main(["cache-eval"]) == 0
-    out = capsys.readouterr().out
-    assert "worst never tuned on" in out and "generated hard negatives" in out
+    # The plain report of the same run (the CLI prints it without --json; its text path is run on a small
+    # file above, not twice over every set).
+    text = eval_suite.format_suite(report)
+    assert "worst never tuned on" in text and "generated hard negatives" in text
 
 
 def test_the_audits_judge_is_measured_on_labelled_answers_and_its_weights_are_the_dev_fit(capsys):

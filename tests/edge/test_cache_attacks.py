@@ -130,9 +130,17 @@ async def test_a_flood_of_partitions_keeps_the_edges_open_files_bounded(edge: Ed
     key = edge.new_key(tenant="flood", rpm=100_000, tpm=100_000_000)
     pid = edge.process.proc.pid
     before = len(os.listdir(f"/proc/{pid}/fd"))
-    for n in range(150):  # a new partition per request, as a client varying a parameter makes
-        await ask(edge, key, question("What is the capital of Chad?", stop=[f"#{n}"]))
-        await ask(edge, key, question("Please, what is the capital of Chad?", stop=[f"#{n}"]))
+    flooding = asyncio.Semaphore(15)  # a client that floods asks many at once
+
+    async def new_partition(n: int) -> list[int]:
+        async with flooding:  # a new partition per request, as a client varying a parameter makes
+            stop = [f"#{n}"]
+            first, _, _ = await ask(edge, key, question("What is the capital of Chad?", stop=stop))
+            then, _, _ = await ask(edge, key, question("Please, what is the capital of Chad?", stop=stop))
+            return [first, then]
+
+    statuses = await asyncio.gather(*(new_partition(n) for n in range(150)))
+    assert all(status == 200 for pair in statuses for status in pair)  # every partition was made
     after = len(os.listdir(f"/proc/{pid}/fd"))
     assert after - before < 40, (before, after)
 

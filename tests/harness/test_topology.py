@@ -125,6 +125,9 @@ def test_up_then_chat_then_ctrl_c_leaves_nothing_behind(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Started with SIGINT ignored, as a shell without job control starts a background job: Ctrl-C
+        # still stops it (this once left `up` and its children running).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     lines: list[str] = []
     try:

@@ -6,6 +6,7 @@ inputs (a clear 400 each, the node serving on)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 import pytest
@@ -31,8 +32,10 @@ def node(engine: str, request: pytest.FixtureRequest) -> Node:
 def test_required_and_named_choices_always_give_valid_arguments(region: Node):
     client = client_of(region)
     # 25 required + 25 named: 50 trials, one request each (the torch engine, on the CPU here at a few
-    # tokens a second, runs them as 25 seeded choices of one request each: see the test below).
-    for i in range(25):
+    # tokens a second, runs them as 25 seeded choices of one request each: see the test below). They are
+    # asked SHARED_ENGINE["max_sequences"] at a time, so the node decodes them batched, as it would users'.
+
+    def required(i: int) -> None:
         answer = client.chat.completions.create(
             model=MODEL,
             messages=user("What is the weather in Lagos, and what is 100 USD in NGN?"),
@@ -49,7 +52,9 @@ def test_required_and_named_choices_always_give_valid_arguments(region: Node):
         assert choice.finish_reason == "tool_calls" or cut, choice
         assert choice.message.tool_calls and not choice.message.content
         valid_calls(choice.message, {"get_weather", "convert"}, cut)
-        named = client.chat.completions.create(
+
+    def named(i: int) -> None:
+        answer = client.chat.completions.create(
             model=MODEL,
             messages=user("Convert 50 euros to cedis."),
             tools=TOOLS,
@@ -58,8 +63,13 @@ def test_required_and_named_choices_always_give_valid_arguments(region: Node):
             seed=1000 + i,
             max_tokens=120,
         )
-        calls = valid_calls(named.choices[0].message, {"convert"})
-        assert named.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+        calls = valid_calls(answer.choices[0].message, {"convert"})
+        assert answer.choices[0].finish_reason == "tool_calls" and len(calls) == 1
+
+    with ThreadPoolExecutor(SHARED_ENGINE["max_sequences"]) as pool:
+        trials = [pool.submit(trial, i) for i in range(25) for trial in (required, named)]
+        for trial in trials:
+            trial.result()  # each trial's own assertion, if it failed
 
 
 def test_fifty_seeded_choices_of_required_and_named_calls_all_validate_on_the_torch_engine(
