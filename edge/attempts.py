@@ -31,6 +31,7 @@ from edge.config import UpstreamConfig
 from edge.h1 import MalformedResponse, Response
 from edge.metrics import EdgeMetrics
 from edge.opened import Opened, UpstreamTiming
+from edge.provider import CredentialUnavailable
 from edge.region_answer import UpstreamFault, read_refusal, refusal_code
 from edge.retry import NO_FIRST_BYTE_BUDGET, Deadline, FirstByteBudget, backoff_s, parse_retry_after
 from edge.upstream import UPSTREAM_ERRORS, Slot, Upstream, UpstreamPool
@@ -299,7 +300,11 @@ class Attempts:
         self.made += 1
         timing = UpstreamTiming(forwarded_at=time.perf_counter())
         try:
-            response, slot = await _post(upstream, path, headers, target.body, limit)
+            response, slot = await _post(upstream, path, headers, target, limit)
+        except CredentialUnavailable as exc:  # a provider's: nothing was sent
+            self._other += 1
+            self._skip(upstream, target.model, f"its credential is unavailable: {exc}")
+            return None, None
         except TimeoutError:
             self._timeouts += 1
             self._deadline_hit = self._deadline_hit or at_deadline or self.deadline.passed()
@@ -320,6 +325,13 @@ class Attempts:
         if response.status == 200:
             self.pool.answered(upstream, response, timing.first_byte_s, target.model, self.prompt_tokens)
             return opened, None
+        if upstream.provider is not None and response.status in (401, 403):
+            # The edge's credential, not the client's request: another replica may take it. The body is not
+            # read (a provider may echo part of the key in it).
+            opened.release()
+            self._other += 1
+            self._skip(upstream, target.model, f"it refused the edge's credential (HTTP {response.status})")
+            return None, None
         if response.status not in RETRYABLE:
             upstream.replica.health.request_succeeded(target.model)  # up: the request is what it refused
             self.pool.refused(upstream, response)  # its load report (and limits) come with the refusal
@@ -430,13 +442,15 @@ class Attempts:
 
 
 async def _post(
-    upstream: Upstream, path: str, headers: dict[str, str], body: bytes, timeout_s: float
+    upstream: Upstream, path: str, headers: dict[str, str], target: Target, timeout_s: float
 ) -> tuple[Response, Slot]:
     """The request, with the slot that counts it in the replica's in-flight while the region queues and
-    serves it (the caller releases an answered one when it is done with it)."""
+    serves it (the caller releases an answered one when it is done with it). A provider gets it as it
+    takes it (edge/provider.py)."""
+    out = upstream.outgoing(path, headers, target.body, target.model)
     slot = upstream.take_slot()
     try:
-        return await upstream.pool.request("POST", path, headers, body, timeout_s), slot
+        return await upstream.pool.request("POST", out.path, out.headers, out.body, timeout_s), slot
     except BaseException:
         slot.release()
         raise

@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from cache.embedder_pool import OutOfScope
+from edge.provider import CredentialUnavailable
 from edge.region_answer import MAX_VECTOR_BYTES, UpstreamFault, check_embeddings, read_bounded
 from edge.upstream import UPSTREAM_ERRORS, UpstreamPool
 
@@ -72,9 +73,9 @@ class RegionEmbedder:
         failures = []
         for upstream in replicas:
             try:
-                response = await upstream.pool.request(
-                    "POST", "/v1/embeddings", headers, body, self.timeout_s
-                )
+                out = upstream.outgoing("/v1/embeddings", headers, body, self.model)  # a provider's way
+                timeout_s = self.timeout_s
+                response = await upstream.pool.request("POST", out.path, out.headers, out.body, timeout_s)
                 try:
                     raw = await read_bounded(response, MAX_VECTOR_BYTES * len(texts) + 4096, self.timeout_s)
                     if response.status != 200:
@@ -86,6 +87,7 @@ class RegionEmbedder:
             except (
                 TimeoutError,
                 UpstreamFault,
+                CredentialUnavailable,
                 msgspec.DecodeError,
                 msgspec.ValidationError,
                 *UPSTREAM_ERRORS,

@@ -23,6 +23,7 @@ import msgspec
 from edge.config import UpstreamConfig
 from edge.h1 import MalformedResponse, Response
 from edge.h1_pool import H1Pool
+from edge.provider import CredentialUnavailable, Outgoing, Provider
 from edge.region_answer import UpstreamFault, read_bounded
 from edge.retry import RetryBudget
 from geo.catalog import GeoConfig, RegionSpec
@@ -33,6 +34,8 @@ from nearshore.tls import client_context
 
 log = logging.getLogger("nearshore.edge.upstream")
 _HEALTH_BYTES = 64 * 1024
+# A provider's model list (its probe) can list hundreds of models.
+_PROVIDER_PROBE_BYTES = 4 * 1024 * 1024
 _RETRY_BURST = 10.0  # retries a replica's budget can hold
 
 
@@ -70,6 +73,13 @@ class Upstream:
     pool: H1Pool
     budget: RetryBudget
     cooling: Cooling = field(default_factory=Cooling)
+    provider: Provider | None = None  # an OpenAI-compatible provider, not a Nearshore regional node
+
+    def outgoing(self, path: str, headers: dict[str, str], body: bytes, model: str) -> Outgoing:
+        """The request for ``model`` as this upstream takes it."""
+        if self.provider is None:
+            return Outgoing(path, headers, body)
+        return self.provider.outgoing(path, headers, body, model)
 
     @property
     def name(self) -> str:
@@ -148,9 +158,11 @@ class UpstreamPool:
         if config.shared_secret:
             self.headers[EDGE_SECRET] = config.shared_secret
 
-    def _ssl(self, scheme: str) -> ssl.SSLContext | None:
+    def _ssl(self, scheme: str, provider: bool) -> ssl.SSLContext | None:
         if scheme != "https":
             return None
+        if provider:  # a provider's certificate is a public one: the system's trust store, no client cert
+            return client_context()
         c = self.config
         return client_context(ca=c.ca or None, cert=c.client_cert or None, key=c.client_key or None)
 
@@ -169,10 +181,11 @@ class UpstreamPool:
                 )
         for replica in self.router.replicas:
             url = urlsplit(replica.url)
+            spec = replica.spec.provider
             pool = H1Pool(
                 url.hostname or "127.0.0.1",
                 url.port or (443 if url.scheme == "https" else 80),
-                self._ssl(url.scheme),
+                self._ssl(url.scheme, spec is not None),
                 max_idle=self.config.pool_size,
                 keepalive_s=max(60.0, 3 * self.config.health_interval_s),
                 connect_timeout_s=self.config.connect_timeout_s,
@@ -180,7 +193,8 @@ class UpstreamPool:
             )
             c = self.config
             budget = RetryBudget(c.retry_budget_share, c.retry_budget_floor_per_s, burst=_RETRY_BURST)
-            upstream = Upstream(replica, pool, budget, coolings.setdefault(replica.url, Cooling()))
+            provider = Provider(spec, replica.url) if spec is not None else None
+            upstream = Upstream(replica, pool, budget, coolings.setdefault(replica.url, Cooling()), provider)
             self.upstreams.append(upstream)
             self._by_id[replica.id] = upstream
         await self.warm()
@@ -194,29 +208,35 @@ class UpstreamPool:
         await asyncio.gather(*(self.probe(u) for u in self.upstreams))
 
     async def probe(self, upstream: Upstream) -> None:
-        """GET /health on a warm connection: its round trip, its load, whether it serves."""
+        """GET /health on a warm connection: its round trip, its load, whether it serves. A provider has no
+        /health: its probe path (``/v1/models``), with its credential, answering 200 is its health."""
         timeout_s = self.config.health_timeout_s
         why = ""
         load: LoadReport | None = None
+        provider = upstream.provider
+        path, limit = (provider.probe_path, _PROVIDER_PROBE_BYTES) if provider else ("/health", _HEALTH_BYTES)
         started = time.perf_counter()
         try:
+            headers = provider.probe_headers() if provider is not None else self.headers
             async with asyncio.timeout(timeout_s):
-                response = await upstream.pool.request("GET", "/health", self.headers)
+                response = await upstream.pool.request("GET", path, headers)
                 rtt_ms = (time.perf_counter() - started) * 1000
                 try:
-                    load = load_of(response)
-                    body = await read_bounded(response, _HEALTH_BYTES, timeout_s)  # pooled again when read
+                    load = load_of(response) if provider is None else None
+                    body = await read_bounded(response, limit, timeout_s)  # pooled again when read
                 finally:
                     response.close()
             if response.status != 200:
-                why = f"/health answered {response.status}"
-            elif load is None:
+                why = f"{path} answered {response.status}"
+            elif load is None and provider is None:
                 with contextlib.suppress(msgspec.DecodeError, msgspec.ValidationError):
                     load = _health_decoder.decode(body).load
+        except CredentialUnavailable as exc:
+            why = f"its credential is unavailable: {exc}"
         except TimeoutError:
-            why = f"no answer to /health within {timeout_s:g}s"
+            why = f"no answer to {path} within {timeout_s:g}s"
         except (UpstreamFault, *UPSTREAM_ERRORS) as exc:
-            why = f"/health failed: {type(exc).__name__}"
+            why = f"{path} failed: {type(exc).__name__}"
         router = self.router
         if why:
             if router.probe_failed(upstream.replica, why):

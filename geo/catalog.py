@@ -21,6 +21,26 @@ Name = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-
 Code = Annotated[str, Meta(pattern=r"^[A-Z]{2}$")]
 
 
+HeaderName = Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")]
+
+
+class ProviderSpec(Struct, forbid_unknown_fields=True, kw_only=True):
+    """An OpenAI-compatible provider in a region's place (a hosted API, a partner's vLLM or llama.cpp
+    server): how the edge authenticates to it and what it calls the edge's models (edge/provider.py). Its
+    URL's path is the prefix of every path asked there (``https://api.example.com/openai``)."""
+
+    # The credential, from this environment variable or this file (re-read when the file changes); never
+    # from the config's text. Neither: the provider takes requests without one.
+    api_key_env: Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] | None = None
+    api_key_file: str | None = None
+    # Authorization carries "Bearer <key>"; any other header (api-key, x-api-key) carries the key itself.
+    header: HeaderName = "Authorization"
+    # The provider's own id for each of the edge's model names it serves (a name not listed: the same).
+    models: dict[str, Annotated[str, Meta(min_length=1, max_length=256)]] = field(default_factory=dict)
+    # A cheap GET that answers 200 while it serves: a provider has no /health (the edge's regions do).
+    probe_path: Annotated[str, Meta(pattern=r"^/[^\s]*$")] = "/v1/models"
+
+
 class RegionSpec(Struct, forbid_unknown_fields=True, kw_only=True):
     name: Name
     # One replica (``url``) or several (``replicas``: named ``<region>/<n>``).
@@ -40,6 +60,8 @@ class RegionSpec(Struct, forbid_unknown_fields=True, kw_only=True):
     # On this side of the ocean (the last mile only): the degraded tier, which answers what the remote
     # regions cannot (a cable cut), or takes its pool's traffic, as the edge's [degraded] policy says.
     local: bool = False
+    # Not a Nearshore regional node but an OpenAI-compatible provider (its credentials, its model ids).
+    provider: ProviderSpec | None = None
 
     def urls(self) -> list[str]:
         return list(self.replicas) if self.replicas else ([self.url] if self.url else [])
@@ -209,6 +231,11 @@ def check_catalog(regions: list[RegionSpec], config: GeoConfig, models: list[str
             problems.append(
                 f"{key}.models: {', '.join(unknown)} not in the edge's models ({', '.join(models)})"
             )
+        provider = spec.provider
+        if provider is not None and provider.api_key_env and provider.api_key_file:
+            problems.append(f"{key}.provider: give api_key_env or api_key_file, not both")
+        if provider is not None and (unknown := sorted(set(provider.models) - set(models))):
+            problems.append(f"{key}.provider.models: {', '.join(unknown)} not in the edge's models")
         try:
             region_place(i, spec)
         except ValueError as exc:

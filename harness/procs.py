@@ -66,15 +66,23 @@ class ManagedProcess:
             log.write(f"--- nearshore: restarting {self.name} (it {reason}) ---\n")
         return self.start()
 
-    def wait_http(self, url: str, timeout_s: float = 120.0, context: ssl.SSLContext | None = None) -> None:
-        """Wait until ``url`` answers 200; fail early, with the log's tail, if the process dies."""
+    def wait_http(
+        self,
+        url: str,
+        timeout_s: float = 120.0,
+        context: ssl.SSLContext | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Wait until ``url`` answers 200 (asked with ``headers``); fail early, with the log's tail, if the
+        process dies."""
         deadline = time.monotonic() + timeout_s
+        request = urllib.request.Request(url, headers=headers or {})
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
                 raise ProcessFailed(f"{self.name} exited early:\n{self.log_tail()}")
             with (
                 contextlib.suppress(urllib.error.URLError, ConnectionError, TimeoutError, OSError),
-                urllib.request.urlopen(url, timeout=2, context=context) as response,
+                urllib.request.urlopen(request, timeout=2, context=context) as response,
             ):
                 if response.status == 200:
                     return

@@ -1,0 +1,150 @@
+"""A server nobody on the team wrote, as a provider behind a real edge (issue 32): llama-cpp-python's own
+OpenAI server on the embedded model, requiring a key, which the edge reads from a file and sends under the
+provider's own model id. The official openai client through the edge's TLS: a chat, a stream, a ledger row;
+a rotated key file is read again, a wrong key fails over cleanly; the key is in no log, metric or error."""
+
+from __future__ import annotations
+
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from harness.procs import ManagedProcess, free_port
+from regional.model_store import resolve_model_path
+from tests.conftest import MODEL, Node
+from tests.edge_fixtures import Edge, start_edge
+
+pytestmark = pytest.mark.slow
+THEIR_MODEL = "served-gemma"  # what the provider calls the model the edge serves as MODEL
+SECRET = "sk-provider-4f0c9e1d2b7a"
+
+
+@pytest.fixture(scope="module")
+def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """llama_cpp.server on the embedded model, answering only with its key."""
+    folder = tmp_path_factory.mktemp("llama-cpp-server")
+    port = free_port()
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(resolve_model_path(""))]
+    argv += ["--model_alias", THEIR_MODEL, "--chat_format", "gemma", "--api_key", SECRET]
+    argv += ["--n_ctx", "2048", "--n_threads", "2"]
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    process = ManagedProcess("llama_cpp.server", argv, folder / "server.log").start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        process.wait_http(url + "/v1/models", timeout_s=180, headers={"Authorization": f"Bearer {SECRET}"})
+        yield url
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory, provider: str) -> Iterator[tuple[Edge, Path]]:
+    folder = tmp_path_factory.mktemp("provider-edge")
+    key_file = folder / "provider.key"
+    key_file.write_text(SECRET + "\n")
+    partner = {
+        "name": "partner",
+        "url": provider,
+        "city": "london",
+        "provider": {"api_key_file": str(key_file), "models": {MODEL: THEIR_MODEL}},
+    }
+    e = start_edge(folder / "edge", [partner], upstream={"health_interval_s": 1.0})
+    yield e, key_file
+    e.stop()
+
+
+def client_of(edge: Edge, key: str) -> openai.OpenAI:
+    http = openai.DefaultHttpxClient(verify=edge.ssl_context())
+    return openai.OpenAI(base_url=edge.url + "/v1", api_key=key, http_client=http, max_retries=0)
+
+
+def test_the_official_client_chats_and_streams_through_the_edge_with_the_providers_key(edge):
+    e, _ = edge
+    client = client_of(e, e.new_key(tenant="acme"))
+    answer = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=8, temperature=0
+    )
+    assert answer.choices[0].message.content and answer.usage.completion_tokens >= 1
+    pieces = []
+    for chunk in client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
+        pieces += [c.delta.content or "" for c in chunk.choices]
+    assert "".join(pieces).strip()
+    rows = [r for r in e.ledger_rows() if r["tenant"] == "acme"]
+    assert [(r["region"], r["status"]) for r in rows] == [("partner", "ok"), ("partner", "ok")]
+    assert all(r["completion_tokens"] >= 1 and r["prompt_tokens"] >= 1 for r in rows)
+
+
+def test_a_wrong_key_fails_cleanly_and_the_rotated_file_is_read_again(edge):
+    e, key_file = edge
+    client = client_of(e, e.new_key(tenant="rotation"))
+    key_file.write_text("sk-wrong-key-000\n")
+    deadline = time.monotonic() + 30
+    while True:  # the file is checked at most once a second
+        try:
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1
+            )
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503
+            assert "sk-wrong-key-000" not in exc.response.text and SECRET not in exc.response.text
+            break
+        assert time.monotonic() < deadline, "the wrong key was never used"
+        time.sleep(0.2)
+    key_file.write_text(SECRET + "\n")
+    deadline = time.monotonic() + 30
+    while True:  # the right key again: the probe brings the provider back, requests go through
+        try:
+            answer = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+            )
+            break
+        except openai.APIStatusError:
+            assert time.monotonic() < deadline, "the rotated key was never read"
+            time.sleep(0.2)
+    assert answer.choices[0].message.content is not None
+
+
+def test_the_key_is_in_no_log_metric_or_health(edge):
+    e, _ = edge
+    seen = [(e.folder / "edge.log").read_text()]
+    for path in ("/metrics", "/health"):
+        with urllib.request.urlopen(e.metrics_url + path, timeout=10) as r:
+            seen.append(r.read().decode())
+    assert all(SECRET not in text and "sk-wrong-key-000" not in text for text in seen)
+    assert "credential" in seen[0]  # the wrong key's refusal was logged, by what it was, not its value
+
+
+def test_a_provider_refusing_the_edges_key_fails_over_to_the_next_region(
+    tmp_path: Path, provider: str, region: Node
+):
+    wrong = tmp_path / "wrong.key"
+    wrong.write_text("sk-revoked-by-the-provider\n")
+    regions = [
+        {"name": "partner", "url": provider, "city": "london", "provider": {"api_key_file": str(wrong)}},
+        {"name": "ours", "url": region.url, "city": "johannesburg"},
+    ]
+    e = start_edge(tmp_path / "edge", regions, geo={"city": "lagos"})
+    try:
+        client = client_of(e, e.new_key(tenant="failover"))
+        answer = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+        assert answer.headers["x-nearshore-region"] == "ours"
+        [row] = e.ledger_rows()
+        assert (row["region"], row["status"]) == ("ours", "ok")
+        log = (e.folder / "edge.log").read_text()
+        assert "sk-revoked-by-the-provider" not in log
+    finally:
+        e.stop()
