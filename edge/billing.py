@@ -31,25 +31,45 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tru
         return None
 
 
+REGION_SEP = "@"  # prices."<model>@<region>": the model's price where that region (a provider) serves it
+
+
 class PriceTable:
-    """Model name -> price. Every served name has an entry (the edge's config check makes sure)."""
+    """Model name -> price, and "<model>@<region>" -> the model's price in that region (a provider's own,
+    say). Every served name has an entry (the edge's config check makes sure)."""
 
     def __init__(self, prices: dict[str, Price]) -> None:
         self.prices = dict(prices)
+        self._by_model: dict[str, list[Price]] = {}
+        for name, price in self.prices.items():
+            self._by_model.setdefault(name.split(REGION_SEP, 1)[0], []).append(price)
 
-    def cost(self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
-        """USD for one request. ``cached_tokens`` is the part of ``prompt_tokens`` that hit a cache."""
-        price = self.prices.get(model)
-        if price is None or price.free:
-            return 0.0
-        input_usd = price.input or 0.0
-        cached_usd = input_usd if price.cached_input is None else price.cached_input
-        # Clamp, so an inconsistent usage report can never make a request cost less than nothing.
-        cached = min(max(cached_tokens, 0), max(prompt_tokens, 0))
-        fresh = max(prompt_tokens, 0) - cached
-        completion = max(completion_tokens, 0)
-        return (fresh * input_usd + cached * cached_usd + completion * (price.output or 0.0)) / 1e6
+    def price(self, model: str, region: str = "") -> Price | None:
+        """What ``model`` costs where ``region`` serves it: the region's own price, else the model's."""
+        own = self.prices.get(f"{model}{REGION_SEP}{region}") if region else None
+        return own if own is not None else self.prices.get(model)
+
+    def cost(
+        self, model: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int, region: str = ""
+    ) -> float:
+        """USD for one request served in ``region``. ``cached_tokens`` is the part of ``prompt_tokens`` that
+        hit a cache."""
+        return _cost(self.price(model, region), prompt_tokens, cached_tokens, completion_tokens)
 
     def worst_case(self, model: str, prompt_tokens: int, completion_tokens: int) -> float:
-        """The most a request can cost: every prompt token fresh, every completion token produced."""
-        return self.cost(model, prompt_tokens, 0, completion_tokens)
+        """The most a request can cost: every prompt token fresh, every completion token produced, in the
+        dearest region that serves the model (it is held before a region is chosen)."""
+        prices = self._by_model.get(model) or [None]
+        return max(_cost(p, prompt_tokens, 0, completion_tokens) for p in prices)
+
+
+def _cost(price: Price | None, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+    if price is None or price.free:
+        return 0.0
+    input_usd = price.input or 0.0
+    cached_usd = input_usd if price.cached_input is None else price.cached_input
+    # Clamp, so an inconsistent usage report can never make a request cost less than nothing.
+    cached = min(max(cached_tokens, 0), max(prompt_tokens, 0))
+    fresh = max(prompt_tokens, 0) - cached
+    completion = max(completion_tokens, 0)
+    return (fresh * input_usd + cached * cached_usd + completion * (price.output or 0.0)) / 1e6

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from cache.audit import AuditBook
 from edge.app import EdgeState, create_app, create_metrics_app
-from edge.billing import PriceTable
+from edge.billing import REGION_SEP, PriceTable
 from edge.cache_audit import Auditor
 from edge.cache_setup import cache_lifetime, make_cache
 from edge.config import EdgeConfig, FallbackConfig, file_problems, open_named_file, value_problems
@@ -125,6 +125,18 @@ def _check_prices(config: EdgeConfig) -> None:
             )
         if problem := price.problem():
             raise ValueError(f'prices."{model}": {problem}')
+    regions = {r.name for r in config.regions}
+    for name, price in config.prices.items():
+        if REGION_SEP not in name:
+            continue
+        model, region = name.split(REGION_SEP, 1)
+        if model not in config.models or region not in regions:
+            raise ValueError(
+                f'prices."{name}": a region\'s own price names a served model and a region '
+                f"(models: {', '.join(config.models)}; regions: {', '.join(sorted(regions))})"
+            )
+        if problem := price.problem():
+            raise ValueError(f'prices."{name}": {problem}')
 
 
 def check_files(config: EdgeConfig) -> None:

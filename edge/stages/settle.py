@@ -35,7 +35,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         _report_anomalies(journey, audited)
     cached = usage.prompt_tokens_details.cached_tokens
     body = journey.body
-    cost = state.prices.cost(model, usage.prompt_tokens, cached, usage.completion_tokens)
+    cost = state.prices.cost(model, usage.prompt_tokens, cached, usage.completion_tokens, forwarded.region)
     if journey.cache.status in ("exact", "semantic"):
         cost *= state.config.cache.price_factor  # an answer that never crossed the ocean
     # A prompt the region refused (too long, ...) still cost it work: it keeps its share of the TPM window.

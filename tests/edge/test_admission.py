@@ -149,6 +149,21 @@ def test_a_served_model_without_a_price_is_a_config_error(prices: dict, message:
         check_config(config)
 
 
+def test_a_regions_own_price_must_name_a_served_model_and_a_region():
+    regions = [{"name": "partner", "url": "http://127.0.0.1:1"}]
+    served = msgspec.to_builtins(EdgeConfig().prices)  # every served model's own price
+
+    def config(extra: dict) -> EdgeConfig:
+        return msgspec.convert({"regions": regions, "prices": {**served, **extra}}, EdgeConfig)
+
+    check_config(config({"gemma-3-270m@partner": {"input": 0.2, "output": 0.4}}))
+    for wrong in ("gemma-3-270m@nowhere", "no-such-model@partner"):
+        with pytest.raises(ValueError, match=f'prices."{wrong}": a region'):
+            check_config(config({wrong: {"free": True}}))
+    with pytest.raises(ValueError, match="needs input and output"):
+        check_config(config({"gemma-3-270m@partner": {"input": 0.2}}))
+
+
 def test_free_models_say_so_and_the_defaults_are_priced():
     regions = [{"name": "r", "url": "http://127.0.0.1:1"}]
     check_config(msgspec.convert({"regions": regions}, EdgeConfig))

@@ -147,6 +147,22 @@ def test_price_table_cost():
     assert table.worst_case("big", 100, 10) == pytest.approx(120 / 1e6)
 
 
+def test_a_region_of_its_own_price_bills_what_it_served_and_the_hold_is_the_dearest():
+    table = PriceTable(
+        {
+            "big": Price(input=1.0, output=2.0),
+            "big@partner": Price(input=3.0, output=6.0),  # a provider's price for the same model
+            "big@ours": Price(free=True),
+        }
+    )
+    assert table.cost("big", 1000, 0, 500) == pytest.approx(2000 / 1e6)  # no region: the model's price
+    assert table.cost("big", 1000, 0, 500, region="london") == pytest.approx(2000 / 1e6)
+    assert table.cost("big", 1000, 0, 500, region="partner") == pytest.approx(6000 / 1e6)
+    assert table.cost("big", 1000, 0, 500, region="ours") == 0.0
+    # Held before a region is chosen: the most it can cost anywhere.
+    assert table.worst_case("big", 1000, 500) == pytest.approx(6000 / 1e6)
+
+
 def test_a_price_needs_its_numbers_or_free():
     assert Price(free=True).problem() is None
     assert Price(input=1.0, output=2.0).problem() is None

@@ -11,9 +11,11 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import openai
 import pytest
 
+from edge.config import EdgeConfig
 from harness.procs import ManagedProcess, free_port
 from regional.model_store import resolve_model_path
 from tests.conftest import MODEL, Node
@@ -22,6 +24,7 @@ from tests.edge_fixtures import Edge, start_edge
 pytestmark = pytest.mark.slow
 THEIR_MODEL = "served-gemma"  # what the provider calls the model the edge serves as MODEL
 SECRET = "sk-provider-4f0c9e1d2b7a"
+PARTNER_PRICE = {"input": 0.5, "output": 1.5}  # USD per million tokens, the provider's own for MODEL
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,10 @@ def edge(tmp_path_factory: pytest.TempPathFactory, provider: str) -> Iterator[tu
         "city": "london",
         "provider": {"api_key_file": str(key_file), "models": {MODEL: THEIR_MODEL}},
     }
-    e = start_edge(folder / "edge", [partner], upstream={"health_interval_s": 1.0})
+    served = {m: msgspec.structs.asdict(p) for m, p in EdgeConfig().prices.items()}  # every model's own
+    served = {m: {k: v for k, v in p.items() if v is not None} for m, p in served.items()}
+    prices = {**served, f"{MODEL}@partner": PARTNER_PRICE}
+    e = start_edge(folder / "edge", [partner], upstream={"health_interval_s": 1.0}, prices=prices)
     yield e, key_file
     e.stop()
 
@@ -83,7 +89,12 @@ def test_the_official_client_chats_and_streams_through_the_edge_with_the_provide
     assert "".join(pieces).strip()
     rows = [r for r in e.ledger_rows() if r["tenant"] == "acme"]
     assert [(r["region"], r["status"]) for r in rows] == [("partner", "ok"), ("partner", "ok")]
-    assert all(r["completion_tokens"] >= 1 and r["prompt_tokens"] >= 1 for r in rows)
+    for r in rows:  # each at the provider's own price for the model
+        assert r["completion_tokens"] >= 1 and r["prompt_tokens"] >= 1
+        cost = (
+            r["prompt_tokens"] * PARTNER_PRICE["input"] + r["completion_tokens"] * PARTNER_PRICE["output"]
+        ) / 1e6
+        assert r["cost_usd"] == pytest.approx(cost)
 
 
 def test_a_wrong_key_fails_cleanly_and_the_rotated_file_is_read_again(edge):
