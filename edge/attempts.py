@@ -33,7 +33,7 @@ from edge.metrics import EdgeMetrics
 from edge.opened import Opened, UpstreamTiming
 from edge.provider import CredentialUnavailable
 from edge.region_answer import UpstreamFault, read_refusal, refusal_code
-from edge.retry import NO_FIRST_BYTE_BUDGET, Deadline, FirstByteBudget, backoff_s, parse_retry_after
+from edge.retry import NO_FIRST_BYTE_BUDGET, Deadline, FirstByteBudget, backoff_s, retry_after_of
 from edge.upstream import UPSTREAM_ERRORS, Slot, Upstream, UpstreamPool
 from nearshore.jsonlog import FIELDS
 from nearshore.protocol.errors import (
@@ -356,7 +356,7 @@ class Attempts:
         self.pool.refused(upstream, response)  # a refusal carries the region's load too (a full queue)
         status = response.status
         now = time.monotonic()
-        asked = parse_retry_after(response.headers.get("retry-after"))
+        asked = retry_after_of(response.headers)  # Retry-After, or a provider's x-ratelimit-reset-*
         # Whatever it said, at most max_retry_after_s: one reply must not bench a replica for an hour.
         retry_after = None if asked is None else min(asked, self.config.max_retry_after_s)
         if status in REFUSALS and refusal_code(peeked) in REQUEST_SCOPED_REFUSALS:

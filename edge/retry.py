@@ -11,7 +11,9 @@ sees its load multiplied by at most ``1 + share``.
 from __future__ import annotations
 
 import random
+import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 
@@ -99,6 +101,49 @@ def parse_retry_after(value: str | None, now_epoch: float | None = None) -> floa
     if seconds != seconds:  # NaN
         return None
     return min(max(0.0, seconds), MAX_RETRY_AFTER_S)
+
+
+# A Go-style duration, as OpenAI-compatible providers give x-ratelimit-reset-*: "1s", "6m0s", "20ms",
+# "2m59.56s", "1h2m".
+_NUMBER = r"(\d+(?:\.\d+)?)"
+_DURATION = re.compile(rf"^(?:{_NUMBER}h)?(?:{_NUMBER}m(?!s))?(?:{_NUMBER}s)?(?:{_NUMBER}ms)?$")
+
+
+def parse_duration(value: str | None) -> float | None:
+    """A Go-style duration (``6m0s``) or bare seconds in seconds; None when absent or unreadable."""
+    if not value or len(value) > 32:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    match = _DURATION.match(value)
+    if match is None or not any(match.groups()):
+        return None
+    h, m, s, ms = (float(g) if g else 0.0 for g in match.groups())
+    return h * 3600 + m * 60 + s + ms / 1000
+
+
+def retry_after_of(headers: Mapping[str, str]) -> float | None:
+    """How long a refusal asks the edge to wait, in seconds: ``retry-after-ms``, ``Retry-After``, else
+    (a provider's 429 often says it only so) the reset of the ``x-ratelimit-*`` limit it ran out of; None
+    when it does not say. At most MAX_RETRY_AFTER_S."""
+    if (ms := parse_duration(headers.get("retry-after-ms"))) is not None:
+        return min(ms / 1000, MAX_RETRY_AFTER_S)
+    if (asked := parse_retry_after(headers.get("retry-after"))) is not None:
+        return asked
+    resets = []
+    for limit in ("requests", "tokens"):
+        reset = parse_duration(headers.get(f"x-ratelimit-reset-{limit}"))
+        remaining = headers.get(f"x-ratelimit-remaining-{limit}", "").strip()
+        if reset is not None:
+            resets.append((remaining == "0", reset))
+    if not resets:
+        return None
+    spent = [reset for exhausted, reset in resets if exhausted]
+    # The limit it ran out of decides; when it does not say which, the soonest reset is the first chance.
+    return min(max(spent) if spent else min(reset for _, reset in resets), MAX_RETRY_AFTER_S)
 
 
 def backoff_s(attempt: int, base_s: float, max_s: float, rng: random.Random | None = None) -> float:

@@ -6,13 +6,17 @@ import random
 from datetime import UTC, datetime
 from email.utils import format_datetime
 
+import pytest
+
 from edge.retry import (
     MAX_RETRY_AFTER_S,
     Deadline,
     FirstByteBudget,
     RetryBudget,
     backoff_s,
+    parse_duration,
     parse_retry_after,
+    retry_after_of,
     stall_window,
 )
 from edge.sse_relay import StreamClock
@@ -87,3 +91,41 @@ def test_the_stall_window_spends_the_stall_budget_down_to_a_floor():
     assert stall_window(20.0, 30.0, 30.0) == 5.0  # spent: the floor
     assert stall_window(2.0, 2.5, 2.0) == 1.0  # a short stall timeout's floor is half of it
     assert stall_window(2.0, 100.0, 50.0) == 2.0  # never longer than the stall timeout
+
+
+def test_go_style_durations_as_providers_give_their_resets():
+    cases = {
+        "1s": 1.0,
+        "6m0s": 360.0,
+        "20ms": 0.02,
+        "2m59.56s": 179.56,
+        "1h2m": 3720.0,
+        "0.5": 0.5,
+        "5m": 300.0,
+    }
+    for text, seconds in cases.items():
+        assert parse_duration(text) == pytest.approx(seconds), text
+    for bad in ("", None, "soon", "1d", "-", "m", "1s2m", "9" * 40):
+        assert parse_duration(bad) is None, bad
+
+
+def test_a_429_says_when_by_retry_after_first_then_the_limit_it_ran_out_of():
+    assert retry_after_of({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
+    assert retry_after_of({"retry-after": "3", "x-ratelimit-reset-requests": "1s"}) == 3.0
+    out_of_requests = {
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-remaining-tokens": "4000",
+        "x-ratelimit-reset-tokens": "6m0s",
+    }
+    assert retry_after_of(out_of_requests) == 1.0  # the tokens' reset does not hold it back
+    out_of_tokens = {
+        **out_of_requests,
+        "x-ratelimit-remaining-requests": "12",
+        "x-ratelimit-remaining-tokens": "0",
+    }
+    assert retry_after_of(out_of_tokens) == 360.0
+    unsaid = {"x-ratelimit-reset-requests": "2s", "x-ratelimit-reset-tokens": "30s"}
+    assert retry_after_of(unsaid) == 2.0  # which ran out is not said: the soonest chance
+    assert retry_after_of({"x-ratelimit-reset-tokens": "99h"}) == MAX_RETRY_AFTER_S
+    assert retry_after_of({}) is None and retry_after_of({"retry-after": "later"}) is None
