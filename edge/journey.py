@@ -29,7 +29,7 @@ from edge.opened import Opened
 from edge.retry import NO_FIRST_BYTE_BUDGET, Deadline, FirstByteBudget
 from edge.spend_budget import Hold
 from edge.state import EdgeState
-from edge.usage_audit import AuditedUsage, Delivered, UsageBounds
+from edge.usage_audit import AuditedUsage, Delivered, UsageBounds, audit_usage
 from geo.route import Route
 from nearshore.protocol.errors import ApiError
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Usage
@@ -314,6 +314,15 @@ class Journey:
     def model(self) -> str:
         """The model that serves (or served) the request: a fallback's, else the one asked for."""
         return self.forwarded.served_model or (self.body.model if self.body is not None else "")
+
+    def audited_usage(self) -> AuditedUsage:
+        """The usage to bill: the answering region's figure, checked against what the edge saw; or, from a
+        provider that reports none, the edge's own count (no anomaly: nothing was claimed)."""
+        relayed, opened = self.relayed, self.forwarded.opened
+        from_cache = self.cache.status in ("exact", "semantic")
+        if opened is not None and not opened.upstream.reports_usage and not from_cache:
+            return AuditedUsage(audit_usage(None, self.bounds, relayed.produced).usage)
+        return audit_usage(relayed.usage, self.bounds, relayed.produced)
 
     @property
     def bounds(self) -> UsageBounds:

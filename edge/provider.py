@@ -109,13 +109,14 @@ class Provider:
         self.credential = Credential(spec)
         self.models = dict(spec.models)
         self.probe_path = self.prefix + spec.probe_path
+        self.reports_usage = spec.reports_usage
 
     def outgoing(self, path: str, headers: dict[str, str], body: bytes, model: str) -> Outgoing:
         """The request for ``model`` as the provider takes it (CredentialUnavailable: none can go)."""
         sent = {name: value for name, value in headers.items() if name not in _OURS_ONLY}
         sent.update(self.credential.headers())
         if body:
-            body = provider_body(body, path, self.models.get(model, model))
+            body = provider_body(body, path, self.models.get(model, model), self.reports_usage)
         return Outgoing(self.prefix + path, sent, body)
 
     def probe_headers(self) -> dict[str, str]:
@@ -135,9 +136,9 @@ _DEFAULTS = {
 }
 
 
-def provider_body(body: bytes, path: str, model: str) -> bytes:
+def provider_body(body: bytes, path: str, model: str, reports_usage: bool = True) -> bytes:
     """The JSON request ``body`` as a provider takes it: asking for ``model``, with only what was said (no
-    field at its default, no null anywhere)."""
+    field at its default, no null anywhere; no usage chunk asked of one that sends none)."""
     request = msgspec.json.decode(body)
     defaults = _DEFAULTS.get(path, {})
     sent = {
@@ -146,6 +147,8 @@ def provider_body(body: bytes, path: str, model: str) -> bytes:
         if value is not None and not (name in defaults and defaults[name] == value)
     }
     sent["model"] = model
+    if not reports_usage:
+        sent.pop("stream_options", None)
     return msgspec.json.encode(sent)
 
 

@@ -28,6 +28,7 @@ from edge.upstream import Upstream
 from edge.usage_audit import AuditedUsage, Delivered
 from edge.watchdog import StreamWatchdog
 from nearshore.protocol import sse
+from nearshore.protocol.answers import answer_for
 from nearshore.protocol.errors import ApiError
 from nearshore.protocol.headers import REGION, SERVER_TIMING
 
@@ -199,12 +200,21 @@ class StreamReply:
                 if audited is not None and audited.anomalies:
                     event = with_usage(event, audited.usage)
                 await self.relay.write(b"data: " + event + b"\n\n")
+            elif self.keep_usage and audited is not None and not audited.reported:
+                await self.relay.write(self._counted_usage_event(audited))
             await self.relay.write(sse.DONE)
             await self.client.write_eof()
         except (ConnectionError, RuntimeError):
             self.cut_off()  # the client left after its row was committed: nothing more to send
         self.journey.state.metrics.e2e.observe(time.perf_counter() - self.journey.started)
         return self.client
+
+    def _counted_usage_event(self, audited: AuditedUsage) -> bytes:
+        """The usage chunk of a stream whose region sent none (a provider that does not report): the
+        edge's own count, as it billed it."""
+        journey = self.journey
+        answer = answer_for(journey.kind == "chat", journey.request_id, journey.model)
+        return sse.event(answer.usage(audited.usage))
 
 
 def start_stream(journey: Journey) -> StreamReply:

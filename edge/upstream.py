@@ -75,6 +75,11 @@ class Upstream:
     cooling: Cooling = field(default_factory=Cooling)
     provider: Provider | None = None  # an OpenAI-compatible provider, not a Nearshore regional node
 
+    @property
+    def reports_usage(self) -> bool:
+        """Whether its answers carry usage figures to check (a provider may not: the edge counts)."""
+        return self.provider is None or self.provider.reports_usage
+
     def outgoing(self, path: str, headers: dict[str, str], body: bytes, model: str) -> Outgoing:
         """The request for ``model`` as this upstream takes it."""
         if self.provider is None:

@@ -39,6 +39,9 @@ class ProviderSpec(Struct, forbid_unknown_fields=True, kw_only=True):
     models: dict[str, Annotated[str, Meta(min_length=1, max_length=256)]] = field(default_factory=dict)
     # A cheap GET that answers 200 while it serves: a provider has no /health (the edge's regions do).
     probe_path: Annotated[str, Meta(pattern=r"^/[^\s]*$")] = "/v1/models"
+    # False: it sends no usage figures (or none to trust): the edge bills its own count (the prompt as its
+    # tokenizer counts it, the tokens it relayed), tells the client that figure, and does not ask for one.
+    reports_usage: bool = True
 
 
 class RegionSpec(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -56,7 +56,7 @@ class UnaryReply:
 
     async def finish(self, audited: AuditedUsage | None) -> web.Response:
         body = self.answer.body
-        if audited is not None and audited.anomalies:
+        if audited is not None and (audited.anomalies or not audited.reported):  # the figure billed
             body = with_usage(body, audited.usage)
         return web.Response(body=body, content_type="application/json", headers=self.headers)
 

@@ -12,7 +12,7 @@ from edge.degraded_policy import REASON
 from edge.journey import Journey
 from edge.ledger import UsageRecord
 from edge.metric_labels import error_code_label, model_label
-from edge.usage_audit import AuditedUsage, audit_usage
+from edge.usage_audit import AuditedUsage
 from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
 
 log = logging.getLogger("nearshore.edge")
@@ -29,7 +29,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         return None
     state, key, forwarded = journey.state, journey.key, journey.forwarded
     model = journey.model  # priced as the model that served (a fallback's price, when one did)
-    audited = audit_usage(journey.relayed.usage, journey.bounds, journey.relayed.produced)
+    audited = journey.audited_usage()
     usage = journey.billed = audited.usage  # (before any wait: the request is billed once)
     if audited.anomalies:
         _report_anomalies(journey, audited)

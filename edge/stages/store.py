@@ -22,7 +22,6 @@ from cache.response_cache import ResponseCache
 from cache.store import Entry
 from edge.cache_lookup import Directives, SemanticLookup
 from edge.journey import Journey
-from edge.usage_audit import audit_usage
 from nearshore.protocol.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -120,5 +119,4 @@ def _complete(body: object, text: str, finish: str | None) -> bool:
 def _billed_completion_tokens(journey: Journey) -> int:
     """The completion as it is billed (the region's figure, checked against what was delivered): a region
     that lied about its usage must not have its lie stored and billed again on every hit."""
-    relayed = journey.relayed
-    return audit_usage(relayed.usage, journey.bounds, relayed.produced).usage.completion_tokens
+    return journey.audited_usage().usage.completion_tokens

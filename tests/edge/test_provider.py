@@ -127,3 +127,10 @@ def test_a_provider_section_is_read_from_the_config_and_unknown_keys_are_refused
     with pytest.raises(msgspec.ValidationError, match="api_key"):
         inline = {"api_key": "inline"}  # a credential in the config's text is refused
         msgspec.convert({"name": "p", "url": "https://x.example", "provider": inline}, RegionSpec)
+
+
+def test_a_provider_that_reports_no_usage_is_not_asked_for_it():
+    asked = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    body = region_body(msgspec.convert(asked, ChatCompletionRequest), 8)
+    sent = json.loads(provider_body(body, "/v1/chat/completions", "theirs", reports_usage=False))
+    assert "stream_options" not in sent and sent["stream"] is True

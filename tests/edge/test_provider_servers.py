@@ -159,3 +159,42 @@ def test_a_provider_refusing_the_edges_key_fails_over_to_the_next_region(
         assert "sk-revoked-by-the-provider" not in log
     finally:
         e.stop()
+
+
+def test_a_provider_that_does_not_report_usage_is_billed_the_edges_own_count(tmp_path: Path, provider: str):
+    key_file = tmp_path / "provider.key"
+    key_file.write_text(SECRET)
+    partner = {
+        "name": "partner",
+        "url": provider,
+        "provider": {"api_key_file": str(key_file), "models": {MODEL: THEIR_MODEL}, "reports_usage": False},
+    }
+    e = start_edge(tmp_path / "edge", [partner])
+    try:
+        client = client_of(e, e.new_key(tenant="counted"))
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=6, temperature=0
+        )
+        usage, pieces = None, []
+        for chunk in client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Say hello."}],
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
+            usage = chunk.usage or usage
+            pieces += [c.delta.content for c in chunk.choices if c.delta.content]
+        unary, streamed = e.ledger_rows()
+        # What the client is told is what it is billed: the edge's count, not the provider's figure.
+        assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (
+            unary["prompt_tokens"],
+            unary["completion_tokens"],
+        )
+        assert usage is not None and usage.completion_tokens == len(pieces) == streamed["completion_tokens"]
+        assert usage.prompt_tokens == streamed["prompt_tokens"] >= 1
+        log = (e.folder / "edge.log").read_text()
+        assert "reported usage" not in log  # nothing was claimed, so nothing is an anomaly
+    finally:
+        e.stop()
