@@ -11,6 +11,7 @@ ever put in a request's headers: never in a log line, an error, ``/health`` or a
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,17 @@ class Provider:
 
     def probe_headers(self) -> dict[str, str]:
         return self.credential.headers()
+
+
+_MODEL_FIELD = re.compile(rb'"model"\s*:\s*"(?:[^"\\]|\\.)*"')
+
+
+def named(data: bytes, model: str) -> bytes:
+    """``data`` (a JSON answer, or SSE events of JSON chunks) naming ``model`` wherever it names its model:
+    the client asked for the edge's name, and is not told which provider's id served it. (Inside a JSON
+    string a quote is escaped, so only a real ``"model"`` field matches.)"""
+    field = b'"model":' + msgspec.json.encode(model)
+    return _MODEL_FIELD.sub(lambda _: field, data)
 
 
 def _defaults(schema: type[msgspec.Struct]) -> dict[str, object]:

@@ -22,6 +22,7 @@ import msgspec
 from aiohttp import web
 
 from edge.h1 import MalformedResponse, Response
+from edge.provider import named
 from edge.region_answer import NO_USAGE, UpstreamFault, passed_on, usage_bytes
 from nearshore.protocol import sse
 from nearshore.protocol.errors import UPSTREAM_TIMEOUT, UPSTREAM_UNAVAILABLE, ApiError, ErrorBody
@@ -166,6 +167,7 @@ class SseRelay:
         self._resumed = False  # a second region continues the answer: its role event is not sent again
         self._body_ended = False  # the region's body ended (cleanly or not): nothing more to read
         self.clock: StreamClock | None = None  # armed by the caller before each relay
+        self.model_name = ""  # a provider's stream: the edge's name for its model, put in each event
         self.last_event_at = 0.0
 
     @property
@@ -243,7 +245,8 @@ class SseRelay:
         if events:
             forward = [kept for e in events if (kept := self._keep(e)) is not None]
             if forward:
-                self._send(b"\n\n".join(forward) + b"\n\n")
+                out = b"\n\n".join(forward) + b"\n\n"
+                self._send(named(out, self.model_name) if self.model_name else out)
         if self._events.pending > limits.max_event_bytes:
             return self._stop(self._oversized())
         if outcome.done or outcome.fault:

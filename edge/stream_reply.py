@@ -112,6 +112,7 @@ class StreamReply:
         first_s = forwarded.first_byte.limit(opened.model, up.ttft_timeout_s, now=asked_at)
         window_s = stall_window(up.stall_timeout_s, up.stall_budget_s, journey.continued.stalled_s)
         self.relay.clock = StreamClock(asked_at + first_s, window_s, forwarded.deadline.at, first_s)
+        self.relay.model_name = opened.model if opened.upstream.provider is not None else ""
         return await self.relay.relay(opened.response)
 
     async def continue_from(self, opened: Opened) -> StreamOutcome:

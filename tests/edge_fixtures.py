@@ -49,6 +49,14 @@ class Edge:
         finally:
             db.close()
 
+    def ledger_rows_once(self, count: int, timeout_s: float = 10.0) -> list[dict]:
+        """The ledger's rows once it holds at least ``count`` (a row is written just after its answer,
+        off the request's path), or all it holds after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while len(rows := self.ledger_rows()) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return rows
+
     def new_key(self, **fields: object) -> str:
         """A key made as `nearshore keys create` makes it, returned once the edge has loaded it."""
         store = KeyStore(self.keys_db)
@@ -173,8 +181,6 @@ def start_edge(
     ca = folder / "tls" / "dev-cert.pem"
     context = None
     if tls_on:
-        import time
-
         for _ in range(300):  # the certificate appears once the edge has started
             if ca.exists():
                 break

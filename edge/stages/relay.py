@@ -12,6 +12,7 @@ as a :class:`~edge.journey.WholeAnswer` (what the store stage keeps).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from edge.answer_size import response_budget
 from edge.asking import ask_again
 from edge.h1 import Response
 from edge.journey import Journey, Relayed, Reply, WholeAnswer
+from edge.provider import named
 from edge.region_answer import (
     MAX_TOKEN_TEXT_BYTES,
     Answer,
@@ -99,6 +101,8 @@ async def _read_unary(journey: Journey) -> Reply:
         SERVER_TIMING: opened.timing.header(edge_s),
     }
     state.metrics.e2e.observe(time.perf_counter() - journey.started)
+    if opened.upstream.provider is not None:  # the client is told the edge's name, not the provider's id
+        answer = dataclasses.replace(answer, body=named(answer.body, opened.model))
     return UnaryReply(answer, headers)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from edge import provider as provider_module
 from edge.call_body import region_body
-from edge.provider import Credential, CredentialUnavailable, Provider, provider_body
+from edge.provider import Credential, CredentialUnavailable, Provider, named, provider_body
 from geo.catalog import GeoConfig, ProviderSpec, RegionSpec, check_catalog
 from nearshore.protocol.headers import EDGE_SECRET, REQUEST_ID, SHARE_KEY
 from nearshore.protocol.schemas import ChatCompletionRequest
@@ -134,3 +134,15 @@ def test_a_provider_that_reports_no_usage_is_not_asked_for_it():
     body = region_body(msgspec.convert(asked, ChatCompletionRequest), 8)
     sent = json.loads(provider_body(body, "/v1/chat/completions", "theirs", reports_usage=False))
     assert "stream_options" not in sent and sent["stream"] is True
+
+
+def test_an_answer_names_the_edges_model_wherever_it_names_one_and_nowhere_else():
+    quoted = json.dumps({"content": 'say "model": "theirs/x" please'})  # a quote in a string is escaped
+    events = (
+        b'data: {"id":"c1","model": "theirs/x","choices":[{"delta":' + quoted.encode() + b"}]}\n\n"
+        b'data: {"model":"theirs/x","usage":{"prompt_tokens":1}}\n\n'
+    )
+    renamed = named(events, "gemma-3-270m")
+    first, second = (json.loads(e.removeprefix(b"data: ")) for e in renamed.split(b"\n\n") if e)
+    assert first["model"] == second["model"] == "gemma-3-270m"
+    assert first["choices"][0]["delta"]["content"] == 'say "model": "theirs/x" please'

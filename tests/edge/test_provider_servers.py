@@ -76,7 +76,8 @@ def test_the_official_client_chats_and_streams_through_the_edge_with_the_provide
         model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=8, temperature=0
     )
     assert answer.choices[0].message.content and answer.usage.completion_tokens >= 1
-    pieces = []
+    assert answer.model == MODEL  # the edge's name, not the provider's id (THEIR_MODEL)
+    pieces, models = [], set()
     for chunk in client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Say hello."}],
@@ -86,8 +87,9 @@ def test_the_official_client_chats_and_streams_through_the_edge_with_the_provide
         stream_options={"include_usage": True},
     ):
         pieces += [c.delta.content or "" for c in chunk.choices]
-    assert "".join(pieces).strip()
-    rows = [r for r in e.ledger_rows() if r["tenant"] == "acme"]
+        models.add(chunk.model)
+    assert "".join(pieces).strip() and models == {MODEL}
+    rows = [r for r in e.ledger_rows_once(2) if r["tenant"] == "acme"]
     assert [(r["region"], r["status"]) for r in rows] == [("partner", "ok"), ("partner", "ok")]
     for r in rows:  # each at the provider's own price for the model
         assert r["completion_tokens"] >= 1 and r["prompt_tokens"] >= 1
@@ -153,7 +155,7 @@ def test_a_provider_refusing_the_edges_key_fails_over_to_the_next_region(
             model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
         )
         assert answer.headers["x-nearshore-region"] == "ours"
-        [row] = e.ledger_rows()
+        [row] = e.ledger_rows_once(1)
         assert (row["region"], row["status"]) == ("ours", "ok")
         log = (e.folder / "edge.log").read_text()
         assert "sk-revoked-by-the-provider" not in log
@@ -186,7 +188,7 @@ def test_a_provider_that_does_not_report_usage_is_billed_the_edges_own_count(tmp
         ):
             usage = chunk.usage or usage
             pieces += [c.delta.content for c in chunk.choices if c.delta.content]
-        unary, streamed = e.ledger_rows()
+        unary, streamed = e.ledger_rows_once(2)
         # What the client is told is what it is billed: the edge's count, not the provider's figure.
         assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (
             unary["prompt_tokens"],

@@ -37,12 +37,7 @@ def cache_header(c: openai.OpenAI, **asked) -> str:
 
 
 def rows_for(edge: Edge, count: int) -> list[dict]:
-    for _ in range(100):
-        rows = edge.ledger_rows()
-        if len(rows) >= count:
-            return rows
-        time.sleep(0.05)
-    return edge.ledger_rows()
+    return edge.ledger_rows_once(count, timeout_s=5.0)
 
 
 def test_parse_through_the_edge_and_a_structured_answer_is_cached_whole(edge: Edge):
