@@ -111,6 +111,7 @@ class Provider:
         self.models = dict(spec.models)
         self.probe_path = self.prefix + spec.probe_path
         self.reports_usage = spec.reports_usage
+        self.continues_answers = spec.continues_answers
 
     def outgoing(self, path: str, headers: dict[str, str], body: bytes, model: str) -> Outgoing:
         """The request for ``model`` as the provider takes it (CredentialUnavailable: none can go)."""

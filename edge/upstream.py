@@ -76,6 +76,12 @@ class Upstream:
     provider: Provider | None = None  # an OpenAI-compatible provider, not a Nearshore regional node
 
     @property
+    def continues_answers(self) -> bool:
+        """Whether it may continue an answer another cut short (a provider must say it honours
+        ``continue_final_message``, else it would answer the half-answer as a new turn)."""
+        return self.provider is None or self.provider.continues_answers
+
+    @property
     def reports_usage(self) -> bool:
         """Whether its answers carry usage figures to check (a provider may not: the edge counts)."""
         return self.provider is None or self.provider.reports_usage

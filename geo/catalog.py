@@ -42,6 +42,10 @@ class ProviderSpec(Struct, forbid_unknown_fields=True, kw_only=True):
     # False: it sends no usage figures (or none to trust): the edge bills its own count (the prompt as its
     # tokenizer counts it, the tokens it relayed), tells the client that figure, and does not ask for one.
     reports_usage: bool = True
+    # True: it honours vLLM's continue_final_message (extends an open assistant turn), so a stream another
+    # region cut mid-answer may be continued there. Off by default: a server that ignores it would answer
+    # the half-answer as a new turn. (A stream cut before its first token is asked afresh anywhere.)
+    continues_answers: bool = False
 
 
 class RegionSpec(Struct, forbid_unknown_fields=True, kw_only=True):

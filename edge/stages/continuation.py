@@ -203,18 +203,22 @@ async def _continued(journey: Journey, outcome: StreamOutcome, tried: list[Upstr
     serving = journey.forwarded.served_model or journey.model
     remaining = admission.max_tokens - outcome.content_events
     text = "".join(outcome.text)
+    chat = isinstance(journey.body, ChatCompletionRequest)  # (a completion's prompt takes the text anywhere)
+
+    def able(u: Upstream) -> bool:
+        return u not in tried and (u.continues_answers or not chat)
 
     def untried(found: list[Target]) -> list[Target]:
         return [
             Target(t.model, kept, continuation_body(journey, text, remaining, t.model), t.why_none)
             for t in found
-            if (kept := [u for u in t.upstreams if u not in tried]) or t.why_none
+            if (kept := [u for u in t.upstreams if able(u)]) or t.why_none
         ]
 
     later = untried(targets(journey, _later_models(journey, serving)))
     local = untried(stand_ins(journey, [journey.model]))
     order = _order(journey)
-    own = [u for u in order if u not in tried]
+    own = [u for u in order if able(u)]
     if later and sum(u in order for u in tried) >= 2:
         own = []  # two of the model's replicas failed this stream: its fallbacks take the rest
     if not own and not later and not local:

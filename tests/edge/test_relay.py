@@ -19,6 +19,7 @@ from edge.journey import Admission, Call, Journey, WholeAnswer
 from edge.limits import Decision, Window
 from edge.metrics import EdgeMetrics
 from edge.opened import Opened, UpstreamTiming
+from edge.provider import Provider
 from edge.retry import Deadline, RetryBudget
 from edge.sse_relay import SseRelay, StreamLimits
 from edge.stages.continuation import continue_stage
@@ -26,6 +27,7 @@ from edge.stages.relay import UnaryReply, relay
 from edge.stream_reply import StreamReply
 from edge.token_count import EstimatingCounter
 from edge.upstream import Upstream
+from geo.catalog import ProviderSpec
 from nearshore.protocol import sse
 from nearshore.protocol.headers import CONTINUE, REGION
 from nearshore.protocol.schemas import ChatCompletionRequest
@@ -332,6 +334,30 @@ async def test_a_stream_cut_mid_way_is_reported_and_the_continue_stage_finishes_
     cut.opened.release()  # a second release of the same answer changes nothing
     assert london.replica.inflight == 0
     assert h.pool.finished == ["virginia"]  # only the region that finished it measured its time
+
+
+@pytest.mark.parametrize("continues", [False, True])
+async def test_a_provider_continues_a_cut_chat_only_if_it_says_it_honours_continue_final_message(
+    continues: bool,
+):
+    socket = ClientSocket()
+    h = Harness(socket)
+    rest = {"prompt_tokens": 6, "completion_tokens": 1, "total_tokens": 7}
+    opened = wire(chunk(role="assistant", content=""), chunk("lo"), chunk(finish="stop"))
+    second = RegionResponse([opened, wire(usage_chunk(rest), b"data: [DONE]")])
+    london, partner = replica("london"), replica("partner", second)
+    partner.provider = Provider(ProviderSpec(continues_answers=continues), "http://127.0.0.1:9")
+    h.pool.order = [london, partner]
+    h.forward_to(london, RegionResponse([wire(*HELLO[:2])], ending=ConnectionResetError()))
+
+    await h.run()
+
+    j = h.journey
+    if continues:
+        assert (j.outcome.status, j.continued.count, j.forwarded.region) == ("ok", 1, "partner")
+        assert json.loads(partner.pool.asked[0])["continue_final_message"] is True
+    else:  # it would answer the half-answer as a new turn: the client gets an error after what it has
+        assert (j.outcome.status, j.continued.count, partner.pool.asked) == ("error", 0, [])
 
 
 async def test_a_cut_stream_that_may_not_continue_ends_with_an_error_event_after_what_was_relayed():
