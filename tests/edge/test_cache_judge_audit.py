@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from tests.edge.test_cache_audit import health, plant, scrape
 from tests.edge_fixtures import start_edge
 
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
 COUNTRIES = (
     "Nigeria", "France", "Japan", "Kenya", "Ghana", "Egypt", "Italy", "Spain", "Germany", "Canada", "Brazil",
     "India", "China", "Russia", "Mexico", "Australia", "Portugal", "Greece", "Turkey", "Sweden", "Norway",
@@ -25,11 +27,8 @@ COUNTRIES = (
 WRONG = "Bananas turn yellow as they ripen, because the green chlorophyll in their peel breaks down."
 
 
-@pytest.fixture(scope="module")
-def far_region(region: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The shared region behind an emulated Lagos-London link (100 ms RTT): a semantic lookup (embedding,
-    verifier, judge) wins the race to its first byte even on a busy machine, as it does from Lagos."""
-    folder = tmp_path_factory.mktemp("far-region")
+def linked(region: Node, folder: Path, profile: str) -> Iterator[str]:
+    """The shared region behind an emulated link (``profile``: a shipped name or a file)."""
     port, control = free_port(), free_port()
     target = region.url.removeprefix("http://")
     argv = [
@@ -37,7 +36,7 @@ def far_region(region: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "--control",
         f"127.0.0.1:{control}",
         "--link",
-        f"far=127.0.0.1:{port}->{target}@lagos-london",
+        f"far=127.0.0.1:{port}->{target}@{profile}",
     ]
     link = ManagedProcess("link", nearshore_argv(*argv), folder / "link.log").start()
     try:
@@ -45,6 +44,26 @@ def far_region(region: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield f"http://127.0.0.1:{port}"
     finally:
         link.stop()
+
+
+@pytest.fixture(scope="module")
+def far_region(region: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The shared region behind an emulated Lagos-London link (100 ms RTT): a semantic lookup (embedding,
+    verifier, judge) usually wins the race to its first byte, as it does from Lagos."""
+    yield from linked(region, tmp_path_factory.mktemp("far-region"), "lagos-london")
+
+
+@pytest.fixture(scope="module")
+def farther_region(region: Node, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The shared region 600 ms away: where one served hit must happen, the lookup wins its race even on a
+    busy machine (at 100 ms it once lost, and the hit was a miss)."""
+    folder = tmp_path_factory.mktemp("farther-region")
+    profile = Path(REPO / "configs/netem/lagos-london.toml").read_text()
+    profile = profile.replace('name = "lagos-london"', 'name = "far-away"').replace(
+        "delay_ms = 50.0", "delay_ms = 300.0"
+    )
+    (folder / "far-away.toml").write_text(profile)
+    yield from linked(region, folder, str(folder / "far-away.toml"))
 
 
 def asked(content: str) -> dict:
@@ -110,11 +129,13 @@ async def test_a_partitions_own_right_verdicts_open_the_judge_where_the_calibrat
         edge.stop()
 
 
-async def test_a_judged_hit_found_wrong_closes_its_partition_above_it_and_no_other(tmp_path, far_region: str):
+async def test_a_judged_hit_found_wrong_closes_its_partition_above_it_and_no_other(
+    tmp_path, farther_region: str
+):
     # The calibrated threshold at a 30% target lets the judge serve from 0.60 (one wrong verdict of one
     # does not switch the partition to exact hits at 30%, so what closes the family is the judge's floor).
     cache = {"folder": str(tmp_path / "cache"), "store_truncated": True, "target_false_hit_rate": 0.3}
-    edge = start_edge(tmp_path / "edge", [("london", far_region)], cache=cache)
+    edge = start_edge(tmp_path / "edge", [("london", farther_region)], cache=cache)
     try:
         misled = edge.new_key(tenant="misled", rpm=10_000, tpm=10**7)
         control = edge.new_key(tenant="control", rpm=10_000, tpm=10**7)
