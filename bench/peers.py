@@ -241,9 +241,9 @@ def start_nginx(logs: Path, nginx: str, upstream_url: str) -> Endpoint:
 LITELLM_CONF = """model_list:
   - model_name: {model}
     litellm_params:
-      model: openai/{model}
+      model: openai/{upstream_model}
       api_base: {upstream}/v1
-      api_key: x
+      api_key: {upstream_key}
 litellm_settings:
   telemetry: false
 general_settings:
@@ -257,13 +257,24 @@ LITELLM_ENV = {
 }
 
 
-def start_litellm(logs: Path, litellm: Path, upstream_url: str) -> Endpoint:
-    """LiteLLM's proxy, one worker, from its own virtualenv; the client sends its master key."""
+def start_litellm(
+    logs: Path, litellm: Path, upstream_url: str, upstream_model: str = MODEL, upstream_key: str = "x"
+) -> Endpoint:
+    """LiteLLM's proxy, one worker, from its own virtualenv, serving MODEL from ``upstream_url`` (which
+    calls it ``upstream_model`` and wants ``upstream_key``); the client sends its master key."""
     folder = logs / "litellm"
     folder.mkdir(parents=True, exist_ok=True)
     master_key = "sk-" + secrets.token_hex(32)
     conf = folder / "config.yaml"
-    conf.write_text(LITELLM_CONF.format(model=MODEL, upstream=upstream_url, master_key=master_key))
+    conf.write_text(
+        LITELLM_CONF.format(
+            model=MODEL,
+            upstream=upstream_url,
+            upstream_model=upstream_model,
+            upstream_key=upstream_key,
+            master_key=master_key,
+        )
+    )
     port = free_port()
     argv = [str(litellm), "--config", str(conf), "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--num_workers", "1"]

@@ -15,6 +15,7 @@ import msgspec
 import openai
 import pytest
 
+from bench import peers
 from edge.config import EdgeConfig
 from harness.procs import ManagedProcess, free_port
 from regional.model_store import resolve_model_path
@@ -198,5 +199,75 @@ def test_a_provider_that_does_not_report_usage_is_billed_the_edges_own_count(tmp
         assert usage.prompt_tokens == streamed["prompt_tokens"] >= 1
         log = (e.folder / "edge.log").read_text()
         assert "reported usage" not in log  # nothing was claimed, so nothing is an anomaly
+    finally:
+        e.stop()
+
+
+@pytest.fixture(scope="module")
+def litellm(tmp_path_factory: pytest.TempPathFactory, provider: str) -> Iterator[peers.Endpoint]:
+    """LiteLLM's proxy (`make test` installs it in .venv-litellm) in front of the same llama_cpp.server,
+    serving MODEL by that name, requiring its own master key."""
+    binary = peers.find_litellm(".venv-litellm/bin/litellm")
+    assert binary is not None, "LiteLLM's proxy is not installed: make test installs it (.venv-litellm)"
+    proxy = peers.start_litellm(
+        tmp_path_factory.mktemp("litellm"), binary, provider, upstream_model=THEIR_MODEL, upstream_key=SECRET
+    )
+    yield proxy
+    proxy.process.stop()
+
+
+def test_a_second_third_party_server_takes_over_from_a_provider_that_refuses_the_edges_key(
+    tmp_path: Path, provider: str, litellm: peers.Endpoint, monkeypatch: pytest.MonkeyPatch
+):
+    """Two servers nobody on the team wrote: llama_cpp.server (with a revoked key) and LiteLLM's proxy (its
+    master key from the edge's environment). The client is served by LiteLLM, at its price."""
+    master_key = litellm.headers["Authorization"].removeprefix("Bearer ")
+    monkeypatch.setenv("LITELLM_MASTER_KEY_FOR_EDGE", master_key)  # the edge inherits it
+    revoked = tmp_path / "revoked.key"
+    revoked.write_text("sk-revoked-000\n")
+    regions = [
+        {
+            "name": "llamacpp",
+            "url": provider,
+            "city": "london",
+            "provider": {"api_key_file": str(revoked), "models": {MODEL: THEIR_MODEL}},
+        },
+        {
+            "name": "litellm",
+            "url": litellm.url,
+            "city": "johannesburg",
+            "provider": {"api_key_env": "LITELLM_MASTER_KEY_FOR_EDGE"},
+        },
+    ]
+    served = {m: msgspec.structs.asdict(p) for m, p in EdgeConfig().prices.items()}
+    served = {m: {k: v for k, v in p.items() if v is not None} for m, p in served.items()}
+    prices = {**served, f"{MODEL}@litellm": {"input": 2.0, "output": 4.0}}
+    e = start_edge(tmp_path / "edge", regions, geo={"city": "lagos"}, prices=prices)
+    try:
+        client = client_of(e, e.new_key(tenant="two-providers"))
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=6, temperature=0
+        )
+        answer = raw.parse()
+        assert raw.headers["x-nearshore-region"] == "litellm" and answer.model == MODEL
+        text = "".join(
+            c.delta.content or ""
+            for chunk in client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "Say hello."}],
+                max_tokens=6,
+                temperature=0,
+                stream=True,
+            )
+            for c in chunk.choices
+        )
+        assert text.strip()
+        rows = e.ledger_rows_once(2)
+        assert [(r["region"], r["status"]) for r in rows] == [("litellm", "ok"), ("litellm", "ok")]
+        unary = rows[0]
+        cost = (unary["prompt_tokens"] * 2.0 + unary["completion_tokens"] * 4.0) / 1e6
+        assert unary["cost_usd"] == pytest.approx(cost)
+        log = (e.folder / "edge.log").read_text()
+        assert master_key not in log and "sk-revoked-000" not in log
     finally:
         e.stop()
