@@ -57,9 +57,7 @@ def edge(tmp_path_factory: pytest.TempPathFactory, provider: str) -> Iterator[tu
         "city": "london",
         "provider": {"api_key_file": str(key_file), "models": {MODEL: THEIR_MODEL}},
     }
-    served = {m: msgspec.structs.asdict(p) for m, p in EdgeConfig().prices.items()}  # every model's own
-    served = {m: {k: v for k, v in p.items() if v is not None} for m, p in served.items()}
-    prices = {**served, f"{MODEL}@partner": PARTNER_PRICE}
+    prices = prices_with({f"{MODEL}@partner": PARTNER_PRICE})
     e = start_edge(folder / "edge", [partner], upstream={"health_interval_s": 1.0}, prices=prices)
     yield e, key_file
     e.stop()
@@ -70,6 +68,29 @@ def client_of(edge: Edge, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=edge.url + "/v1", api_key=key, http_client=http, max_retries=0)
 
 
+def prices_with(own: dict[str, dict[str, float]]) -> dict[str, dict]:
+    """Every served model's own price (as the edge's defaults give it), and ``own``: regions' prices."""
+    served = {m: msgspec.structs.asdict(p) for m, p in EdgeConfig().prices.items()}
+    return {**{m: {k: v for k, v in p.items() if v is not None} for m, p in served.items()}, **own}
+
+
+def streamed(client: openai.OpenAI, max_tokens: int) -> tuple[list[str], set[str], object]:
+    """One streamed chat with its usage chunk: the content pieces, the model names, the usage."""
+    pieces, models, usage = [], set(), None
+    for chunk in client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
+        pieces += [c.delta.content for c in chunk.choices if c.delta.content]
+        models.add(chunk.model)
+        usage = chunk.usage or usage
+    return pieces, models, usage
+
+
 def test_the_official_client_chats_and_streams_through_the_edge_with_the_providers_key(edge):
     e, _ = edge
     client = client_of(e, e.new_key(tenant="acme"))
@@ -78,17 +99,7 @@ def test_the_official_client_chats_and_streams_through_the_edge_with_the_provide
     )
     assert answer.choices[0].message.content and answer.usage.completion_tokens >= 1
     assert answer.model == MODEL  # the edge's name, not the provider's id (THEIR_MODEL)
-    pieces, models = [], set()
-    for chunk in client.chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Say hello."}],
-        max_tokens=8,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    ):
-        pieces += [c.delta.content or "" for c in chunk.choices]
-        models.add(chunk.model)
+    pieces, models, _ = streamed(client, max_tokens=8)
     assert "".join(pieces).strip() and models == {MODEL}
     rows = [r for r in e.ledger_rows_once(2) if r["tenant"] == "acme"]
     assert [(r["region"], r["status"]) for r in rows] == [("partner", "ok"), ("partner", "ok")]
@@ -178,25 +189,15 @@ def test_a_provider_that_does_not_report_usage_is_billed_the_edges_own_count(tmp
         answer = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Name a fruit."}], max_tokens=6, temperature=0
         )
-        usage, pieces = None, []
-        for chunk in client.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": "Say hello."}],
-            max_tokens=6,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        ):
-            usage = chunk.usage or usage
-            pieces += [c.delta.content for c in chunk.choices if c.delta.content]
-        unary, streamed = e.ledger_rows_once(2)
+        pieces, _, usage = streamed(client, max_tokens=6)
+        unary, stream_row = e.ledger_rows_once(2)
         # What the client is told is what it is billed: the edge's count, not the provider's figure.
         assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (
             unary["prompt_tokens"],
             unary["completion_tokens"],
         )
-        assert usage is not None and usage.completion_tokens == len(pieces) == streamed["completion_tokens"]
-        assert usage.prompt_tokens == streamed["prompt_tokens"] >= 1
+        assert usage is not None and usage.completion_tokens == len(pieces) == stream_row["completion_tokens"]
+        assert usage.prompt_tokens == stream_row["prompt_tokens"] >= 1
         log = (e.folder / "edge.log").read_text()
         assert "reported usage" not in log  # nothing was claimed, so nothing is an anomaly
     finally:
@@ -239,9 +240,7 @@ def test_a_second_third_party_server_takes_over_from_a_provider_that_refuses_the
             "provider": {"api_key_env": "LITELLM_MASTER_KEY_FOR_EDGE"},
         },
     ]
-    served = {m: msgspec.structs.asdict(p) for m, p in EdgeConfig().prices.items()}
-    served = {m: {k: v for k, v in p.items() if v is not None} for m, p in served.items()}
-    prices = {**served, f"{MODEL}@litellm": {"input": 2.0, "output": 4.0}}
+    prices = prices_with({f"{MODEL}@litellm": {"input": 2.0, "output": 4.0}})
     e = start_edge(tmp_path / "edge", regions, geo={"city": "lagos"}, prices=prices)
     try:
         client = client_of(e, e.new_key(tenant="two-providers"))
@@ -250,18 +249,8 @@ def test_a_second_third_party_server_takes_over_from_a_provider_that_refuses_the
         )
         answer = raw.parse()
         assert raw.headers["x-nearshore-region"] == "litellm" and answer.model == MODEL
-        text = "".join(
-            c.delta.content or ""
-            for chunk in client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": "Say hello."}],
-                max_tokens=6,
-                temperature=0,
-                stream=True,
-            )
-            for c in chunk.choices
-        )
-        assert text.strip()
+        pieces, _, _ = streamed(client, max_tokens=6)
+        assert "".join(pieces).strip()
         rows = e.ledger_rows_once(2)
         assert [(r["region"], r["status"]) for r in rows] == [("litellm", "ok"), ("litellm", "ok")]
         unary = rows[0]
