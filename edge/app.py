@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
+from edge import responses_api
 from edge.admission import authenticate
 from edge.health import operator_health, public_health
 from edge.inflight import drain
@@ -53,6 +54,8 @@ def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Applic
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/responses", responses)
+    responses_api.add_routes(app)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", guarded_metrics)
@@ -78,6 +81,7 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(*state.background, return_exceptions=True)
     await state.limiter.close()
     await state.ledger.close()
+    state.responses.close()
 
 
 async def _drain(app: web.Application) -> None:
@@ -100,6 +104,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
     return await _proxy(request, "embeddings")
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """The Responses API, answered by the chat journey (edge/responses_turn.py)."""
+    return await _proxy(request, "chat", api="responses")
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -167,7 +176,7 @@ async def metrics(request: web.Request) -> web.Response:
 # --- the proxy ---------------------------------------------------------------------------------------
 
 
-async def _proxy(request: web.Request, kind: Kind) -> web.StreamResponse:
+async def _proxy(request: web.Request, kind: Kind, api: str = "") -> web.StreamResponse:
     state = request.app[EDGE]
     journey = Journey(
         request,
@@ -178,6 +187,7 @@ async def _proxy(request: web.Request, kind: Kind) -> web.StreamResponse:
         request[CLIENT_REQUEST_ID_KEY],
         trace=trace.incoming(request.headers),  # a malformed traceparent starts a new trace
         span_id=trace.new_span_id(),
+        api=api,
     )
     if state.config.logging.format != "json":
         return await run_journey(request.app[PIPELINE], journey)

@@ -23,6 +23,10 @@ _PIECE = re.compile(r"\s*\S+|\s+$")  # a word with the spaces before it: about a
 _CHUNKS_PER_WRITE = 16
 
 
+def _as_is(data: bytes) -> bytes:
+    return data
+
+
 def pieces(text: str) -> list[str]:
     return _PIECE.findall(text) or [text]
 
@@ -77,9 +81,10 @@ class CachedReply:
         answer = answer_for(journey.kind == "chat", journey.request_id, body.model)
         usage = self._usage(audited)
         finish = entry.finish_reason if entry.finish_reason in ("stop", "length") else "stop"
+        dialect = journey.dialect
         if not body.stream:
             return web.Response(
-                body=json_encoder.encode(answer.whole(entry.text, finish, usage)),
+                body=await dialect.whole(json_encoder.encode(answer.whole(entry.text, finish, usage))),
                 content_type="application/json",
                 headers=self._headers(audited),
             )
@@ -91,8 +96,10 @@ class CachedReply:
         if not client.prepared:
             client.headers.update(self._headers(audited))
             await client.prepare(journey.request)
+        recode = dialect.recode or _as_is
         for i in range(0, len(events), _CHUNKS_PER_WRITE):
-            await client.write(b"".join(events[i : i + _CHUNKS_PER_WRITE]))
-        await client.write(sse.DONE)
+            await client.write(recode(b"".join(events[i : i + _CHUNKS_PER_WRITE])))
+        await dialect.ending(audited)
+        await client.write(recode(sse.DONE))
         await client.write_eof()
         return client

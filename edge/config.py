@@ -256,6 +256,22 @@ class MetricsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     tenant_labels: bool = False
 
 
+class ResponsesConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """/v1/responses with `store` (OpenAI's default): the stored responses, per tenant."""
+
+    # Their SQLite file; empty: responses.sqlite3 beside the ledger.
+    db: str = ""
+    # Days a stored response can be fetched or continued (OpenAI keeps them 30 days).
+    keep_days: Annotated[float, Meta(gt=0, le=3650)] = 30
+
+    def path(self, ledger_db: str) -> Path:
+        return (
+            Path(self.db).expanduser()
+            if self.db
+            else Path(ledger_db).expanduser().parent / "responses.sqlite3"
+        )
+
+
 class TokenizerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # A GGUF file whose vocabulary counts prompt tokens exactly (needs llama-cpp-python); empty: an estimate.
     gguf: str = ""
@@ -314,6 +330,7 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     keys_db: str = str(DATA_DIR / "keys.sqlite3")  # `nearshore keys` uses the same default
     ledger_db: str = str(DATA_DIR / "ledger.sqlite3")  # and `nearshore usage` this one
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
     # USD per million tokens, by model: input, cached_input, output; or `free = true`. Every name in `models`
     # needs one, so that no model is served unmetered by mistake.
     prices: dict[str, Price] = field(

@@ -76,6 +76,38 @@ class StreamSide(Reply, Protocol):
         ...
 
 
+class Dialect(Protocol):
+    """The API the client speaks over the chat journey: how the chat answer is said to it. Chat itself
+    (:data:`AS_IS`) changes nothing; the Responses API (edge/responses_turn.py) recodes every stream byte
+    and every unary body, and keeps the response before the stream's end when asked to."""
+
+    @property
+    def recode(self) -> Callable[[bytes], bytes] | None:
+        """A stream's bytes as the client gets them (None: as they are)."""
+        ...
+
+    async def whole(self, body: bytes) -> bytes:
+        """A unary chat answer (its usage as billed) as the client gets it."""
+        ...
+
+    async def ending(self, audited: AuditedUsage | None) -> None:
+        """A stream is about to end (billed: ``audited``), whole or failed."""
+        ...
+
+
+class _AsIs:
+    recode = None
+
+    async def whole(self, body: bytes) -> bytes:
+        return body
+
+    async def ending(self, audited: AuditedUsage | None) -> None:
+        return None
+
+
+AS_IS: Dialect = _AsIs()
+
+
 @dataclass(frozen=True, slots=True)
 class Sizing:
     """The rightsize stage's choice for a size alias (empty for a model asked by name)."""
@@ -274,6 +306,8 @@ class Journey:
     client_request_id: str = ""
     trace: TraceContext | None = None  # the caller's W3C trace (or one the edge started)
     span_id: str = ""  # the edge's span: the parent id the region receives
+    api: str = ""  # "responses": the Responses API over the chat journey (else the kind's own)
+    dialect: Dialect = AS_IS  # how the answer is said to the client (the parse stage sets it)
     # One record per stage, in the order they run.
     key: ApiKey | None = None  # authenticate
     body: Body | None = None  # parse (rightsize narrows a size alias to its model)

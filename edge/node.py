@@ -31,6 +31,7 @@ from edge.limits_redis import RedisLimiter
 from edge.metrics import EdgeMetrics
 from edge.pipeline import Pipeline
 from edge.pool_gate import make_gates
+from edge.response_store import ResponseStore
 from edge.spend_budget import BudgetBook, SharedBudgets
 from edge.stages import default_pipeline
 from edge.token_count import make_counter
@@ -144,6 +145,7 @@ def check_files(config: EdgeConfig) -> None:
     ``server.workers`` supervisor checks before it starts any worker (else each would print it)."""
     for key, path in (("ledger_db", config.ledger_db), ("keys_db", config.keys_db)):
         open_named_file(key, Path(path).expanduser(), _open_sqlite).close()
+    open_named_file("responses.db", config.responses.path(config.ledger_db), _open_sqlite).close()
 
 
 def _open_sqlite(path: Path) -> sqlite3.Connection:
@@ -173,6 +175,11 @@ def build_edge_app(
     limiter = make_limiter(config)
     ledger = open_named_file("ledger_db", Path(config.ledger_db).expanduser(), Ledger)
     keys = open_named_file("keys_db", Path(config.keys_db).expanduser(), KeyStore)
+    responses = open_named_file(
+        "responses.db",
+        config.responses.path(config.ledger_db),
+        lambda path: ResponseStore(path, config.responses.keep_days),
+    )
     _warn_without_keys(keys)
     # Edges (and workers) that share limits through Redis share budgets there too.
     budget = (
@@ -183,6 +190,7 @@ def build_edge_app(
         keys=keys,
         limiter=limiter,
         ledger=ledger,
+        responses=responses,
         prices=PriceTable(config.prices),
         counter=make_counter(config.tokenizer.gguf),
         pool=UpstreamPool(config.regions, config.upstream, config.geo, config.models),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -146,8 +147,10 @@ class SseRelay:
         limits: StreamLimits,
         echo: bool = False,
         choices: int = 1,
+        recode: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self.request = request
+        self.recode = recode  # what the client gets instead of chat's events (the Responses API's)
         self.client = client
         self.limits = limits
         self.choices = choices  # n: chunks name choices 0..n-1
@@ -193,6 +196,8 @@ class SseRelay:
 
     async def write(self, data: bytes, *, content: bool = True) -> None:
         """Write through aiohttp (heartbeats, the end of the stream), waiting for the client to take it."""
+        if self.recode is not None and not (data := self.recode(data)):
+            return
         self.write_started = time.monotonic()
         await self.client.write(data)
         self.last_write = time.monotonic()
@@ -312,6 +317,8 @@ class SseRelay:
         if transport is None or transport.is_closing():
             self._broken = ConnectionResetError("the client went away")
             return self._finish()
+        if self.recode is not None and not (data := self.recode(data)):
+            return
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         if not self.first_write_at:
             self.first_write_at = time.perf_counter()

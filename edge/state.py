@@ -1,4 +1,5 @@
-"""What one edge process holds for all its requests: config, keys, limits, budgets, ledger, upstreams."""
+"""What one edge process holds for all its requests: config, keys, limits, budgets, ledger, stored
+responses, upstreams."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from edge.ledger import Ledger
 from edge.limits import RateLimiter
 from edge.metrics import EdgeMetrics
 from edge.pool_gate import PoolGate
+from edge.response_store import ResponseStore
 from edge.spend_budget import BudgetBook, Budgets
 from edge.token_count import TokenCounter
 from edge.upstream import UpstreamPool
@@ -33,6 +35,7 @@ class EdgeState:
     keys: KeyStore
     limiter: RateLimiter
     ledger: Ledger
+    responses: ResponseStore  # /v1/responses kept with `store`
     prices: PriceTable
     counter: TokenCounter
     pool: UpstreamPool

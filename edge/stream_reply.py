@@ -203,6 +203,7 @@ class StreamReply:
                 await self.relay.write(b"data: " + event + b"\n\n")
             elif self.keep_usage and audited is not None and not audited.reported:
                 await self.relay.write(self._counted_usage_event(audited))
+            await self.journey.dialect.ending(audited)  # a stored response is kept before its end
             await self.relay.write(sse.DONE)
             await self.client.write_eof()
         except (ConnectionError, RuntimeError):
@@ -228,7 +229,15 @@ def start_stream(journey: Journey) -> StreamReply:
         event_budget(journey), response_budget(journey), admission.completion_tokens, up.max_bad_events
     )
     stream = StreamReply(
-        journey, SseRelay(journey.request, client, limits, echo=call.echo, choices=admission.choices)
+        journey,
+        SseRelay(
+            journey.request,
+            client,
+            limits,
+            echo=call.echo,
+            choices=admission.choices,
+            recode=journey.dialect.recode,
+        ),
     )
     # Checked often enough that a late first token or a stall is seen within a tenth of its limit.
     tick_s = min(1.0, up.ttft_timeout_s / 10, up.stall_timeout_s / 10)

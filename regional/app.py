@@ -12,8 +12,10 @@ from aiohttp import web
 from nearshore.httpkit import Handler, metrics_response, openai_errors, read_json, request_id_of, request_ids
 from nearshore.protocol import sse
 from nearshore.protocol.answers import ChatAnswer, TextAnswer
-from nearshore.protocol.errors import INVALID_API_KEY, ApiError
+from nearshore.protocol.errors import INVALID_API_KEY, UNSUPPORTED_PARAMETER, ApiError
 from nearshore.protocol.headers import EDGE_SECRET
+from nearshore.protocol.response_events import ResponseEvents, ResponseFrame, whole_response
+from nearshore.protocol.responses import chat_request, input_items, responses_request_decoder
 from nearshore.protocol.schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -67,6 +69,7 @@ def create_app(
     app.cleanup_ctx.append(_engine_lifetime(engine))
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/responses", responses)
     app.router.add_get("/v1/models", list_models)
     if embeddings is not None:
         add_embeddings(app, embeddings)
@@ -128,8 +131,33 @@ def edges_only(server: ServerConfig) -> Middleware | None:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await answer_chat(request, await read_json(request, chat_request_decoder))
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """The Responses API over the chat path. A region keeps no responses (an edge does): the answer says
+    ``store: false``, and a request that continues a stored one is refused."""
+    body = await read_json(request, responses_request_decoder)
+    if body.previous_response_id is not None:
+        message = "a region keeps no responses; continue a stored response through an edge, which keeps them"
+        raise ApiError(UNSUPPORTED_PARAMETER, f"previous_response_id is not supported here: {message}.")
+    chat = chat_request(body, [], input_items(body))
+    frame = ResponseFrame(body, body.model, store=False)
+    if body.stream:
+        return await answer_chat(request, chat, recode=ResponseEvents(frame).recode)
+    return await answer_chat(
+        request, chat, whole=lambda answer: json_encoder.encode(whole_response(frame, answer))
+    )
+
+
+async def answer_chat(
+    request: web.Request,
+    body: ChatCompletionRequest,
+    recode: Callable[[bytes], bytes] | None = None,
+    whole: Callable[[bytes], bytes] | None = None,
+) -> web.StreamResponse:
+    """A chat request's answer; ``recode`` (a stream) and ``whole`` (a unary answer) say it in another API."""
     timings = Timings()
-    body: ChatCompletionRequest = await read_json(request, chat_request_decoder)
     service = request.app[SERVICE]
     prepared = await service.prepare_chat(body, request_id_of(request), timings)
     prepared.share_key = share_key_of(request)
@@ -143,13 +171,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         for i in range(len(generations))
     ]
     if body.stream:
-        return await stream(request, list(zip(generations, replies, strict=True)))
+        return await stream(request, list(zip(generations, replies, strict=True)), recode)
     results = await collect_all(generations)
     usage = total_usage(generations)
     wholes = [
         reply.whole(text, finish, usage, scored)
         for reply, (text, finish, scored) in zip(replies, results, strict=True)
     ]
+    if whole is not None:
+        return _json(msgspec.Raw(whole(json_encoder.encode(merged(wholes)))), timings)
     return _json(merged(wholes), timings)
 
 

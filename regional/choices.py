@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from aiohttp import web
@@ -86,11 +86,30 @@ async def collect_all(generations: Sequence[Generation]) -> list[tuple[str, Fini
 _END = object()
 
 
-async def stream(request: web.Request, runs: Sequence[tuple[Generation, Chunks]]) -> web.StreamResponse:
+class _Recoded(web.StreamResponse):
+    """A stream whose every write is recoded first (and skipped when nothing is left of it)."""
+
+    def __init__(self, recode: Callable[[bytes], bytes], **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._recode = recode
+
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
+        if recoded := self._recode(bytes(data)):
+            await super().write(recoded)
+
+
+async def stream(
+    request: web.Request,
+    runs: Sequence[tuple[Generation, Chunks]],
+    recode: Callable[[bytes], bytes] | None = None,
+) -> web.StreamResponse:
     """Relay every choice's tokens as SSE, as they come. Headers go out with the first token of any
     choice, so they carry queue and prefill times and an error before it is still a plain HTTP error. A
-    client that leaves cancels this handler; each generation's cleanup aborts its sequence."""
+    client that leaves cancels this handler; each generation's cleanup aborts its sequence. ``recode``:
+    what the client gets instead of each write (the Responses API's events)."""
     response = web.StreamResponse(headers={**sse.HEADERS, "x-request-id": request_id_of(request)})
+    if recode is not None:
+        response = _Recoded(recode, headers=response.headers)
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, generation: Generation) -> None:

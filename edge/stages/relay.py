@@ -22,7 +22,7 @@ from aiohttp import web
 from edge.answer_size import response_budget
 from edge.asking import ask_again
 from edge.h1 import Response
-from edge.journey import Journey, Relayed, Reply, WholeAnswer
+from edge.journey import AS_IS, Dialect, Journey, Relayed, Reply, WholeAnswer
 from edge.provider import named
 from edge.region_answer import (
     MAX_TOKEN_TEXT_BYTES,
@@ -55,11 +55,13 @@ async def relay(journey: Journey) -> Reply | None:
 class UnaryReply:
     answer: Answer
     headers: dict[str, str]
+    dialect: Dialect = AS_IS
 
     async def finish(self, audited: AuditedUsage | None) -> web.Response:
         body = self.answer.body
         if audited is not None and (audited.anomalies or not audited.reported):  # the figure billed
             body = with_usage(body, audited.usage)
+        body = await self.dialect.whole(body)
         return web.Response(body=body, content_type="application/json", headers=self.headers)
 
 
@@ -103,7 +105,7 @@ async def _read_unary(journey: Journey) -> Reply:
     state.metrics.e2e.observe(time.perf_counter() - journey.started)
     if opened.upstream.provider is not None:  # the client is told the edge's name, not the provider's id
         answer = dataclasses.replace(answer, body=named(answer.body, opened.model))
-    return UnaryReply(answer, headers)
+    return UnaryReply(answer, headers, journey.dialect)
 
 
 async def _checked_unary(journey: Journey, upstream: Response) -> Answer:

@@ -1,0 +1,253 @@
+"""The Responses API (issue 32) through a real edge over HTTPS in front of a real region, with the official
+openai client unchanged: create (unary, streamed, with a tool, with a json_schema format, continuing a
+stored response), retrieve, input items, delete; each billed once as chat is; stored responses seen only by
+their tenant; bad input refused by name while the edge keeps serving. And the region's own /v1/responses."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.conftest import MODEL, Node
+from tests.edge.test_region import client as https_client
+from tests.edge_fixtures import Edge, start_edge, start_hostile
+from tests.tool_calls_shared import WEATHER
+
+pytestmark = pytest.mark.slow
+# The chat tool as the Responses API writes it: flat, no "function" wrapper.
+WEATHER_TOOL = {"type": "function", **WEATHER["function"]}
+
+
+class Capital(BaseModel):
+    city: str = Field(max_length=20)
+    country: str = Field(max_length=20)
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory, region: Node) -> Iterator[Edge]:
+    e = start_edge(tmp_path_factory.mktemp("edge-responses"), [("london", region.url)])
+    yield e
+    e.stop()
+
+
+def rows_after(edge: Edge, before: int, count: int) -> list[dict]:
+    return edge.ledger_rows_once(before + count)[before:]
+
+
+def test_unary_and_streamed_responses_are_billed_once_as_chat_is(edge: Edge):
+    c = https_client(edge, edge.new_key())
+    before = len(edge.ledger_rows())
+    r = c.responses.create(
+        model=MODEL,
+        instructions="Answer briefly.",
+        input="Name a colour.",
+        max_output_tokens=12,
+        temperature=0,
+    )
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == MODEL
+    assert r.status in ("completed", "incomplete") and r.output_text
+    assert r.instructions == "Answer briefly." and r.max_output_tokens == 12
+    assert r.usage is not None and 0 < r.usage.output_tokens <= 12
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+
+    events = list(
+        c.responses.create(
+            model=MODEL, input="Name a fruit.", max_output_tokens=12, temperature=0, stream=True
+        )
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:-1] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas and deltas == final.output_text
+    assert {e.response.id for e in events if hasattr(e, "response")} == {final.id}
+
+    rows = rows_after(edge, before, 2)
+    for answer, row in zip((r, final), rows, strict=True):
+        assert row["status"] == "ok" and row["model"] == MODEL and row["cost_usd"] > 0
+        assert (row["prompt_tokens"], row["completion_tokens"]) == (
+            answer.usage.input_tokens,
+            answer.usage.output_tokens,
+        )
+
+
+def test_a_streamed_tool_call_and_its_output_continue_a_stored_conversation(edge: Edge):
+    c = https_client(edge, edge.new_key())
+    events = list(
+        c.responses.create(
+            model=MODEL,
+            input="What is the weather in Lagos?",
+            tools=[WEATHER_TOOL],
+            tool_choice={"type": "function", "name": "get_weather"},
+            max_output_tokens=60,
+            stream=True,
+        )
+    )
+    kinds = [e.type for e in events]
+    assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
+    first = events[-1].response
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER["function"]["parameters"])
+    done = next(e for e in events if e.type == "response.function_call_arguments.done")
+    assert done.arguments == calls[0].arguments
+
+    answer = c.responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "31 C, humid"}],
+        max_output_tokens=16,
+        temperature=0,
+    )
+    assert answer.previous_response_id == first.id and answer.output_text
+    listed = c.responses.input_items.list(answer.id, order="asc").data
+    assert [i.type for i in listed] == ["message", "function_call", "function_call_output"]
+    assert listed[1].call_id == calls[0].call_id == listed[2].call_id
+    # The continued turn carries the whole conversation (its tools are the request's own: none here).
+    alone = c.responses.create(model=MODEL, input="31 C, humid", max_output_tokens=1)
+    assert answer.usage.input_tokens > alone.usage.input_tokens + 10
+
+
+def test_a_json_schema_format_parses_unary_and_streamed(edge: Edge):
+    c = https_client(edge, edge.new_key())
+    asked = dict(model=MODEL, input="The capital of France, as JSON.", max_output_tokens=60, temperature=0)
+    parsed = c.responses.parse(text_format=Capital, **asked)
+    assert isinstance(parsed.output_parsed, Capital)
+    assert parsed.text.format.type == "json_schema"
+    with c.responses.stream(text_format=Capital, **asked) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    assert final.status == "completed" and isinstance(final.output_parsed, Capital)
+
+
+def test_stored_responses_are_seen_and_deleted_by_their_tenant_only(edge: Edge):
+    mine = https_client(edge, edge.new_key(tenant="acme"))
+    theirs = https_client(edge, edge.new_key(tenant="globex"))
+    colleague = https_client(edge, edge.new_key(tenant="acme"))
+    r = mine.responses.create(model=MODEL, input="Say yes.", max_output_tokens=4)
+    assert colleague.responses.retrieve(r.id).output_text == r.output_text  # the tenant's, not the key's
+    for ask in (
+        lambda: theirs.responses.retrieve(r.id),
+        lambda: theirs.responses.input_items.list(r.id),
+        lambda: theirs.responses.delete(r.id),
+        lambda: theirs.responses.create(
+            model=MODEL, input="And?", previous_response_id=r.id, max_output_tokens=4
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            ask()
+    assert mine.responses.retrieve(r.id).id == r.id  # the other tenant's delete removed nothing
+    mine.responses.delete(r.id)
+    for ask in (lambda: mine.responses.retrieve(r.id), lambda: mine.responses.delete(r.id)):
+        with pytest.raises(openai.NotFoundError):
+            ask()
+    unstored = mine.responses.create(model=MODEL, input="Say no.", max_output_tokens=4, store=False)
+    assert unstored.store is False
+    with pytest.raises(openai.NotFoundError):
+        mine.responses.retrieve(unstored.id)
+
+
+def test_a_repeated_response_is_answered_by_the_cache_as_a_response(edge: Edge):
+    c = https_client(edge, edge.new_key())
+    # A structured answer the grammar ended (stop) is stored; a plain one cut by max_output_tokens is not.
+    schema = {"type": "json_schema", "name": "capital", "schema": Capital.model_json_schema()}
+    asked = dict(model=MODEL, input="Capital of Ghana, JSON.", text={"format": schema}, max_output_tokens=60)
+    first = c.responses.create(temperature=0, **asked)
+    assert first.status == "completed"
+    for _ in range(50):  # the entry is written just after the answer, off the request's path
+        raw = c.responses.with_raw_response.create(temperature=0, **asked)
+        if raw.headers["x-nearshore-cache"] == "HIT":
+            break
+        time.sleep(0.1)
+    again = raw.parse()
+    assert raw.headers["x-nearshore-cache"] == "HIT"
+    assert again.output_text == first.output_text and again.id != first.id and again.status == "completed"
+    streamed = list(c.responses.create(stream=True, temperature=0, **asked))
+    assert streamed[-1].type == "response.completed"
+    assert streamed[-1].response.output_text == first.output_text
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "param"),
+    [
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            400,
+            "input[0]",
+        ),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools[0].type"),
+        ({"input": "hi", "reasoning": {"effort": "high"}}, 400, "reasoning.effort"),
+        ({"input": "hi", "background": True}, 400, "background"),
+        ({"input": "hi", "frobnicate": 1}, 400, "frobnicate"),
+        ({"input": [{"content": "no role"}]}, 400, "input[0]"),
+        ({"input": [{"type": "function_call", "call_id": "c"}]}, 400, "input[0]"),
+        ({}, 400, "input"),
+        ({"input": "hi", "previous_response_id": "resp_missing"}, 404, "previous_response_id"),
+        ({"input": "hi", "tool_choice": {"type": "file_search"}}, 400, "tool_choice"),
+    ],
+)
+def test_bad_input_is_refused_by_name_and_not_billed(edge: Edge, fields: dict, status: int, param: str):
+    c = https_client(edge, edge.new_key())
+    before = len(edge.ledger_rows())
+    with pytest.raises(openai.APIStatusError) as caught:
+        c.responses.create(model=MODEL, max_output_tokens=4, extra_body=fields)
+    error = caught.value.body
+    assert caught.value.status_code == status and error["param"].startswith(param), error
+    assert error["message"] and error["type"] == "invalid_request_error"
+    assert c.responses.create(model=MODEL, input="Still there?", max_output_tokens=2).output_text
+    rows = rows_after(edge, before, 1)
+    assert len(rows) == 1 and rows[0]["status"] == "ok"  # only the good request was billed
+
+
+def test_the_region_answers_responses_itself_and_keeps_none(region: Node):
+    c = openai.OpenAI(base_url=region.url + "/v1", api_key="unused", max_retries=0)
+    r = c.responses.create(model=MODEL, input="Name a river.", max_output_tokens=8, temperature=0)
+    assert r.output_text and r.store is False and r.usage.output_tokens <= 8
+    events = list(c.responses.create(model=MODEL, input="Name a river.", max_output_tokens=8, stream=True))
+    assert events[0].type == "response.created" and events[-1].response.output_text
+    with pytest.raises(openai.BadRequestError) as caught:
+        c.responses.create(model=MODEL, input="And?", previous_response_id=r.id)
+    assert caught.value.body["code"] == "unsupported_parameter"
+
+
+def test_a_stream_its_region_cuts_ends_failed_and_is_not_stored(tmp_path):
+    """One region, which cuts the stream after 5 of 40 tokens: no replica is left to continue it, so the
+    client gets the text it had, an ``error`` event and ``response.failed``; nothing is stored."""
+    hostile = start_hostile(tmp_path, name="cutter", tokens=40)
+    edge = start_edge(tmp_path / "edge", [("cutter", hostile.url)], cache={"enabled": False})
+    edge.extra.append(hostile.process)
+    try:
+        c = https_client(edge, edge.new_key())
+        events = list(c.responses.create(model=MODEL, input="Go on.", user="mode:cut-at:5:40", stream=True))
+        kinds = [e.type for e in events]
+        assert kinds[:2] == ["response.created", "response.in_progress"]
+        assert kinds.count("response.output_text.delta") == 5 and kinds[-2:] == ["error", "response.failed"]
+        failed = events[-1].response
+        assert failed.status == "failed" and failed.error is not None and failed.error.message
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(failed.id)
+        # The same edge still answers, unary too, through the same region.
+        assert c.responses.create(model=MODEL, input="Again.", user="mode:ok").output_text
+        rows = edge.ledger_rows_once(2)
+        assert [r["status"] for r in rows] == ["error", "ok"]
+    finally:
+        edge.stop()
