@@ -112,13 +112,16 @@ class Provider:
         self.probe_path = self.prefix + spec.probe_path
         self.reports_usage = spec.reports_usage
         self.continues_answers = spec.continues_answers
+        self.schema_as = spec.schema_as
 
     def outgoing(self, path: str, headers: dict[str, str], body: bytes, model: str) -> Outgoing:
         """The request for ``model`` as the provider takes it (CredentialUnavailable: none can go)."""
         sent = {name: value for name, value in headers.items() if name not in _OURS_ONLY}
         sent.update(self.credential.headers())
         if body:
-            body = provider_body(body, path, self.models.get(model, model), self.reports_usage)
+            body = provider_body(
+                body, path, self.models.get(model, model), self.reports_usage, self.schema_as == "json_object"
+            )
         return Outgoing(self.prefix + path, sent, body)
 
     def probe_headers(self) -> dict[str, str]:
@@ -149,9 +152,12 @@ _DEFAULTS = {
 }
 
 
-def provider_body(body: bytes, path: str, model: str, reports_usage: bool = True) -> bytes:
+def provider_body(
+    body: bytes, path: str, model: str, reports_usage: bool = True, schema_in_object: bool = False
+) -> bytes:
     """The JSON request ``body`` as a provider takes it: asking for ``model``, with only what was said (no
-    field at its default, no null anywhere; no usage chunk asked of one that sends none)."""
+    field at its default, no null anywhere; no usage chunk asked of one that sends none; a json_schema
+    response format as a json_object with its schema, to one that takes it so)."""
     request = msgspec.json.decode(body)
     defaults = _DEFAULTS.get(path, {})
     sent = {
@@ -162,6 +168,12 @@ def provider_body(body: bytes, path: str, model: str, reports_usage: bool = True
     sent["model"] = model
     if not reports_usage:
         sent.pop("stream_options", None)
+    form = sent.get("response_format")
+    if schema_in_object and isinstance(form, dict) and form.get("type") == "json_schema":
+        sent["response_format"] = {
+            "type": "json_object",
+            "schema": form.get("json_schema", {}).get("schema", {}),
+        }
     return msgspec.json.encode(sent)
 
 

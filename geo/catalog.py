@@ -46,6 +46,10 @@ class ProviderSpec(Struct, forbid_unknown_fields=True, kw_only=True):
     # region cut mid-answer may be continued there. Off by default: a server that ignores it would answer
     # the half-answer as a new turn. (A stream cut before its first token is asked afresh anywhere.)
     continues_answers: bool = False
+    # How it takes a JSON schema to answer in: OpenAI's response_format {"type": "json_schema", ...}, or
+    # "json_object": the schema beside that type ({"type": "json_object", "schema": ...}), which is how
+    # llama-cpp-python's server takes it (it refuses json_schema).
+    schema_as: Literal["json_schema", "json_object"] = "json_schema"
 
 
 class RegionSpec(Struct, forbid_unknown_fields=True, kw_only=True):

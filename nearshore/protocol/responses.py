@@ -265,7 +265,8 @@ def chat_messages(instructions: str | None, items: list[Item]) -> list[ChatMessa
             if last is not None and last.role == "assistant":
                 last.tool_calls = [*(last.tool_calls or []), call]
             else:
-                messages.append(ChatMessage("assistant", None, tool_calls=[call]))
+                # "" rather than null: some servers (llama-cpp-python's) refuse a call without content
+                messages.append(ChatMessage("assistant", "", tool_calls=[call]))
         else:
             messages.append(ChatMessage("tool", item.output, tool_call_id=item.call_id))
     return messages

@@ -136,6 +136,28 @@ def test_a_provider_that_reports_no_usage_is_not_asked_for_it():
     assert "stream_options" not in sent and sent["stream"] is True
 
 
+def test_a_schema_goes_as_the_provider_takes_it():
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    form = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+    asked = {
+        "model": "gemma-3-270m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "response_format": form,
+    }
+    body = region_body(msgspec.convert(asked, ChatCompletionRequest), 8)
+    as_openai = json.loads(provider_body(body, "/v1/chat/completions", "theirs"))
+    assert as_openai["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "c", "schema": schema},
+    }
+    in_object = json.loads(provider_body(body, "/v1/chat/completions", "theirs", schema_in_object=True))
+    assert in_object["response_format"] == {"type": "json_object", "schema": schema}
+    spec = msgspec.convert(
+        {"name": "p", "url": "http://x", "provider": {"schema_as": "json_object"}}, RegionSpec
+    )
+    assert spec.provider is not None and spec.provider.schema_as == "json_object"
+
+
 def test_an_answer_names_the_edges_model_wherever_it_names_one_and_nowhere_else():
     quoted = json.dumps({"content": 'say "model": "theirs/x" please'})  # a quote in a string is escaped
     events = (

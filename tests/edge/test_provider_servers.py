@@ -5,6 +5,7 @@ a rotated key file is read again, a wrong key fails over cleanly; the key is in 
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import urllib.request
@@ -21,6 +22,7 @@ from harness.procs import ManagedProcess, free_port
 from regional.model_store import resolve_model_path
 from tests.conftest import MODEL, Node
 from tests.edge_fixtures import Edge, start_edge
+from tests.tool_calls_shared import WEATHER
 
 pytestmark = pytest.mark.slow
 THEIR_MODEL = "served-gemma"  # what the provider calls the model the edge serves as MODEL
@@ -35,7 +37,9 @@ def provider(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(resolve_model_path(""))]
     argv += ["--model_alias", THEIR_MODEL, "--chat_format", "gemma", "--api_key", SECRET]
-    argv += ["--n_ctx", "2048", "--n_threads", "2"]
+    # By default it ends the stream it is writing whenever another request arrives (the edge's probe too),
+    # and ends it as if whole: a server that serves more than one caller must not.
+    argv += ["--n_ctx", "2048", "--n_threads", "2", "--interrupt_requests", "False"]
     argv += ["--host", "127.0.0.1", "--port", str(port)]
     process = ManagedProcess("llama_cpp.server", argv, folder / "server.log").start()
     url = f"http://127.0.0.1:{port}"
@@ -55,7 +59,11 @@ def edge(tmp_path_factory: pytest.TempPathFactory, provider: str) -> Iterator[tu
         "name": "partner",
         "url": provider,
         "city": "london",
-        "provider": {"api_key_file": str(key_file), "models": {MODEL: THEIR_MODEL}},
+        "provider": {
+            "api_key_file": str(key_file),
+            "models": {MODEL: THEIR_MODEL},
+            "schema_as": "json_object",
+        },
     }
     prices = prices_with({f"{MODEL}@partner": PARTNER_PRICE})
     e = start_edge(folder / "edge", [partner], upstream={"health_interval_s": 1.0}, prices=prices)
@@ -105,6 +113,76 @@ def test_the_official_client_chats_and_streams_through_the_edge_with_the_provide
     assert [(r["region"], r["status"]) for r in rows] == [("partner", "ok"), ("partner", "ok")]
     for r in rows:  # each at the provider's own price for the model
         assert r["completion_tokens"] >= 1 and r["prompt_tokens"] >= 1
+        cost = (
+            r["prompt_tokens"] * PARTNER_PRICE["input"] + r["completion_tokens"] * PARTNER_PRICE["output"]
+        ) / 1e6
+        assert r["cost_usd"] == pytest.approx(cost)
+
+
+def responses_through(client: openai.OpenAI) -> int:
+    """The Responses API's cases through an edge in front of a third-party server, which the edge asks in
+    chat completions: unary with instructions, streamed, a forced tool call continued with its output
+    (previous_response_id), a json_schema format, retrieve and delete. Returns the requests billed."""
+    first = client.responses.create(
+        model=MODEL, instructions="Be brief.", input="Name a fruit.", max_output_tokens=8, temperature=0
+    )
+    assert first.output_text and first.model == MODEL and first.usage.output_tokens >= 1
+    events = list(
+        client.responses.create(model=MODEL, input="Name a city.", max_output_tokens=8, stream=True)
+    )
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas and deltas == events[-1].response.output_text
+    tool = {"type": "function", **WEATHER["function"]}
+    called = list(
+        client.responses.create(
+            model=MODEL,
+            input="Weather in Lagos?",
+            tools=[tool],
+            tool_choice={"type": "function", "name": "get_weather"},
+            max_output_tokens=60,
+            temperature=0,  # sampled, llama_cpp.server may end a call's JSON early and call it whole
+            stream=True,
+        )
+    )
+    [call] = [o for o in called[-1].response.output if o.type == "function_call"]
+    assert call.name == "get_weather" and json.loads(call.arguments)
+    answer = client.responses.create(
+        model=MODEL,
+        previous_response_id=called[-1].response.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "31 C"}],
+        max_output_tokens=8,
+    )
+    items = client.responses.input_items.list(answer.id, order="asc").data
+    assert [i.type for i in items] == ["message", "function_call", "function_call_output"]
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+    }
+    shaped = client.responses.create(
+        model=MODEL,
+        input="The capital of France, in JSON.",
+        text={"format": {"type": "json_schema", "name": "capital", "schema": schema}},
+        max_output_tokens=40,
+        temperature=0,
+    )
+    assert isinstance(json.loads(shaped.output_text)["city"], str)
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    return 5
+
+
+def test_the_responses_api_through_the_edge_in_front_of_llama_cpp_server(edge):
+    e, _ = edge
+    before = len(e.ledger_rows())
+    billed = responses_through(client_of(e, e.new_key(tenant="agents")))
+    rows = e.ledger_rows_once(before + billed)[before:]
+    assert [(r["region"], r["status"]) for r in rows] == [("partner", "ok")] * billed
+    for r in rows:  # at the provider's own price, as chat is
         cost = (
             r["prompt_tokens"] * PARTNER_PRICE["input"] + r["completion_tokens"] * PARTNER_PRICE["output"]
         ) / 1e6
@@ -237,7 +315,8 @@ def test_a_second_third_party_server_takes_over_from_a_provider_that_refuses_the
             "name": "litellm",
             "url": litellm.url,
             "city": "johannesburg",
-            "provider": {"api_key_env": "LITELLM_MASTER_KEY_FOR_EDGE"},
+            # LiteLLM passes the format on to its llama_cpp.server, which takes a schema only this way
+            "provider": {"api_key_env": "LITELLM_MASTER_KEY_FOR_EDGE", "schema_as": "json_object"},
         },
     ]
     prices = prices_with({f"{MODEL}@litellm": {"input": 2.0, "output": 4.0}})
@@ -251,8 +330,9 @@ def test_a_second_third_party_server_takes_over_from_a_provider_that_refuses_the
         assert raw.headers["x-nearshore-region"] == "litellm" and answer.model == MODEL
         pieces, _, _ = streamed(client, max_tokens=6)
         assert "".join(pieces).strip()
-        rows = e.ledger_rows_once(2)
-        assert [(r["region"], r["status"]) for r in rows] == [("litellm", "ok"), ("litellm", "ok")]
+        billed = 2 + responses_through(client)
+        rows = e.ledger_rows_once(billed)
+        assert [(r["region"], r["status"]) for r in rows] == [("litellm", "ok")] * billed
         unary = rows[0]
         cost = (unary["prompt_tokens"] * 2.0 + unary["completion_tokens"] * 4.0) / 1e6
         assert unary["cost_usd"] == pytest.approx(cost)
