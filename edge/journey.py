@@ -267,18 +267,31 @@ class Relayed:
 NOTHING_RELAYED = Relayed()
 
 
+@dataclass(frozen=True, slots=True)
+class ServedPart:
+    """Part of a continued answer: the region and model that served it, and its tokens (content events)."""
+
+    region: str
+    model: str
+    tokens: int
+
+
 @dataclass(slots=True)
 class Continued:
     """The continue stage's: another region took the stream over."""
 
     count: int = 0  # how many times another replica took the answer over
-    regions: list[str] = field(default_factory=list)  # those that served part of it and died, in order
+    parts: list[ServedPart] = field(default_factory=list)  # served by regions that then died, in order
 
     @property
     def from_region(self) -> str:
         """Every region that served part of a continued answer before the last (the ledger's
         ``continued_from``: "a,b" when b continued a's answer and e finished it)."""
-        return ",".join(self.regions)
+        return ",".join(p.region for p in self.parts)
+
+    @property
+    def served_tokens(self) -> int:
+        return sum(p.tokens for p in self.parts)
 
     stalled_s: float = 0.0  # the silences that cut this stream so far (upstream.stall_budget_s bounds them)
 

@@ -59,6 +59,9 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     # A stream whose region died mid-answer and that another region finished: the first region (``region``
     # is the one that finished it).
     continued_from: str = ""
+    # A continued answer: each region that served part of it and its completion tokens, "a:6,b:14" (the
+    # cost is each part at its region's price, the prompt at the first's).
+    served_by: str = ""
     # A fallback served it: the model the client asked for (``model`` is the one that served and priced it).
     fallback_from: str = ""
     attempts: int = 0  # requests sent to regions for it (failover, retries, fallbacks, continuations)
@@ -104,6 +107,7 @@ CREATE TABLE IF NOT EXISTS usage (
     client_request_id TEXT NOT NULL DEFAULT '',
     error_code        TEXT NOT NULL DEFAULT '',
     continued_from    TEXT NOT NULL DEFAULT '',
+    served_by         TEXT NOT NULL DEFAULT '',
     fallback_from     TEXT NOT NULL DEFAULT '',
     attempts          INTEGER NOT NULL DEFAULT 0,
     bad_events        INTEGER NOT NULL DEFAULT 0,
@@ -125,6 +129,7 @@ _ADDED_COLUMNS = {
     "output": "TEXT NOT NULL DEFAULT ''",
     "choices": "INTEGER NOT NULL DEFAULT 1",
     "degraded": "TEXT NOT NULL DEFAULT ''",
+    "served_by": "TEXT NOT NULL DEFAULT ''",
 }
 _INSERT = f"INSERT INTO usage ({', '.join(_FIELDS)}) VALUES ({', '.join('?' * len(_FIELDS))})"
 # A replayed row is written unless its request already has one (a crash between commit and spool removal).

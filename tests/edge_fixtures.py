@@ -12,6 +12,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
+from edge.config import EdgeConfig
 from edge.keys import KeyStore
 from edge.node import KEY_REFRESH_S
 from harness.procs import ManagedProcess, free_port
@@ -207,3 +210,9 @@ def edge_over_pacer(
         raise
     edge.extra.append(pacer.process)
     return edge
+
+
+def prices_with(own: dict[str, dict[str, float]]) -> dict[str, dict]:
+    """Every served model's own price (as the edge's defaults give it), and ``own``: regions' prices."""
+    served = {m: msgspec.structs.asdict(p) for m, p in EdgeConfig().prices.items()}
+    return {**{m: {k: v for k, v in p.items() if v is not None} for m, p in served.items()}, **own}

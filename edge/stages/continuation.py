@@ -31,7 +31,7 @@ from edge.attempts import Attempts, Refused, Target
 from edge.client_route import route_for
 from edge.degraded import stand_ins
 from edge.fallbacks import targets
-from edge.journey import Journey, Reply
+from edge.journey import Journey, Reply, ServedPart
 from edge.opened import Opened
 from edge.region_answer import with_usage
 from edge.retry import stall_window
@@ -74,7 +74,8 @@ async def _continue(journey: Journey, stream: StreamReply, cut: CutShort) -> Rep
         continued = journey.continued
         continued.count += 1
         died = journey.forwarded.region
-        continued.regions.append(died)
+        served = outcome.content_events - continued.served_tokens  # what the dead region relayed
+        continued.parts.append(ServedPart(died, journey.model, max(0, served)))
         take(journey, resumed)
         opened = resumed
         failed.append(resumed.upstream)

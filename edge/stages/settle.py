@@ -13,7 +13,7 @@ from edge.journey import Journey
 from edge.ledger import UsageRecord
 from edge.metric_labels import error_code_label, model_label
 from edge.usage_audit import AuditedUsage
-from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest
+from nearshore.protocol.schemas import ChatCompletionRequest, CompletionRequest, Usage
 
 log = logging.getLogger("nearshore.edge")
 
@@ -35,7 +35,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         _report_anomalies(journey, audited)
     cached = usage.prompt_tokens_details.cached_tokens
     body = journey.body
-    cost = state.prices.cost(model, usage.prompt_tokens, cached, usage.completion_tokens, forwarded.region)
+    cost = _cost(journey, usage)
     if journey.cache.status in ("exact", "semantic"):
         cost *= state.config.cache.price_factor  # an answer that never crossed the ocean
     # A prompt the region refused (too long, ...) still cost it work: it keeps its share of the TPM window.
@@ -60,6 +60,7 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
         client_request_id=journey.client_request_id,
         error_code=outcome.error_code,
         continued_from=journey.continued.from_region,
+        served_by=_served_by(journey, usage.completion_tokens),
         fallback_from=journey.body.model if forwarded.served_model and journey.body is not None else "",
         attempts=forwarded.attempts,
         bad_events=journey.relayed.bad_events,
@@ -97,6 +98,41 @@ def _report_anomalies(journey: Journey, audited: AuditedUsage) -> None:
         audited.usage.prompt_tokens,
         audited.usage.completion_tokens,
     )
+
+
+def _cost(journey: Journey, usage: Usage) -> float:
+    """USD for the request: at its region's price; a continued answer's prompt at the first region's, and
+    each part of its completion at the price of the region (and model) that served it."""
+    prices, forwarded, parts = journey.state.prices, journey.forwarded, journey.continued.parts
+    cached = usage.prompt_tokens_details.cached_tokens
+    if not parts:
+        return prices.cost(
+            journey.model, usage.prompt_tokens, cached, usage.completion_tokens, forwarded.region
+        )
+    cost = prices.cost(parts[0].model, usage.prompt_tokens, cached, 0, parts[0].region)
+    for part, tokens in zip(parts, _part_tokens(journey, usage.completion_tokens), strict=False):
+        cost += prices.cost(part.model, 0, 0, tokens, part.region)
+    last = max(0, usage.completion_tokens - journey.continued.served_tokens)
+    return cost + prices.cost(journey.model, 0, 0, last, forwarded.region)
+
+
+def _part_tokens(journey: Journey, completion_tokens: int) -> list[int]:
+    """Each dead region's part, as many of the billed completion tokens as there are (never more)."""
+    left, tokens = completion_tokens, []
+    for part in journey.continued.parts:
+        tokens.append(min(part.tokens, left))
+        left -= tokens[-1]
+    return tokens
+
+
+def _served_by(journey: Journey, completion_tokens: int) -> str:
+    """ "a:6,b:14": who served which part of a continued answer (the last its remaining tokens); ""."""
+    parts = journey.continued.parts
+    if not parts:
+        return ""
+    counts = _part_tokens(journey, completion_tokens)
+    served = [f"{p.region}:{n}" for p, n in zip(parts, counts, strict=True)]
+    return ",".join([*served, f"{journey.forwarded.region}:{completion_tokens - sum(counts)}"])
 
 
 async def _settle_limit(journey: Journey, reservation: str, tokens: int) -> None:

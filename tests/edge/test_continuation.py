@@ -10,11 +10,16 @@ import aiohttp
 import pytest
 
 from tests.conftest import SHARED_ENGINE, Node, start_region
-from tests.edge_fixtures import Edge, start_edge, start_pacer
+from tests.edge_fixtures import Edge, prices_with, start_edge, start_pacer
 
 pytestmark = pytest.mark.slow
 
 MODEL = "gemma-3-270m"
+# Each region's own price (USD per million tokens): a continued answer pays each for its part.
+PART_PRICES = {
+    f"{MODEL}@breaking": {"input": 1.0, "output": 3.0},
+    f"{MODEL}@spare": {"input": 5.0, "output": 7.0},
+}
 
 
 async def read_stream(edge: Edge, key: str, payload: dict, headers: dict | None = None, on_event=None):
@@ -60,6 +65,7 @@ def breaking_pair(tmp_path_factory: pytest.TempPathFactory):
             {"name": "breaking", "url": breaking.url, "city": "london"},
             {"name": "spare", "url": spare.url, "city": "virginia"},
         ],
+        prices=prices_with(PART_PRICES),
     )
     edge.extra += [breaking.process, spare.process]
     yield edge
@@ -84,6 +90,11 @@ async def test_the_next_region_finishes_a_stream_whose_region_died(breaking_pair
         "breaking",
         20,
     )
+    # Billed once, each part at the price of the region that served it; the prompt at the first's.
+    assert row["served_by"] == "breaking:6,spare:14"
+    breaking, spare = PART_PRICES[f"{MODEL}@breaking"], PART_PRICES[f"{MODEL}@spare"]
+    cost = row["prompt_tokens"] * breaking["input"] + 6 * breaking["output"] + 14 * spare["output"]
+    assert row["cost_usd"] == pytest.approx(cost / 1e6)
 
 
 async def test_a_client_may_opt_out_and_gets_the_error_event(breaking_pair: Edge):

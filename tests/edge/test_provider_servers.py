@@ -12,16 +12,14 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgspec
 import openai
 import pytest
 
 from bench import peers
-from edge.config import EdgeConfig
 from harness.procs import ManagedProcess, free_port
 from regional.model_store import resolve_model_path
 from tests.conftest import MODEL, Node
-from tests.edge_fixtures import Edge, start_edge
+from tests.edge_fixtures import Edge, prices_with, start_edge
 from tests.tool_calls_shared import WEATHER
 
 pytestmark = pytest.mark.slow
@@ -74,12 +72,6 @@ def edge(tmp_path_factory: pytest.TempPathFactory, provider: str) -> Iterator[tu
 def client_of(edge: Edge, key: str) -> openai.OpenAI:
     http = openai.DefaultHttpxClient(verify=edge.ssl_context())
     return openai.OpenAI(base_url=edge.url + "/v1", api_key=key, http_client=http, max_retries=0)
-
-
-def prices_with(own: dict[str, dict[str, float]]) -> dict[str, dict]:
-    """Every served model's own price (as the edge's defaults give it), and ``own``: regions' prices."""
-    served = {m: msgspec.structs.asdict(p) for m, p in EdgeConfig().prices.items()}
-    return {**{m: {k: v for k, v in p.items() if v is not None} for m, p in served.items()}, **own}
 
 
 def streamed(client: openai.OpenAI, max_tokens: int) -> tuple[list[str], set[str], object]:
@@ -338,5 +330,88 @@ def test_a_second_third_party_server_takes_over_from_a_provider_that_refuses_the
         assert unary["cost_usd"] == pytest.approx(cost)
         log = (e.folder / "edge.log").read_text()
         assert master_key not in log and "sk-revoked-000" not in log
+    finally:
+        e.stop()
+
+
+def llama_cpp_server(folder: Path, key: str) -> tuple[ManagedProcess, str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(resolve_model_path(""))]
+    argv += ["--model_alias", THEIR_MODEL, "--chat_format", "gemma", "--api_key", key]
+    argv += ["--n_ctx", "2048", "--n_threads", "2", "--interrupt_requests", "False"]
+    argv += ["--host", "127.0.0.1", "--port", str(port)]
+    process = ManagedProcess("llama_cpp.server", argv, folder / "server.log").start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        process.wait_http(url + "/v1/models", timeout_s=180, headers={"Authorization": f"Bearer {key}"})
+    except Exception:
+        process.stop()
+        raise
+    return process, url
+
+
+def test_a_provider_killed_mid_stream_is_continued_on_another_and_each_billed_its_part(
+    tmp_path: Path, region: Node, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+):
+    """llama_cpp.server dies (SIGKILL) five tokens into a streamed response; LiteLLM's proxy (in front of a
+    Nearshore region, which honours continue_final_message) continues the same model's answer. The client
+    gets one whole response; the ledger bills the prompt and the first part at llama_cpp.server's price,
+    the rest at LiteLLM's."""
+    binary = peers.find_litellm(".venv-litellm/bin/litellm")
+    assert binary is not None, "LiteLLM's proxy is not installed: make test installs it (.venv-litellm)"
+    doomed, doomed_url = llama_cpp_server(tmp_path / "doomed", SECRET)
+    request.addfinalizer(doomed.stop)
+    rescuer = peers.start_litellm(tmp_path / "litellm", binary, region.url, upstream_model=MODEL)
+    request.addfinalizer(rescuer.process.stop)
+    monkeypatch.setenv("RESCUER_KEY", rescuer.headers["Authorization"].removeprefix("Bearer "))
+    key_file = tmp_path / "doomed.key"
+    key_file.write_text(SECRET)
+    regions = [
+        {
+            "name": "doomed",
+            "url": doomed_url,
+            "city": "london",
+            "provider": {"api_key_file": str(key_file), "models": {MODEL: THEIR_MODEL}},
+        },
+        {
+            "name": "rescuer",
+            "url": rescuer.url,
+            "city": "virginia",
+            "provider": {"api_key_env": "RESCUER_KEY", "continues_answers": True},
+        },
+    ]
+    doomed_price, rescuer_price = {"input": 1.0, "output": 3.0}, {"input": 5.0, "output": 7.0}
+    prices = prices_with({f"{MODEL}@doomed": doomed_price, f"{MODEL}@rescuer": rescuer_price})
+    e = start_edge(tmp_path / "edge", regions, geo={"city": "lagos"}, prices=prices, cache={"enabled": False})
+    try:
+        client = client_of(e, e.new_key(tenant="rescued"))
+        deltas, events = 0, []
+        for event in client.responses.create(
+            model=MODEL,
+            input="Write three sentences about Lagos.",
+            max_output_tokens=32,
+            temperature=0,
+            stream=True,
+        ):
+            events.append(event)
+            if event.type == "response.output_text.delta":
+                deltas += 1
+                if deltas == 5:
+                    doomed.proc.kill()  # no goodbye, mid-answer
+        kinds = [ev.type for ev in events]
+        assert "error" not in kinds and kinds[-1] in ("response.completed", "response.incomplete")
+        final = events[-1].response
+        text = "".join(ev.delta for ev in events if ev.type == "response.output_text.delta")
+        assert text == final.output_text and deltas > 5
+        [row] = e.ledger_rows_once(1)
+        assert (row["status"], row["region"], row["continued_from"]) == ("ok", "rescuer", "doomed")
+        first, rest = (int(part.split(":")[1]) for part in row["served_by"].split(","))
+        assert row["served_by"] == f"doomed:{first},rescuer:{rest}" and first >= 5 and rest >= 1
+        assert first + rest == row["completion_tokens"] == final.usage.output_tokens
+        cost = row["prompt_tokens"] * doomed_price["input"] + first * doomed_price["output"]
+        cost += rest * rescuer_price["output"]
+        assert row["cost_usd"] == pytest.approx(cost / 1e6)
+        log = (e.folder / "edge.log").read_text()
+        assert SECRET not in log and rescuer.headers["Authorization"] not in log
     finally:
         e.stop()
