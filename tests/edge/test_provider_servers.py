@@ -17,6 +17,7 @@ import pytest
 
 from bench import peers
 from harness.procs import ManagedProcess, free_port
+from nearshore.tls import client_context, create_cluster_ca, issue_certificate
 from regional.model_store import resolve_model_path
 from tests.conftest import MODEL, Node
 from tests.edge_fixtures import Edge, prices_with, start_edge
@@ -334,16 +335,25 @@ def test_a_second_third_party_server_takes_over_from_a_provider_that_refuses_the
         e.stop()
 
 
-def llama_cpp_server(folder: Path, key: str) -> tuple[ManagedProcess, str]:
+def llama_cpp_server(
+    folder: Path, key: str, tls: tuple[Path, Path] | None = None, ca: Path | None = None
+) -> tuple[ManagedProcess, str]:
+    """Another llama_cpp.server on the embedded model; ``tls``: serving HTTPS with that certificate and key
+    (``ca``: the CA that signed it, to wait for it)."""
     port = free_port()
     argv = [sys.executable, "-m", "llama_cpp.server", "--model", str(resolve_model_path(""))]
     argv += ["--model_alias", THEIR_MODEL, "--chat_format", "gemma", "--api_key", key]
     argv += ["--n_ctx", "2048", "--n_threads", "2", "--interrupt_requests", "False"]
     argv += ["--host", "127.0.0.1", "--port", str(port)]
+    if tls is not None:
+        argv += ["--ssl_certfile", str(tls[0]), "--ssl_keyfile", str(tls[1])]
     process = ManagedProcess("llama_cpp.server", argv, folder / "server.log").start()
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    context = client_context(ca) if ca is not None else None
     try:
-        process.wait_http(url + "/v1/models", timeout_s=180, headers={"Authorization": f"Bearer {key}"})
+        process.wait_http(
+            url + "/v1/models", timeout_s=180, context=context, headers={"Authorization": f"Bearer {key}"}
+        )
     except Exception:
         process.stop()
         raise
@@ -415,3 +425,49 @@ def test_a_provider_killed_mid_stream_is_continued_on_another_and_each_billed_it
         assert SECRET not in log and rescuer.headers["Authorization"] not in log
     finally:
         e.stop()
+
+
+def test_a_provider_over_https_is_trusted_through_the_systems_trust_store_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+):
+    """A real TLS handshake to a provider (llama_cpp.server serving HTTPS with a certificate of a private
+    CA): an edge whose system trust store lacks that CA refuses it (and says why in its log, not the
+    client's answer); one whose trust store has it (SSL_CERT_FILE, OpenSSL's own) serves through it."""
+    ca_cert, _ = create_cluster_ca(tmp_path / "ca", name="Partner private CA")
+    tls = issue_certificate(
+        tmp_path / "ca", "partner", tmp_path / "partner-tls", hosts=("127.0.0.1",), server=True
+    )
+    server, url = llama_cpp_server(tmp_path / "tls-server", SECRET, tls=tls, ca=ca_cert)
+    request.addfinalizer(server.stop)
+    key_file = tmp_path / "partner.key"
+    key_file.write_text(SECRET)
+    partner = {
+        "name": "partner",
+        "url": url,
+        "provider": {"api_key_file": str(key_file), "models": {MODEL: THEIR_MODEL}},
+    }
+    untrusting = start_edge(tmp_path / "untrusting", [partner], upstream={"health_interval_s": 1.0})
+    try:
+        with pytest.raises(openai.APIStatusError) as caught:
+            client_of(untrusting, untrusting.new_key()).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+            )
+        assert caught.value.status_code == 503
+        log = (untrusting.folder / "edge.log").read_text()
+        assert "SSLCertVerificationError" in caught.value.body["message"]  # what failed, no secret in it
+        assert "is DOWN: /v1/models failed: SSLCertVerificationError" in log and SECRET not in log
+    finally:
+        untrusting.stop()
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_cert))  # the edge's system trust store: this CA alone
+    trusting = start_edge(tmp_path / "trusting", [partner])
+    try:
+        client = client_of(trusting, trusting.new_key())
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0
+        )
+        assert answer.choices[0].message.content is not None
+        assert client.responses.create(model=MODEL, input="Name a fruit.", max_output_tokens=4).output_text
+        rows = trusting.ledger_rows_once(2)
+        assert [(r["region"], r["status"]) for r in rows] == [("partner", "ok")] * 2
+    finally:
+        trusting.stop()
