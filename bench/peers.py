@@ -21,6 +21,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,13 +239,14 @@ def start_nginx(logs: Path, nginx: str, upstream_url: str) -> Endpoint:
     return Endpoint("nginx", url, dict(JSON), process, folder=folder)
 
 
-LITELLM_CONF = """model_list:
-  - model_name: {model}
+LITELLM_MODEL = """  - model_name: {model}
     litellm_params:
       model: openai/{upstream_model}
       api_base: {upstream}/v1
       api_key: {upstream_key}
-litellm_settings:
+"""
+LITELLM_CONF = """model_list:
+{models}litellm_settings:
   telemetry: false
 general_settings:
   master_key: {master_key}
@@ -258,23 +260,28 @@ LITELLM_ENV = {
 
 
 def start_litellm(
-    logs: Path, litellm: Path, upstream_url: str, upstream_model: str = MODEL, upstream_key: str = "x"
+    logs: Path,
+    litellm: Path,
+    upstream_url: str,
+    upstream_model: str = MODEL,
+    upstream_key: str = "x",
+    also: Sequence[str] = (),
 ) -> Endpoint:
     """LiteLLM's proxy, one worker, from its own virtualenv, serving MODEL from ``upstream_url`` (which
-    calls it ``upstream_model`` and wants ``upstream_key``); the client sends its master key."""
+    calls it ``upstream_model`` and wants ``upstream_key``), and each model in ``also`` from there by its
+    own name; the client sends its master key."""
     folder = logs / "litellm"
     folder.mkdir(parents=True, exist_ok=True)
     master_key = "sk-" + secrets.token_hex(32)
-    conf = folder / "config.yaml"
-    conf.write_text(
-        LITELLM_CONF.format(
-            model=MODEL,
-            upstream=upstream_url,
-            upstream_model=upstream_model,
-            upstream_key=upstream_key,
-            master_key=master_key,
+    served = [(MODEL, upstream_model), *((name, name) for name in also)]
+    entries = "".join(
+        LITELLM_MODEL.format(
+            model=name, upstream=upstream_url, upstream_model=theirs, upstream_key=upstream_key
         )
+        for name, theirs in served
     )
+    conf = folder / "config.yaml"
+    conf.write_text(LITELLM_CONF.format(models=entries, master_key=master_key))
     port = free_port()
     argv = [str(litellm), "--config", str(conf), "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--num_workers", "1"]

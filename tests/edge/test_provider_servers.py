@@ -25,6 +25,7 @@ from tests.tool_calls_shared import WEATHER
 
 pytestmark = pytest.mark.slow
 THEIR_MODEL = "served-gemma"  # what the provider calls the model the edge serves as MODEL
+EMBEDDER = "all-minilm-l6-v2"  # the region's embedding model
 SECRET = "sk-provider-4f0c9e1d2b7a"
 PARTNER_PRICE = {"input": 0.5, "output": 1.5}  # USD per million tokens, the provider's own for MODEL
 
@@ -360,19 +361,82 @@ def llama_cpp_server(
     return process, url
 
 
+@pytest.fixture(scope="module")
+def litellm_on_region(tmp_path_factory: pytest.TempPathFactory, region: Node) -> Iterator[peers.Endpoint]:
+    """LiteLLM's proxy in front of a Nearshore region: its chat model and its embedding model."""
+    binary = peers.find_litellm(".venv-litellm/bin/litellm")
+    assert binary is not None, "LiteLLM's proxy is not installed: make test installs it (.venv-litellm)"
+    folder = tmp_path_factory.mktemp("litellm-on-region")
+    proxy = peers.start_litellm(folder, binary, region.url, upstream_model=MODEL, also=[EMBEDDER])
+    yield proxy
+    proxy.process.stop()
+
+
+def test_embeddings_tools_and_the_cache_through_a_provider(
+    litellm_on_region: peers.Endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The official client through an edge whose only region is LiteLLM's proxy: embeddings, a forced tool
+    call, and a repeated structured question answered by the edge's cache (never crossing to LiteLLM)."""
+    monkeypatch.setenv("LITELLM_KEY", litellm_on_region.headers["Authorization"].removeprefix("Bearer "))
+    partner = {"name": "litellm", "url": litellm_on_region.url, "provider": {"api_key_env": "LITELLM_KEY"}}
+    e = start_edge(tmp_path / "edge", [partner])
+    try:
+        client = client_of(e, e.new_key(tenant="through-litellm"))
+        vectors = client.embeddings.create(model=EMBEDDER, input=["Jollof rice", "Suya"])
+        assert (
+            len(vectors.data) == 2 and len(vectors.data[0].embedding) == 384 and vectors.usage.prompt_tokens
+        )
+        called = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Weather in Lagos?"}],
+            tools=[WEATHER],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            max_tokens=60,
+            temperature=0,
+        )
+        [call] = called.choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments)
+        schema = {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+        }
+        asked = dict(
+            model=MODEL,
+            messages=[{"role": "user", "content": "The capital of Kenya, in JSON."}],
+            response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}},
+            max_tokens=40,
+            temperature=0,
+        )
+        first = client.chat.completions.with_raw_response.create(**asked)
+        assert first.headers["x-nearshore-cache"] == "MISS"
+        for _ in range(50):  # the entry is written just after the answer, off the request's path
+            again = client.chat.completions.with_raw_response.create(**asked)
+            if again.headers["x-nearshore-cache"] == "HIT":
+                break
+            time.sleep(0.1)
+        assert again.headers["x-nearshore-cache"] == "HIT"
+        assert again.parse().choices[0].message.content == first.parse().choices[0].message.content
+        rows = e.ledger_rows_once(4)
+        assert [r["region"] for r in rows[:3]] == ["litellm"] * 3 and rows[-1]["cache_status"] == "exact"
+        assert [r["output"] for r in rows[:3]] == ["", "tools", "json_schema"]
+    finally:
+        e.stop()
+
+
 def test_a_provider_killed_mid_stream_is_continued_on_another_and_each_billed_its_part(
-    tmp_path: Path, region: Node, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    tmp_path: Path,
+    litellm_on_region: peers.Endpoint,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ):
     """llama_cpp.server dies (SIGKILL) five tokens into a streamed response; LiteLLM's proxy (in front of a
     Nearshore region, which honours continue_final_message) continues the same model's answer. The client
     gets one whole response; the ledger bills the prompt and the first part at llama_cpp.server's price,
     the rest at LiteLLM's."""
-    binary = peers.find_litellm(".venv-litellm/bin/litellm")
-    assert binary is not None, "LiteLLM's proxy is not installed: make test installs it (.venv-litellm)"
     doomed, doomed_url = llama_cpp_server(tmp_path / "doomed", SECRET)
     request.addfinalizer(doomed.stop)
-    rescuer = peers.start_litellm(tmp_path / "litellm", binary, region.url, upstream_model=MODEL)
-    request.addfinalizer(rescuer.process.stop)
+    rescuer = litellm_on_region
     monkeypatch.setenv("RESCUER_KEY", rescuer.headers["Authorization"].removeprefix("Bearer "))
     key_file = tmp_path / "doomed.key"
     key_file.write_text(SECRET)
