@@ -32,7 +32,7 @@ async def list_input_items(request: web.Request) -> web.Response:
     """The conversation the response answered, newest first as OpenAI lists it (``order=asc``: oldest
     first); every item, in one page."""
     stored = await _stored(request)
-    items = [{"id": item.id or new_id("item"), **_builtins(item)} for item in stored.inputs]
+    items = [{**_builtins(item), "id": item.id or new_id("item")} for item in stored.inputs]
     if request.query.get("order", "desc") != "asc":
         items.reverse()
     first, last = (items[0]["id"], items[-1]["id"]) if items else (None, None)

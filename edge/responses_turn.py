@@ -20,9 +20,12 @@ from edge.journey import Journey
 from edge.response_store import ResponseStore
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol.errors import NOT_FOUND, ApiError
-from nearshore.protocol.response_events import ResponseEvents, ResponseFrame, whole_response
+from nearshore.protocol.response_events import ResponseEvents, ResponseFrame, new_id, whole_response
 from nearshore.protocol.responses import (
+    FunctionCallItem,
+    FunctionCallOutput,
     Item,
+    Message,
     ResponsesRequest,
     chat_request,
     input_items,
@@ -31,6 +34,7 @@ from nearshore.protocol.responses import (
 from nearshore.protocol.schemas import ChatCompletionRequest, json_encoder
 
 log = logging.getLogger("nearshore.edge.responses")
+_ID_PREFIXES = {Message: "msg", FunctionCallItem: "fc", FunctionCallOutput: "fco"}
 
 
 async def read_responses(journey: Journey) -> ChatCompletionRequest:
@@ -49,6 +53,8 @@ async def read_responses(journey: Journey) -> ChatCompletionRequest:
             )
         earlier = stored.conversation()
     items = input_items(request)
+    for item in items:  # ids that stay: input_items lists them, and a later turn keeps them
+        item.id = item.id or new_id(_ID_PREFIXES[type(item)])
     body = chat_request(request, earlier, items)
     journey.dialect = ResponsesTurn(state.responses, key.tenant, request, [*earlier, *items])
     return body

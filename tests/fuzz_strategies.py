@@ -87,14 +87,91 @@ def _mutated(valid: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
 
 def _cheap(body: dict) -> dict:
     """A broken token limit could leave the default (hundreds of tokens): keep a case's work small."""
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(field)
         if isinstance(value, int) and not isinstance(value, bool) and 4 <= value <= 10**6:
             body[field] = 3
     return body
 
 
+# The Responses API: input as text or items (messages, function calls and their outputs), its settings.
+_PART = st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text"]), "text": TEXTS})
+VALID_ITEM = st.one_of(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["system", "developer", "user", "assistant"])},
+        optional={"type": st.just("message"), "content": st.one_of(TEXTS, st.lists(_PART, max_size=3))},
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call"),
+            "call_id": st.text(min_size=1, max_size=10),
+            "name": st.sampled_from(["get_weather", "f", "x-y_z"]),
+            "arguments": st.one_of(TEXTS, st.just("{}")),
+        }
+    ),
+    st.fixed_dictionaries(
+        {
+            "type": st.just("function_call_output"),
+            "call_id": st.text(min_size=1, max_size=10),
+            "output": st.one_of(TEXTS, st.lists(_PART, max_size=2)),
+        }
+    ),
+)
+_FORMAT = st.one_of(
+    st.just({"type": "text"}),
+    st.just({"type": "json_object"}),
+    st.just({"type": "json_schema", "name": "out", "schema": {"type": "object"}}),
+)
+_TOOL = st.fixed_dictionaries(
+    {"type": st.just("function"), "name": st.sampled_from(["get_weather", "f"])},
+    optional={"description": TEXTS, "parameters": st.just({"type": "object"})},
+)
+VALID_RESPONSES = st.fixed_dictionaries(
+    {
+        "model": st.just(MODEL),
+        "input": st.one_of(TEXTS.filter(bool), st.lists(VALID_ITEM, min_size=1, max_size=4)),
+        "max_output_tokens": st.integers(1, 3),
+    },
+    optional={
+        "instructions": TEXTS,
+        "temperature": st.floats(0, 2),
+        "top_p": st.floats(0.001, 1),
+        "stream": st.booleans(),
+        "store": st.booleans(),
+        "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+        "text": st.fixed_dictionaries({"format": _FORMAT}),
+        "tools": st.lists(_TOOL, max_size=2),
+        "tool_choice": st.sampled_from(["auto", "none", "required", {"type": "function", "name": "f"}]),
+        "user": st.text(max_size=30),
+    },
+)
+
+
+def _mutated_responses() -> st.SearchStrategy[dict]:
+    fields = st.sampled_from(
+        [
+            "model",
+            "input",
+            "instructions",
+            "tools",
+            "tool_choice",
+            "text",
+            "max_output_tokens",
+            "metadata",
+            "previous_response_id",
+            "store",
+            "stream",
+            "reasoning",
+            "include",
+            "background",
+            "frobnicate",
+        ]
+    )
+    return st.tuples(VALID_RESPONSES, fields, ANY_JSON).map(lambda t: _cheap({**t[0], t[1]: t[2]}))
+
+
 CHAT_BODY = st.one_of(VALID_CHAT, VALID_CHAT, _mutated(VALID_CHAT))
+RESPONSES_BODY = st.one_of(VALID_RESPONSES, VALID_RESPONSES, _mutated_responses())
 COMPLETION_BODY = st.one_of(VALID_COMPLETION, VALID_COMPLETION, _mutated(VALID_COMPLETION))
 
 

@@ -160,7 +160,7 @@ def whole_response(frame: ResponseFrame, chat_answer: bytes) -> dict[str, Any]:
         output.append(message_item(new_id("msg"), choice.message.content or "", status))
     for call in choice.message.tool_calls or ():
         fn = call.function
-        output.append(call_item(new_id("fc"), call.id or new_id("call"), fn.name, fn.arguments, "completed"))
+        output.append(call_item(new_id("fc"), call.id or new_id("call"), fn.name, fn.arguments, status))
     usage = usage_of(answer.usage) if answer.usage is not None else None
     return frame.object(status, output, usage, incomplete=incomplete)
 
@@ -369,9 +369,10 @@ class ResponseEvents:
 
     def _close_calls(self) -> list[bytes]:
         out = []
+        status, _ = _ending(self._finish_reason)  # a call max_output_tokens cut is incomplete
         for call in self._calls.values():
             arguments = "".join(call.arguments)
-            item = call_item(call.id, call.call_id, call.name, arguments, "completed")
+            item = call_item(call.id, call.call_id, call.name, arguments, status)
             self._output.append((call.index, item))
             out.append(
                 self._event(
@@ -393,7 +394,7 @@ class ResponseEvents:
         if (m := self._message) is not None:
             output.append((m.index, message_item(m.id, "".join(m.text), status)))
         for c in self._calls.values():
-            output.append((c.index, call_item(c.id, c.call_id, c.name, "".join(c.arguments), "completed")))
+            output.append((c.index, call_item(c.id, c.call_id, c.name, "".join(c.arguments), status)))
         output.sort(key=lambda indexed: indexed[0])
         usage = usage_of(self._usage) if self._usage is not None else None
         return self.frame.object(status, [item for _, item in output], usage, incomplete=incomplete)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import Node
 from tests.edge_fixtures import Edge, edge_over_pacer
-from tests.fuzz_strategies import CHAT_BODY, COMPLETION_BODY, Case, Client, cases
+from tests.fuzz_strategies import CHAT_BODY, COMPLETION_BODY, RESPONSES_BODY, Case, Client, cases
 
 pytestmark = pytest.mark.slow
 
@@ -29,21 +29,34 @@ FUZZ = settings(
     suppress_health_check=list(HealthCheck),
     database=None,
 )
-ENDPOINTS = {"/v1/chat/completions": CHAT_BODY, "/v1/completions": COMPLETION_BODY}
+ENDPOINTS = {
+    "/v1/chat/completions": CHAT_BODY,
+    "/v1/completions": COMPLETION_BODY,
+    "/v1/responses": RESPONSES_BODY,
+}
 
 
-def check(status: int, body: bytes, content_type: str, case: Case) -> None:
+def check(status: int, body: bytes, content_type: str, case: Case, path: str = "") -> None:
     shown = f"{status} {body[:300]!r} for {case}"
     assert status < 500, shown
+    responses = path == "/v1/responses"
     if status >= 400:
         assert content_type.startswith("application/json"), shown
         error = json.loads(body)["error"]
         assert error["message"] and error["type"], shown
+    elif content_type.startswith("text/event-stream") and responses:
+        last = body.rstrip().rsplit(b"\n", 1)[-1]  # the last event's data line
+        assert json.loads(last.removeprefix(b"data: "))["type"] in (
+            "response.completed",
+            "response.incomplete",
+        ), shown
+        assert b"event: error" not in body, shown  # a stream that failed after its head would hide a 5xx
     elif content_type.startswith("text/event-stream"):
         assert body.endswith(b"data: [DONE]\n\n"), shown
         assert b'data: {"error"' not in body, shown  # a stream that failed after its head would hide a 5xx
     else:
-        assert json.loads(body)["choices"], shown
+        answer = json.loads(body)
+        assert answer["output"] if responses else answer["choices"], shown
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +73,7 @@ def test_fuzzed_bodies_never_5xx_the_region(region: Node, path: str):
     @FUZZ
     @given(case=cases(ENDPOINTS[path]))
     def run(case: Case) -> None:
-        check(*client.post(path, case, {}), case)
+        check(*client.post(path, case, {}), case, path)
 
     try:
         run()
@@ -84,7 +97,7 @@ def test_fuzzed_bodies_never_5xx_the_edge(fuzz_edge: Edge, path: str):
     @given(case=cases(ENDPOINTS[path]), authorization=auth)
     def run(case: Case, authorization: str) -> None:
         headers = {"Authorization": authorization} if authorization else {}
-        check(*client.post(path, case, headers), case)
+        check(*client.post(path, case, headers), case, path)
 
     try:
         run()
@@ -99,6 +112,8 @@ def test_fuzzed_bodies_never_5xx_the_edge(fuzz_edge: Edge, path: str):
 
 
 def _good(path: str) -> dict:
+    if path == "/v1/responses":
+        return {"model": "gemma-3-270m", "input": "hi", "max_output_tokens": 2}
     if path == "/v1/completions":
         return {"model": "gemma-3-270m", "prompt": "Lagos is", "max_tokens": 2}
     return {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}

@@ -9,6 +9,7 @@ import json
 import time
 from collections.abc import Iterator
 
+import agents
 import jsonschema
 import openai
 import pytest
@@ -121,6 +122,9 @@ def test_a_streamed_tool_call_and_its_output_continue_a_stored_conversation(edge
     listed = c.responses.input_items.list(answer.id, order="asc").data
     assert [i.type for i in listed] == ["message", "function_call", "function_call_output"]
     assert listed[1].call_id == calls[0].call_id == listed[2].call_id
+    assert listed[1].id == calls[0].id  # the call keeps the id it had in the first response's output
+    again = c.responses.input_items.list(answer.id).data  # newest first, the same ids
+    assert [i.id for i in reversed(again)] == [i.id for i in listed] and len({i.id for i in listed}) == 3
     # The continued turn carries the whole conversation (its tools are the request's own: none here).
     alone = c.responses.create(model=MODEL, input="31 C, humid", max_output_tokens=1)
     assert answer.usage.input_tokens > alone.usage.input_tokens + 10
@@ -251,3 +255,57 @@ def test_a_stream_its_region_cuts_ends_failed_and_is_not_stored(tmp_path):
         assert [r["status"] for r in rows] == ["error", "ok"]
     finally:
         edge.stop()
+
+
+class Report(BaseModel):
+    city: str = Field(max_length=20)
+    summary: str = Field(max_length=40)
+
+
+async def test_the_agents_sdk_calls_a_tool_and_answers_in_shape_through_the_edge(edge: Edge):
+    """A second client of the Responses API, the OpenAI Agents SDK (it streams every turn): an agent that
+    calls a function tool and stops on its result; one whose output is a Pydantic model, run, continued
+    with previous_response_id, and streamed."""
+    agents.set_tracing_disabled(True)  # its traces would go to OpenAI's API: nowhere, offline
+    asked: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        asked.append(city)
+        return f"31 C and humid in {city}"
+
+    client = openai.AsyncOpenAI(
+        base_url=edge.url + "/v1",
+        api_key=edge.new_key(),
+        max_retries=0,
+        http_client=openai.DefaultAsyncHttpxClient(verify=edge.ssl_context()),
+    )
+    model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
+    settings = agents.ModelSettings(temperature=0, max_tokens=120)
+    caller = agents.Agent(
+        name="weather",
+        instructions="Call the tool.",
+        tools=[get_weather],
+        tool_use_behavior="stop_on_first_tool",
+        model=model,
+        model_settings=agents.ModelSettings(tool_choice="get_weather", temperature=0, max_tokens=60),
+    )
+    called = await agents.Runner.run(caller, "What is the weather in Lagos?", max_turns=3)
+    assert asked and called.final_output == f"31 C and humid in {asked[0]}"
+    reporter = agents.Agent(
+        name="reporter",
+        instructions="Report the weather.",
+        output_type=Report,
+        model=model,
+        model_settings=settings,
+    )
+    first = await agents.Runner.run(reporter, "Lagos: 31 C, humid.")
+    assert isinstance(first.final_output, Report)
+    then = await agents.Runner.run(reporter, "And Accra?", previous_response_id=first.last_response_id)
+    assert isinstance(then.final_output, Report)
+    stored = await client.responses.input_items.list(then.last_response_id, order="asc")
+    assert [i.role for i in stored.data] == ["user", "assistant", "user"]  # the first turn, carried over
+    streamed = agents.Runner.run_streamed(reporter, "Abuja: 29 C, dry.")
+    kinds = {event.type async for event in streamed.stream_events()}
+    assert "raw_response_event" in kinds and isinstance(streamed.final_output, Report)
