@@ -218,18 +218,22 @@ class RegionService:
     async def _tool_grammar(self, body: ChatCompletionRequest, parallel: bool) -> AskedGrammar | None:
         """The checked grammar of the request's tool choice, or None when it constrains nothing."""
         try:
-            asked = tool_grammar(body.tools, body.tool_choice, parallel)
+            text = requested_grammar(body) if tools_offered(body.tools, body.tool_choice) else None
+        except ConflictingFormats as exc:
+            raise ApiError(INVALID_REQUEST, str(exc), param=exc.params[-1]) from None
+        if text is not None and text[0].kind not in ("json_schema", "json_object"):
+            raise ApiError(
+                UNSUPPORTED_PARAMETER,
+                f"{text[1]} and tools cannot be used together here; a response_format can (its JSON is the "
+                'text answer), or send tools with tool_choice "none" to constrain the text.',
+                param=text[1],
+            )
+        try:
+            asked = tool_grammar(body.tools, body.tool_choice, parallel, text[0] if text else None)
         except UnknownTool as exc:
             raise ApiError(INVALID_REQUEST, f"{exc}.", param="tool_choice") from None
         if asked is None:
             return None
-        if requested_grammar(body) is not None:
-            raise ApiError(
-                UNSUPPORTED_PARAMETER,
-                "response_format (or guided decoding) and tools cannot be used together here; send tools "
-                'with tool_choice "none" to constrain the text.',
-                param="response_format",
-            )
         spec, trigger = asked
         return await _checked(spec, "tools", trigger)
 

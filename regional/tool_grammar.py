@@ -61,13 +61,28 @@ def _lark(tools: Sequence[Tool], parallel: bool, opened: bool) -> str:
     return f"{start}\nargs: %json {json.dumps(_calls_schema(tools))}"
 
 
+def _calls_or_text(tools: Sequence[Tool], parallel: bool, text: GrammarSpec) -> str:
+    """Calls (as ``required`` writes them), or the answer's JSON (an object, or the format's schema)."""
+    if text.kind not in ("json_schema", "json_object"):
+        raise ValueError(f"a {text.kind} format cannot be combined with tools")
+    shape = json.loads(text.source) if text.kind == "json_schema" else {"type": "object"}
+    if isinstance(shape, dict):
+        shape = {**shape, "x-guidance": {"whitespace_flexible": False}}
+    calls = _lark(tools, parallel, opened=False).replace("start:", "calls:", 1)
+    return f"start: calls | text\ntext: %json {json.dumps(shape)}\n{calls}"
+
+
 def tool_grammar(
-    tools: Sequence[Tool] | None, choice: ToolChoice | None, parallel: bool
+    tools: Sequence[Tool] | None, choice: ToolChoice | None, parallel: bool, text: GrammarSpec | None = None
 ) -> tuple[GrammarSpec, str | None] | None:
     """The grammar a request's tool choice asks for and its trigger (the text after which it applies; None:
-    from the first token), or None when nothing is constrained."""
+    from the first token), or None when nothing is constrained. ``text``: the JSON the answer's text must
+    be (response_format); with ``auto`` the answer is then calls or that JSON, constrained from its first
+    token; a required or named call is a call whatever the format (it shapes a later turn's text)."""
     if not tools or choice == "none":
         return None
+    if text is not None and choice in (None, "auto"):
+        return GrammarSpec("lark", _calls_or_text(tools, parallel, text)), None
     if isinstance(choice, NamedToolChoice):
         named = [t for t in tools if t.function.name == choice.function.name]
         if not named:

@@ -143,6 +143,32 @@ def test_a_json_schema_format_parses_unary_and_streamed(edge: Edge):
     assert final.status == "completed" and isinstance(final.output_parsed, Capital)
 
 
+def test_tools_beside_a_json_schema_format_answer_a_call_or_that_json(edge: Edge):
+    """OpenAI lets a request offer tools and shape its text (the Agents SDK sends both for an agent with
+    tools and an output type): the answer is a valid call, or text in the format's schema."""
+    c = https_client(edge, edge.new_key())
+    schema = Capital.model_json_schema()
+    answers = [
+        c.responses.create(
+            model=MODEL,
+            input=question,
+            tools=[WEATHER_TOOL],
+            text={"format": {"type": "json_schema", "name": "capital", "schema": schema}},
+            parallel_tool_calls=False,  # one call, then the answer ends (else more calls may follow)
+            max_output_tokens=80,
+            temperature=0,
+        )
+        for question in ("The capital of France?", "What is the weather in Lagos?")
+    ]
+    for answer in answers:
+        assert answer.status == "completed", answer.output
+        [item] = answer.output
+        if item.type == "function_call":
+            jsonschema.validate(json.loads(item.arguments), WEATHER["function"]["parameters"])
+        else:
+            Capital.model_validate_json(answer.output_text)
+
+
 def test_stored_responses_are_seen_and_deleted_by_their_tenant_only(edge: Edge):
     mine = https_client(edge, edge.new_key(tenant="acme"))
     theirs = https_client(edge, edge.new_key(tenant="globex"))

@@ -22,7 +22,7 @@ from nearshore.protocol.schemas import (
     ToolCall,
 )
 from nearshore.protocol.tool_prompt import CALL_CLOSE, CALL_OPEN, prompt_messages
-from regional.grammar import GrammarError, allowed_bits, allows, check
+from regional.grammar import GrammarError, GrammarSpec, allowed_bits, allows, check
 from regional.structured import SAFE_INTEGER, answer_schema
 from regional.tool_calls import CallArguments, CallStarted, ToolCallReader
 from regional.tool_grammar import UnknownTool, tool_grammar
@@ -140,6 +140,22 @@ def test_auto_is_free_until_a_call_opens_then_the_call_is_held(vocabulary, model
     held = walk(vocabulary, model, asked, f"{CALL_OPEN}\n")
     allowed = pieces(model, vocabulary, held.mask())
     assert allowed and all(p.startswith(b"{") for p in allowed)
+
+
+def test_auto_beside_a_response_format_is_a_call_or_that_json(vocabulary, model):
+    shape = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    text = GrammarSpec.json_schema({**shape, "additionalProperties": False})
+    asked = tool_grammar([WEATHER, NOW], "auto", parallel=False, text=text)
+    assert asked is not None and asked[1] is None  # constrained from the first token
+    assert walk(vocabulary, model, asked, block("get_weather", {"city": "Lagos"})).finished
+    assert walk(vocabulary, model, asked, '{"city":"Lagos"}').finished
+    for free in ("It is sunny.", '{"town":"Lagos"}'):
+        with pytest.raises(AssertionError):
+            walk(vocabulary, model, asked, free)
+    # A required or named call is a call whatever the format (it shapes a later turn's text).
+    assert tool_grammar([WEATHER], "required", False, text) == tool_grammar([WEATHER], "required", False)
+    with pytest.raises(ValueError, match="regex"):
+        tool_grammar([WEATHER], "auto", False, GrammarSpec("regex", "[a-z]+"))
 
 
 def test_none_and_no_tools_constrain_nothing():
