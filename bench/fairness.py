@@ -3,7 +3,8 @@ over a real region (llama.cpp, the embedded model, its default engine settings),
 
 The victim key sends short streamed chats one after another; its time to first token (at the client) is
 measured alone (unloaded), then while the flood key keeps ``--flood`` requests in flight at once: long prompts
-of about ``--flood-tokens`` tokens, or (``--echo``) completions with ``echo`` and ``logprobs=20``, each worker
+of about ``--flood-tokens`` tokens, or (``--echo``) completions with ``echo`` and ``logprobs=20``, or
+(``--embeddings``) embeddings of ``--flood-inputs`` short texts each (issue 34, N16), each worker
 sending its next as soon as one ends (and waiting out a 429's Retry-After). Printed: the victim's TTFT p50/p95
 both ways, their ratio (target: loaded p50 within 2x of unloaded), what the flood got done, and its prefill
 rate (the region's prompt tokens computed a second) alone and beside the victim: what fairness costs it.
@@ -26,6 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import peers
+from edge.config import EMBEDDING_MODEL
 from edge.keys import KeyStore
 from harness.client import Stream, stream_once
 from harness.procs import ManagedProcess, free_port
@@ -47,6 +49,7 @@ class FairnessBench:
     flood: int = 4  # the flood key's requests in flight at once
     flood_tokens: int = 3500  # about this many prompt tokens each
     echo: bool = False  # echo + logprobs=20 completions instead of long prompts
+    embeddings: int = 0  # > 0: embeddings of this many short texts each instead (the region's embedder)
     chats: int = 24  # the victim's chats, per phase
     threads: int = 0  # llama.cpp threads (0: one per core)
     key_share: bool = True  # the edge's per-key caps ([pools.key_share]) at their defaults
@@ -56,6 +59,9 @@ class FairnessBench:
 
 
 def flood_body(bench: FairnessBench, n: int) -> dict:
+    if bench.embeddings:
+        texts = [f"Ledger {n}, line {i}: apples and oranges." for i in range(bench.embeddings)]
+        return {"model": EMBEDDING_MODEL, "input": texts}
     # A word a token; a distinct first line, so no request reuses another's cached prefix.
     prompt = f"Ledger {n}:" + " apples" * (1000 if bench.echo else bench.flood_tokens)
     if bench.echo:
@@ -135,7 +141,8 @@ async def _flood_worker(
     n = first
     while True:
         n += bench.flood
-        async with session.post(url + "/v1/completions", json=flood_body(bench, n), headers=headers) as r:
+        path = "/v1/embeddings" if bench.embeddings else "/v1/completions"
+        async with session.post(url + path, json=flood_body(bench, n), headers=headers) as r:
             answer = await r.read()
             tally[r.status] = tally.get(r.status, 0) + 1
             if r.status == 429:
@@ -239,6 +246,8 @@ def _wait_for_keys(edge: peers.Endpoint, flood_headers: dict[str, str], timeout_
 def format_report(report: dict) -> str:
     s = report["settings"]
     what = "echo + logprobs=20 completions" if s["echo"] else f"prompts of ~{s['flood_tokens']} tokens"
+    if s["embeddings"]:
+        what = f"embeddings of {s['embeddings']} texts"
     lines = [
         f"victim: {s['chats']} short streamed chats; flood: {s['flood']} {what} in flight at once "
         f"(edge key shares {'on' if s['key_share'] else 'off'}; region shared_step_ms "
@@ -256,10 +265,14 @@ def format_report(report: dict) -> str:
         flood += f" (e.g. {report['flood']['error']})"
     lines.append(f"flood answers in {report['loaded_s']:.0f}s: {flood}")
     rates = report["flood_prefill_per_s"]
-    lines.append(
-        f"flood's prompt tokens prefilled per second: {rates['alone']:.0f} alone, "
-        f"{rates['beside_victim']:.0f} beside the victim (what sharing the node costs it)"
-    )
+    if s["embeddings"]:
+        embedded = report["flood"].get(200, 0) * s["embeddings"] / report["loaded_s"]
+        lines.append(f"texts embedded per second while loaded: {embedded:.0f}")
+    else:
+        lines.append(
+            f"flood's prompt tokens prefilled per second: {rates['alone']:.0f} alone, "
+            f"{rates['beside_victim']:.0f} beside the victim (what sharing the node costs it)"
+        )
     verdict = "met" if report["met"] else "MISSED"
     lines.append(
         f"loaded / unloaded TTFT p50: {report['p50_ratio']:.2f}x (target <= {TARGET_RATIO:g}x): {verdict}"
@@ -276,6 +289,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--flood-tokens", type=int, default=d.flood_tokens, help="prompt tokens of each (default 3500)"
     )
     parser.add_argument("--echo", action="store_true", help="flood with echo + logprobs=20 completions")
+    parser.add_argument(
+        "--embeddings", type=int, default=0, metavar="TEXTS", help="flood with embeddings of TEXTS texts each"
+    )
     parser.add_argument(
         "--chats", type=int, default=d.chats, help=f"victim chats per phase (default {d.chats})"
     )
@@ -296,6 +312,7 @@ def from_args(args: argparse.Namespace) -> FairnessBench:
         args.flood,
         args.flood_tokens,
         args.echo,
+        args.embeddings,
         args.chats,
         args.threads,
         not args.no_key_share,

@@ -82,8 +82,12 @@ class EmbedderPool:
         load_when: LoadWhen = "lazy",
         max_waiting: int = 64,
         blas_threads: int = 1,
+        yield_to_others: bool = False,
     ) -> None:
         self._load = load
+        # Its callers' work runs at the background's low priority too: where another engine shares the
+        # cores and must not wait behind it (a region's chat decode), and takes all the idle CPU it leaves.
+        self.yield_to_others = yield_to_others
         self.source = source  # the folder (or package) it loads from, for messages
         self.load_when = load_when
         self.max_waiting = max_waiting
@@ -114,7 +118,8 @@ class EmbedderPool:
 
     async def start(self) -> None:
         limit_blas_threads(self.blas_threads)  # process-wide: see limit_blas_threads
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder")
+        low = _yield_the_cpu if self.yield_to_others else None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedder", initializer=low)
         self._background = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="embedder-background", initializer=_yield_the_cpu
         )

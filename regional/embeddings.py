@@ -53,6 +53,7 @@ class EmbeddingsService:
             load_when=config.load,
             max_waiting=config.max_waiting,
             blas_threads=config.threads,
+            yield_to_others=True,  # a flood of embeddings must not slow the node's chats (issue 34, N16)
         )
 
     def health(self) -> dict[str, object]:

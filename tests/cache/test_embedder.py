@@ -249,6 +249,23 @@ async def test_background_work_yields_to_lookups_text_by_text(embedder: MiniLMEm
         await pool.close()
 
 
+async def test_a_pool_that_yields_to_others_runs_its_callers_work_at_the_low_priority(
+    embedder: MiniLMEmbedder,
+):
+    """A region's pool (yield_to_others): a flood of embeddings runs below the chat decode's priority, so
+    it takes the CPU the decode leaves (issue 34, N16); the edge's pool keeps its lookups at its own."""
+    recorded = InOrder(embedder)
+    pool = EmbedderPool(lambda: recorded, source="test", load_when="eager", yield_to_others=True)
+    await pool.start()
+    try:
+        await pool.embed(["a lookup"])
+        await pool.embed_counted(["one", "two"], share_key="k")
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert {nice for _, nice in recorded.calls} == {min(own + BACKGROUND_NICE, 19)}
+    finally:
+        await pool.close()
+
+
 async def test_pool_lazy_load_reports_its_time(tmp_path: Path):
     pool = EmbedderPool(load_embedder, source="the embedded model", load_when="lazy")
     await pool.start()
