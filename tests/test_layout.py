@@ -279,6 +279,7 @@ FLAGS = {
         "--flood",
         "--flood-tokens",
         "--echo",
+        "--embeddings",
         "--chats",
         "--threads",
         "--no-key-share",
