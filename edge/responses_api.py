@@ -32,7 +32,7 @@ async def list_input_items(request: web.Request) -> web.Response:
     """The conversation the response answered, newest first as OpenAI lists it (``order=asc``: oldest
     first); every item, in one page."""
     stored = await _stored(request)
-    items = [{**_builtins(item), "id": item.id or new_id("item")} for item in stored.inputs]
+    items = [{**msgspec.to_builtins(item), "id": item.id or new_id("item")} for item in stored.inputs]
     if request.query.get("order", "desc") != "asc":
         items.reverse()
     first, last = (items[0]["id"], items[-1]["id"]) if items else (None, None)
@@ -60,10 +60,6 @@ async def _stored(request: web.Request) -> Stored:
 
 def _not_found(response_id: str) -> ApiError:
     return ApiError(NOT_FOUND, f"Response with id '{response_id}' not found.", param="response_id")
-
-
-def _builtins(item: object) -> dict:
-    return msgspec.to_builtins(item)
 
 
 def _json(payload: object) -> web.Response:

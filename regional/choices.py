@@ -107,9 +107,8 @@ async def stream(
     choice, so they carry queue and prefill times and an error before it is still a plain HTTP error. A
     client that leaves cancels this handler; each generation's cleanup aborts its sequence. ``recode``:
     what the client gets instead of each write (the Responses API's events)."""
-    response = web.StreamResponse(headers={**sse.HEADERS, "x-request-id": request_id_of(request)})
-    if recode is not None:
-        response = _Recoded(recode, headers=response.headers)
+    headers = {**sse.HEADERS, "x-request-id": request_id_of(request)}
+    response = web.StreamResponse(headers=headers) if recode is None else _Recoded(recode, headers=headers)
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, generation: Generation) -> None:

@@ -42,6 +42,8 @@ CONVERT = {
     },
 }
 TOOLS = [WEATHER, CONVERT]
+# The weather tool as the Responses API writes a function tool: flat, no "function" wrapper.
+WEATHER_TOOL = {"type": "function", **WEATHER["function"]}
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 

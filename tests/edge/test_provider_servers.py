@@ -18,7 +18,7 @@ from bench import peers
 from tests.conftest import MODEL, Node
 from tests.edge_fixtures import Edge, prices_with, start_edge
 from tests.provider_servers import SECRET, THEIR_MODEL, client_of, llama_cpp_server
-from tests.tool_calls_shared import WEATHER
+from tests.tool_calls_shared import WEATHER_TOOL
 
 pytestmark = pytest.mark.slow
 PARTNER_PRICE = {"input": 0.5, "output": 1.5}  # USD per million tokens, the provider's own for MODEL
@@ -105,12 +105,11 @@ def responses_through(client: openai.OpenAI) -> int:
     assert events[-1].type in ("response.completed", "response.incomplete")
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert deltas and deltas == events[-1].response.output_text
-    tool = {"type": "function", **WEATHER["function"]}
     called = list(
         client.responses.create(
             model=MODEL,
             input="Weather in Lagos?",
-            tools=[tool],
+            tools=[WEATHER_TOOL],
             tool_choice={"type": "function", "name": "get_weather"},
             max_output_tokens=60,
             temperature=0,  # sampled, llama_cpp.server may end a call's JSON early and call it whole

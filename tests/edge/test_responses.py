@@ -18,11 +18,9 @@ from pydantic import BaseModel, Field
 from tests.conftest import MODEL, Node
 from tests.edge.test_region import client as https_client
 from tests.edge_fixtures import Edge, start_edge, start_hostile
-from tests.tool_calls_shared import WEATHER
+from tests.tool_calls_shared import WEATHER, WEATHER_TOOL
 
 pytestmark = pytest.mark.slow
-# The chat tool as the Responses API writes it: flat, no "function" wrapper.
-WEATHER_TOOL = {"type": "function", **WEATHER["function"]}
 
 
 class Capital(BaseModel):
