@@ -43,10 +43,13 @@ bench: $(VENV)/.installed
 
 venv: $(VENV)/.installed
 
-# The tests run a real redis-server (Debian's) for the limits edges share.
+# The tests run a real redis-server (Debian's) for the limits edges share, and a real PostgreSQL server
+# (Debian's; its programs live under /usr/lib/postgresql/N/bin) for the keys a city's edges share.
 system-deps:
 	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 $(LLAMA_WHEEL_STAMP):
 	$(PYTHON) -m venv $(VENV)

@@ -1,4 +1,5 @@
-"""``nearshore keys create|list|revoke`` and ``nearshore usage``: the operator's side of keys and billing.
+"""``nearshore keys create|list|revoke|update`` (on a SQLite file, or the city's PostgreSQL table) and
+``nearshore usage``: the operator's side of keys and billing.
 
 Secrets never reach the screen except once, from ``keys create``; everything else shows the public key_id.
 """
@@ -7,22 +8,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import math
 import sqlite3
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from edge.config import DATA_DIR, open_named_file
-from edge.keys import ApiKey, KeyStore
+from edge.keys import MAX_PER_MINUTE, ApiKey, KeyChange, KeyStore
 from edge.ledger import Ledger, ReportRow
+
+if TYPE_CHECKING:
+    from edge.keys_pg import PgKeyStore
 
 DEFAULT_KEYS_DB = DATA_DIR / "keys.sqlite3"
 DEFAULT_LEDGER_DB = DATA_DIR / "ledger.sqlite3"
-# The most requests or tokens a minute a key may be given: limits are counted in Redis's Lua numbers
-# (doubles, exact to 2**53), and in SQLite's 64-bit integers.
-MAX_PER_MINUTE = 10**15
 _MAX_PER_MINUTE_TEXT = "1e15"
 
 
@@ -73,60 +76,128 @@ def add_keys_arguments(parser: argparse.ArgumentParser) -> None:
 
     listing = commands.add_parser("list", help="list keys (never their secrets)")
 
-    revoke = commands.add_parser("revoke", help="revoke a key; a running edge stops accepting it in seconds")
+    revoke = commands.add_parser("revoke", help="revoke a key; every running edge stops accepting it at once")
     revoke.add_argument("key_id", metavar="KEY_ID")
 
-    for sub in (create, listing, revoke):
-        sub.add_argument(
+    update = commands.add_parser(
+        "update", help="change a key's limits or rights (not its tenant or secret); edges apply it at once"
+    )
+    update.add_argument("key_id", metavar="KEY_ID")
+    update.add_argument("--tier", type=_name, help="rate-limit tier")
+    update.add_argument("--rpm", type=_per_minute, help="requests per minute")
+    update.add_argument("--tpm", type=_per_minute, help="tokens per minute")
+    models = update.add_mutually_exclusive_group()
+    models.add_argument(
+        "--model",
+        dest="models",
+        type=_name,
+        action="append",
+        metavar="MODEL",
+        help="the models the key may use, replacing its list; repeat for several",
+    )
+    models.add_argument("--all-models", action="store_true", help="the key may use every model")
+    budget = update.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=_non_negative_float, metavar="USD", help="spending cap in USD")
+    budget.add_argument("--no-budget", action="store_true", help="remove the key's spending cap")
+    update.add_argument("--debug", action=argparse.BooleanOptionalAction, help="may ask for the route")
+    update.add_argument(
+        "--substitute", action=argparse.BooleanOptionalAction, help="the local stand-in may answer it"
+    )
+
+    for sub in (create, listing, revoke, update):
+        where = sub.add_mutually_exclusive_group()
+        where.add_argument(
             "--db", type=Path, default=DEFAULT_KEYS_DB, help="key store file (default: %(default)s)"
+        )
+        where.add_argument(
+            "--postgres",
+            metavar="URL",
+            help="the city's key table instead: postgresql://USER@HOST:PORT/DB (password: PGPASSWORD)",
         )
 
 
 def run_keys(args: argparse.Namespace) -> int:
     try:
-        return _keys(args)
+        return asyncio.run(_keys(args))
     except (ValueError, OSError, sqlite3.Error) as exc:  # a value the store refused, a file it cannot use
         print(f"nearshore keys {args.keys_command}: {exc}", file=sys.stderr)
         return 1
 
 
-def _keys(args: argparse.Namespace) -> int:
+async def _keys(args: argparse.Namespace) -> int:
+    if args.postgres is None and args.keys_command != "create" and not args.db.exists():
+        print(f"nearshore: no key store at {args.db}", file=sys.stderr)
+        return 1
+    store = await _open_store(args)
+    try:
+        return await _act(store, args)
+    finally:
+        await _settled(store.close())
+
+
+async def _open_store(args: argparse.Namespace) -> KeyStore | PgKeyStore:
+    if args.postgres is None:
+        return open_named_file("--db", args.db, KeyStore)
+    from edge.keys_pg import PgKeyStore
+
+    try:
+        return await PgKeyStore(args.postgres, setting="--postgres").open()
+    except Exception as exc:  # asyncpg's errors are not all OSError; each says what went wrong
+        raise ValueError(str(exc)) from None
+
+
+async def _settled(value: Any) -> Any:
+    """The SQLite store answers at once, the PostgreSQL one is awaited: one code path for both."""
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _act(store: KeyStore | PgKeyStore, args: argparse.Namespace) -> int:
     if args.keys_command == "create":
-        store = open_named_file("--db", args.db, KeyStore)
-        try:
-            plaintext, key = store.create(
-                args.tenant,
-                tier=args.tier,
-                rpm=args.rpm,
-                tpm=args.tpm,
-                models=args.models,
-                budget_usd=args.budget,
-                debug=args.debug,
-                substitute=args.substitute,
-            )
-        finally:
-            store.close()
+        settings = {
+            "tier": args.tier,
+            "rpm": args.rpm,
+            "tpm": args.tpm,
+            "models": args.models,
+            "budget_usd": args.budget,
+            "debug": args.debug,
+            "substitute": args.substitute,
+        }
+        plaintext, key = await _settled(store.create(args.tenant, **settings))
         print(f"key:    {plaintext}")
         print(f"key_id: {key.key_id}")
         print("This key will not be shown again: store it now.", file=sys.stderr)
         return 0
+    if args.keys_command == "list":
+        print(format_table(_KEY_HEADER, [_key_row(key) for key in await _settled(store.list())]))
+        return 0
+    if args.keys_command == "update":
+        changed = await _settled(store.update(args.key_id, _change(args)))
+        if changed is None:
+            print(f"nearshore: no such key: {args.key_id}", file=sys.stderr)
+            return 1
+        print(format_table(_KEY_HEADER, [_key_row(changed)]))
+        return 0
+    if await _settled(store.revoke(args.key_id)):
+        print(f"revoked {args.key_id}")
+        return 0
+    known = await _settled(store.get(args.key_id))
+    print(f"nearshore: {'already revoked' if known else 'no such key'}: {args.key_id}", file=sys.stderr)
+    return 0 if known else 1
 
-    if not args.db.exists():
-        print(f"nearshore: no key store at {args.db}", file=sys.stderr)
-        return 1
-    store = open_named_file("--db", args.db, KeyStore)
-    try:
-        if args.keys_command == "list":
-            print(format_table(_KEY_HEADER, [_key_row(key) for key in store.list()]))
-            return 0
-        if store.revoke(args.key_id):
-            print(f"revoked {args.key_id}")
-            return 0
-        known = store.get(args.key_id)
-        print(f"nearshore: {'already revoked' if known else 'no such key'}: {args.key_id}", file=sys.stderr)
-        return 0 if known else 1
-    finally:
-        store.close()
+
+def _change(args: argparse.Namespace) -> KeyChange:
+    given: dict[str, Any] = {
+        name: getattr(args, name)
+        for name in ("tier", "rpm", "tpm", "models", "debug", "substitute")
+        if getattr(args, name) is not None
+    }
+    if args.all_models:
+        given["models"] = []
+    if args.budget is not None or args.no_budget:
+        given["budget_usd"] = args.budget
+    if not given:
+        raise ValueError("nothing to change: give at least one of --tier --rpm --tpm --model --budget ...")
+    return KeyChange(**given)
 
 
 _KEY_HEADER = ("key_id", "tenant", "tier", "rpm", "tpm", "models", "budget", "revoked", "created")

@@ -22,6 +22,7 @@ from nearshore.protocol.checks import check_supported
 from nearshore.protocol.errors import (
     EXCEEDS_LIMIT,
     INVALID_API_KEY,
+    KEYS_UNAVAILABLE,
     LEDGER_UNAVAILABLE,
     LIMITS_UNAVAILABLE,
     MODEL_NOT_FOUND,
@@ -49,6 +50,9 @@ def authenticate(request: web.Request, state: EdgeState) -> ApiKey:
         scheme, _, token = auth.partition(" ")
         presented = token.strip() if scheme.lower() == "bearer" else ""
     result = state.keys.authenticate(presented)
+    if result.reason == "unavailable":
+        message = "The edge cannot check API keys right now (its key store is out of reach): retry shortly."
+        raise ApiError(KEYS_UNAVAILABLE, message, retry_after_s=5)
     if result.key is None or result.reason != "ok":
         raise ApiError(INVALID_API_KEY, _AUTH_MESSAGES.get(result.reason, "Incorrect API key provided."))
     return result.key

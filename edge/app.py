@@ -20,6 +20,7 @@ from edge.admission import authenticate
 from edge.health import operator_health, public_health
 from edge.inflight import drain
 from edge.journey import Journey, Kind
+from edge.keys_admin import add_admin_routes
 from edge.pipeline import Pipeline, run_journey
 from edge.request_log import log_journey
 from edge.stages import default_pipeline
@@ -63,11 +64,13 @@ def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Applic
 
 
 def create_metrics_app(state: EdgeState) -> web.Application:
-    """The operator's listener (loopback by default): /metrics and /health with the details, no key needed."""
-    app = web.Application()
+    """The operator's listener (loopback by default): /metrics and /health with the details, no key needed;
+    the key API (edge/keys_admin.py) when an admin token is configured."""
+    app = web.Application(middlewares=[openai_errors])
     app[EDGE] = state
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health_details)
+    add_admin_routes(app, state.keys, state.admin_token)
     return app
 
 
@@ -142,6 +145,8 @@ async def guarded_metrics(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[EDGE]
     state.metrics.limiter_up.set(1 if state.limiter.backend_up() else 0)
+    state.metrics.keys_store_up.set(0 if state.keys.out_of_reach() else 1)
+    state.metrics.keys_active.set(state.keys.active_keys())
     state.metrics.ledger_waiting.set(state.ledger.spooled_rows)
     state.metrics.ledger_accepting.set(1 if state.ledger.accepting() else 0)
     if state.cache is not None:

@@ -14,6 +14,7 @@ from msgspec import Meta, Struct, field
 
 from cache.settings import CacheSettings
 from edge.billing import Price
+from edge.pg_url import postgres_url_problem
 from geo.catalog import GeoConfig, RegionSpec
 from geo.rightsize import SizeAlias
 from nearshore.config import Renamed
@@ -246,6 +247,23 @@ class LimitsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     edges: Annotated[int, Meta(ge=1, le=10_000)] = 1
 
 
+class KeysConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """Where the API keys live: the keys_db SQLite file (one machine), or PostgreSQL shared by a city's
+    edges (edge/keys_pg.py), each edge told of every change at once."""
+
+    backend: Literal["sqlite", "postgres"] = "sqlite"
+    # postgresql://USER@HOST:PORT/DB; its password comes from PGPASSWORD or PGPASSFILE, never from here.
+    postgres_url: str = ""
+    # PostgreSQL out of reach: the keys already known are served this long, unknown ones get 503 at once.
+    offline_grace_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
+
+
+class AdminConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    # The key API on the operator's listener (edge/keys_admin.py) needs a token: NEARSHORE_ADMIN_TOKEN, or
+    # this file's content (a mounted Secret). Neither: no key API.
+    token_file: str = ""
+
+
 class MetricsConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # /metrics on its own listener, loopback by default (port 0: none).
     host: str = "127.0.0.1"
@@ -328,6 +346,8 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     keys_db: str = str(DATA_DIR / "keys.sqlite3")  # `nearshore keys` uses the same default
+    keys: KeysConfig = field(default_factory=KeysConfig)
+    admin: AdminConfig = field(default_factory=AdminConfig)
     ledger_db: str = str(DATA_DIR / "ledger.sqlite3")  # and `nearshore usage` this one
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
@@ -356,6 +376,9 @@ def value_problems(config: EdgeConfig) -> list[str]:
                 )
     if config.limits.backend == "redis":
         problems += _redis_url_problems(config.limits.redis_url)
+    postgres = config.keys.backend == "postgres"
+    if postgres and (problem := postgres_url_problem(config.keys.postgres_url, "keys.postgres_url")):
+        problems.append(problem)
     up = config.upstream
     if up.warm_connections > up.pool_size:
         problems.append(
@@ -371,7 +394,8 @@ def file_problems(config: EdgeConfig) -> list[str]:
     that a typo, or a relative path under a service's working directory (often /), stops the start with
     the key named instead of making folders wherever it points."""
     problems = []
-    paths = {key: _absolute(getattr(config, key)) for key in ("keys_db", "ledger_db")}
+    files = ("keys_db", "ledger_db") if config.keys.backend == "sqlite" else ("ledger_db",)
+    paths = {key: _absolute(getattr(config, key)) for key in files}
     for key, path in paths.items():
         folder = path.parent
         if folder == _absolute(str(DATA_DIR)) or folder.is_dir():
@@ -386,7 +410,7 @@ def file_problems(config: EdgeConfig) -> list[str]:
                 f"{key}: {given!r}{where}: the folder {folder} does not exist (create it first: the edge "
                 f"makes only its default data folder, {DATA_DIR})"
             )
-    if paths["keys_db"] == paths["ledger_db"]:
+    if "keys_db" in paths and paths["keys_db"] == paths["ledger_db"]:
         problems.append(
             f"ledger_db: the same file as keys_db ({paths['keys_db']}): the ledger and the key store each "
             "need their own"

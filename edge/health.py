@@ -6,12 +6,13 @@ default) keeps everything an operator reads there: each region's state, the limi
 audit, the ledger, and every reason at once.
 
 Degraded means one of :func:`readiness`'s reasons holds. Some refuse requests (the limiter is down in
-fail-closed mode, the ledger takes no new rows): the edge answers them with 503, so its public health does
-too and a load balancer sends the traffic to another edge. Others leave the edge serving (the ledger
-spooling to its side file, no region routable: the cache still answers; only local regions routable: a
-cable cut, edge/degraded.py; every routable replica cooling after a Retry-After): health says so, with
-200. A cache that is off or bypassed is not degraded for serving (the edge still answers every request)
-and shows in the details only.
+fail-closed mode, the ledger takes no new rows, the key store out of reach past keys.offline_grace_s): the
+edge answers them with 503, so its public health does too and a load balancer sends the traffic to another
+edge. Others leave the edge serving (the key store out of reach within its grace: known keys still served;
+the ledger spooling to its side file, no region routable: the cache still answers; only local regions
+routable: a cable cut, edge/degraded.py; every routable replica cooling after a Retry-After): health says
+so, with 200. A cache that is off or bypassed is not degraded for serving (the edge still answers every
+request) and shows in the details only.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def readiness(state: EdgeState, now: float) -> Readiness:
     serving: list[str] = []
     if not state.limiter.backend_up() and state.config.limits.fail_mode == "closed":
         refusing.append("limits")  # every limited request gets 503 until Redis answers again
+    if not state.keys.trusted():
+        refusing.append("keys")  # the key store has been out of reach past keys.offline_grace_s: all 503
+    elif state.keys.out_of_reach():
+        serving.append("keys")  # known keys served from the copy, unknown ones 503
     ledger = state.ledger.health()  # "" when every row is in the ledger, else one word
     if not state.ledger.accepting():
         refusing.append(ledger or "ledger")
@@ -87,6 +92,11 @@ def operator_health(state: EdgeState) -> dict:
         "limits_backend": limits.backend,
         "limits": "up" if state.limiter.backend_up() else f"down ({limits.fail_mode})",
         "ledger": state.ledger.health() or "up",
+        "keys": {
+            "backend": state.config.keys.backend,
+            "store": state.keys.status(),
+            "active": state.keys.active_keys(),
+        },
         "regions": {u.name: u.status(now) for u in state.pool.upstreams},
         "cache": cache_health(state),
         "cache_audit": audit_health(state),

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from edge.keys import ApiKey, KeyStore
+from edge.keys import ApiKey, KnownKeys
 from nearshore.protocol.errors import KEY_REVOKED, SERVER_SHUTTING_DOWN, ApiError
 
 log = logging.getLogger("nearshore.edge")
@@ -113,7 +113,7 @@ def shutting_down() -> ApiError:
     )
 
 
-def end_revoked(inflight: InFlight, keys: KeyStore) -> int:
+def end_revoked(inflight: InFlight, keys: KnownKeys) -> int:
     """End the requests whose key is no longer active in ``keys``' copy (revoked or deleted since they
     started); called after each reload of the copy."""
 

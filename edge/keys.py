@@ -18,13 +18,14 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -41,13 +42,14 @@ _KEY_LENGTH = len(KEY_PREFIX) + _KEY_ID_HEX + 1 + 43
 
 log = logging.getLogger("nearshore.keys")
 
-AuthReason = Literal["ok", "missing", "malformed", "unknown", "revoked"]
+# "unavailable": the key store has been out of reach for longer than the edge may trust its copy (a
+# PostgreSQL store; edge/keys_pg.py), or the key is one the copy does not know while it is out of reach.
+AuthReason = Literal["ok", "missing", "malformed", "unknown", "revoked", "unavailable"]
 
 
-class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
-    """One key's public record: everything but its secret."""
+class KeySettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What a key is issued with (``nearshore keys create``, the admin API's POST body)."""
 
-    key_id: str
     tenant: str
     tier: str = "default"
     rpm: int = 60
@@ -55,14 +57,20 @@ class ApiKey(msgspec.Struct, frozen=True, kw_only=True):
     # Empty: every model is allowed.
     models: list[str] = msgspec.field(default_factory=list)
     budget_usd: float | None = None
-    revoked: bool = False
-    created_at: float = 0.0
     # May ask for the edge's internals on its own responses (`x-nearshore-debug: route`: regions, RTTs,
     # policy names); other keys' asks are ignored.
     debug: bool = False
     # In a cable cut, may the local stand-in model answer for a model only the remote regions serve (the
     # edge's [degraded] policy decides for the other keys)?
     substitute: bool = False
+
+
+class ApiKey(KeySettings, frozen=True, kw_only=True):
+    """One key's public record: everything but its secret."""
+
+    key_id: str
+    revoked: bool = False
+    created_at: float = 0.0
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -82,6 +90,66 @@ class AuthResult(msgspec.Struct, frozen=True):
         return self.reason == "ok"
 
 
+class KeyChange(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What ``keys update`` (or the admin API's PATCH) may change; a field left unset stays as it is. A
+    key's tenant and secret never change: a new tenant or secret is a new key."""
+
+    tier: str | msgspec.UnsetType = msgspec.UNSET
+    rpm: int | msgspec.UnsetType = msgspec.UNSET
+    tpm: int | msgspec.UnsetType = msgspec.UNSET
+    models: list[str] | msgspec.UnsetType = msgspec.UNSET
+    budget_usd: float | msgspec.UnsetType | None = msgspec.UNSET  # None: no cap any more
+    debug: bool | msgspec.UnsetType = msgspec.UNSET
+    substitute: bool | msgspec.UnsetType = msgspec.UNSET
+
+    def applied_to(self, key: ApiKey) -> ApiKey:
+        changes = {
+            name: getattr(self, name)
+            for name in self.__struct_fields__
+            if getattr(self, name) is not msgspec.UNSET
+        }
+        return checked_key(msgspec.structs.replace(key, **changes))
+
+
+# The most requests or tokens a minute a key may be given: limits are counted in Redis's Lua numbers
+# (doubles, exact to 2**53), in SQLite's and PostgreSQL's 64-bit integers.
+MAX_PER_MINUTE = 10**15
+_MAX_NAME_CHARS = 200
+
+
+def _name_problem(what: str, name: object) -> str | None:
+    """A tenant, tier or model name shows in tables, logs and the ledger: one printable line."""
+    if not isinstance(name, str) or not name.strip():
+        return f"{what} must not be empty"
+    if not name.isprintable() or len(name) > _MAX_NAME_CHARS:
+        return f"{what} must be one printable line of at most {_MAX_NAME_CHARS} characters: {name[:40]!r}"
+    return None
+
+
+def checked_key(key: ApiKey) -> ApiKey:
+    """``key``, or ValueError naming the first value no store may hold."""
+    names = [("tenant", key.tenant), ("tier", key.tier), *(("a model name", m) for m in key.models)]
+    for what, name in names:
+        if problem := _name_problem(what, name):
+            raise ValueError(problem)
+    if not (1 <= key.rpm <= MAX_PER_MINUTE and 1 <= key.tpm <= MAX_PER_MINUTE):
+        raise ValueError(f"rpm and tpm must be from 1 to {MAX_PER_MINUTE:.0e}")
+    if key.budget_usd is not None and not (math.isfinite(key.budget_usd) and key.budget_usd >= 0):
+        raise ValueError("budget_usd must be a finite number, 0 or more")
+    return key
+
+
+def new_key(tenant: str, **settings: object) -> tuple[str, ApiKey]:
+    """A fresh ``(secret, record)``: a random key_id and secret, ``settings`` as given (checked)."""
+    key = ApiKey(
+        key_id=secrets.token_hex(_KEY_ID_HEX // 2),
+        tenant=tenant,
+        created_at=time.time(),
+        **settings,  # type: ignore[arg-type]
+    )
+    return secrets.token_urlsafe(_SECRET_BYTES), checked_key(key)
+
+
 def parse_key(presented: str) -> tuple[str, str] | None:
     """``(key_id, secret)`` of a well-formed key, else None; never raises."""
     if len(presented) != _KEY_LENGTH:  # checked first, so a huge input costs nothing
@@ -90,7 +158,7 @@ def parse_key(presented: str) -> tuple[str, str] | None:
     return (match[1], match[2]) if match else None
 
 
-def _hash_secret(secret: str) -> str:
+def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
@@ -151,6 +219,20 @@ def _row_to_key(row: tuple) -> tuple[ApiKey, str]:
     return key, digest
 
 
+_SELECT_ONE = f"SELECT {_COLUMNS} FROM api_keys WHERE key_id = ?"
+_SETTINGS = ("tier", "rpm", "tpm", "models", "budget_usd", "debug", "substitute")
+_UPDATE = (
+    f"UPDATE api_keys SET {', '.join(f'{name} = :{name}' for name in _SETTINGS)}, updated_at = :updated_at "
+    "WHERE key_id = :key_id"
+)
+
+
+def _settings_row(key: ApiKey) -> dict[str, object]:
+    row: dict[str, object] = {name: getattr(key, name) for name in _SETTINGS}
+    row.update(key_id=key.key_id, models=json.dumps(key.models))
+    return row
+
+
 def _create_private(path: Path) -> bool:
     """Create the file readable by its owner only (SQLite gives its -wal and -shm files the same mode);
     True when this made it, False when it was there already."""
@@ -163,7 +245,67 @@ def _create_private(path: Path) -> bool:
         return False
 
 
-class KeyStore:
+class KnownKeys:
+    """The in-memory copy of a key table that every request is checked against, whatever holds the table
+    (:class:`KeyStore`: a SQLite file; :class:`edge.keys_pg.PgKeyStore`: PostgreSQL). The copy maps
+    key_id -> (record, sha256 hex of the secret); the request path reads it without a lock or a query.
+    """
+
+    _cache: dict[str, tuple[ApiKey, str]]
+
+    def trusted(self) -> bool:
+        """Whether the copy may be used: always for a local file; a remote store's edge stops trusting it
+        after a configured time out of reach."""
+        return True
+
+    # --- the request path -----------------------------------------------------------------------------
+
+    def authenticate(self, presented: str | None) -> AuthResult:
+        """Check a presented key against the in-memory copy; never raises on bad input, never queries."""
+        if presented is None or (isinstance(presented, str) and not presented.strip()):
+            return AuthResult(None, "missing")
+        parsed = parse_key(presented.strip()) if isinstance(presented, str) else None
+        if parsed is None:
+            return AuthResult(None, "malformed")
+        key_id, secret = parsed
+        entry = self._cache.get(key_id)
+        if not self.trusted() or (entry is None and self.out_of_reach()):
+            # A key the copy does not know may have been created while the store was away: not a 401.
+            return AuthResult(None, "unavailable")
+        # An unknown id is hashed and compared too, so that it costs what a known one does.
+        key, digest = entry if entry is not None else (None, _UNKNOWN_DIGEST)
+        if not hmac.compare_digest(hash_secret(secret), digest) or key is None:
+            return AuthResult(None, "unknown")  # a wrong secret says no more than an unknown key
+        if key.revoked:
+            return AuthResult(key, "revoked")
+        return AuthResult(key, "ok")
+
+    def active(self, key_id: str) -> bool:
+        """Whether the copy holds ``key_id`` and it is not revoked (a request in flight under a key that
+        is not may not go on)."""
+        entry = self._cache.get(key_id)
+        return entry is not None and not entry[0].revoked
+
+    def out_of_reach(self) -> bool:
+        """Whether the store behind the copy cannot be reached now (a file always can)."""
+        return False
+
+    def out_of_reach_s(self) -> float:
+        return 0.0
+
+    def active_keys(self) -> int:
+        """How many keys in the copy may be used."""
+        return sum(1 for key, _digest in self._cache.values() if not key.revoked)
+
+    def status(self) -> str:
+        """For the operator's /health: "up", or how long the store has been out of reach."""
+        if not self.out_of_reach():
+            return "up"
+        serving = "serving the keys it knows" if self.trusted() else "refusing every key"
+        return f"out of reach for {self.out_of_reach_s():.0f} s ({serving})"
+
+
+class KeyStore(KnownKeys):
     """The key table in one SQLite file, shared by the edge process and the ``nearshore keys`` CLI.
 
     One instance per process. :meth:`authenticate` reads only the in-memory copy, from any thread; a lock
@@ -197,42 +339,15 @@ class KeyStore:
 
     # --- admin ----------------------------------------------------------------------------------------
 
-    def create(
-        self,
-        tenant: str,
-        tier: str = "default",
-        rpm: int = 60,
-        tpm: int = 100_000,
-        models: Iterable[str] = (),
-        budget_usd: float | None = None,
-        debug: bool = False,
-        substitute: bool = False,
-    ) -> tuple[str, ApiKey]:
-        """Issue a key: ``(plaintext, record)``. The plaintext exists only in the return value."""
-        if not tenant:
-            raise ValueError("tenant must not be empty")
-        if rpm < 1 or tpm < 1:
-            raise ValueError("rpm and tpm must be at least 1")
-        if budget_usd is not None and budget_usd < 0:
-            raise ValueError("budget_usd must not be negative")
-        secret = secrets.token_urlsafe(_SECRET_BYTES)
-        now = time.time()
+    def create(self, tenant: str, **settings: object) -> tuple[str, ApiKey]:
+        """Issue a key: ``(plaintext, record)``; ``settings``: :class:`ApiKey`'s other fields. The
+        plaintext exists only in the return value."""
         with self._lock:
             while True:
-                key = ApiKey(
-                    key_id=secrets.token_hex(_KEY_ID_HEX // 2),
-                    tenant=tenant,
-                    tier=tier,
-                    rpm=rpm,
-                    tpm=tpm,
-                    models=list(models),
-                    budget_usd=budget_usd,
-                    created_at=now,
-                    debug=debug,
-                    substitute=substitute,
-                )
+                secret, key = new_key(tenant, **settings)
                 row = msgspec.structs.asdict(key)
-                row.update(models=json.dumps(key.models), secret_sha256=_hash_secret(secret), updated_at=now)
+                row.update(models=json.dumps(key.models), secret_sha256=hash_secret(secret))
+                row["updated_at"] = key.created_at
                 try:
                     self._db.execute(_INSERT, row)
                     break
@@ -240,6 +355,25 @@ class KeyStore:
                     continue
             self._reload()  # our own commits do not move data_version
         return f"{KEY_PREFIX}{key.key_id}-{secret}", key
+
+    def update(self, key_id: str, change: KeyChange) -> ApiKey | None:
+        """Change a key's limits or rights (never its secret or tenant); None when there is no such key."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")  # read, check and write as one, against other processes
+            try:
+                row = self._db.execute(_SELECT_ONE, (key_id,)).fetchone()
+                if row is None:
+                    self._db.execute("ROLLBACK")
+                    return None
+                key = change.applied_to(_row_to_key(row)[0])
+                self._db.execute(_UPDATE, {**_settings_row(key), "updated_at": time.time()})
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+            self._reload()
+        return key
 
     def revoke(self, key_id: str) -> bool:
         """Revoke a key; False when there is no such key or it was already revoked."""
@@ -258,33 +392,8 @@ class KeyStore:
 
     def get(self, key_id: str) -> ApiKey | None:
         with self._lock:
-            row = self._db.execute(f"SELECT {_COLUMNS} FROM api_keys WHERE key_id = ?", (key_id,)).fetchone()
+            row = self._db.execute(_SELECT_ONE, (key_id,)).fetchone()
         return _row_to_key(row)[0] if row else None
-
-    # --- the request path -----------------------------------------------------------------------------
-
-    def authenticate(self, presented: str | None) -> AuthResult:
-        """Check a presented key against the in-memory copy; never raises on bad input, never queries."""
-        if presented is None or (isinstance(presented, str) and not presented.strip()):
-            return AuthResult(None, "missing")
-        parsed = parse_key(presented.strip()) if isinstance(presented, str) else None
-        if parsed is None:
-            return AuthResult(None, "malformed")
-        key_id, secret = parsed
-        entry = self._cache.get(key_id)
-        # An unknown id is hashed and compared too, so that it costs what a known one does.
-        key, digest = entry if entry is not None else (None, _UNKNOWN_DIGEST)
-        if not hmac.compare_digest(_hash_secret(secret), digest) or key is None:
-            return AuthResult(None, "unknown")  # a wrong secret says no more than an unknown key
-        if key.revoked:
-            return AuthResult(key, "revoked")
-        return AuthResult(key, "ok")
-
-    def active(self, key_id: str) -> bool:
-        """Whether the copy holds ``key_id`` and it is not revoked (a request in flight under a key that
-        is not may not go on)."""
-        entry = self._cache.get(key_id)
-        return entry is not None and not entry[0].revoked
 
     # --- keeping the copy fresh (off the request path) -------------------------------------------------
 

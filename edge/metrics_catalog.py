@@ -49,6 +49,10 @@ EDGE_FAMILIES: dict[str, MetricSpec] = {
     "limiter_up": MetricSpec(
         P + "ratelimit_backend_up", "gauge", (), "1 while the shared limit store answers."
     ),
+    "keys_store_up": MetricSpec(
+        P + "keys_store_up", "gauge", (), "1 while the key store answers (always, for a local SQLite file)."
+    ),
+    "keys_active": MetricSpec(P + "keys_active", "gauge", (), "Keys in the edge's copy that may be used."),
     "upstream_errors": MetricSpec(
         P + "upstream_errors",
         "counter",

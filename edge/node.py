@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import resource
 import sqlite3
@@ -23,7 +22,8 @@ from edge.config import EdgeConfig, FallbackConfig, file_problems, open_named_fi
 from edge.degraded_policy import check_degraded, make_degraded
 from edge.guard import GuardedRunner, GuardSettings, head_timer_middleware
 from edge.inflight import STOP_GRACE_S, end_revoked
-from edge.keys import KeyStore, refresh_keys
+from edge.key_backend import key_lifetime, open_keys, warn_without_keys
+from edge.keys_admin import admin_token
 from edge.ledger import Ledger
 from edge.limits import RateLimiter
 from edge.limits_memory import MemoryLimiter
@@ -44,10 +44,6 @@ from nearshore.listen import Address, Listener, inherit, listen, serve, server_a
 from nearshore.tls import ensure_dev_certificate, server_context
 
 log = logging.getLogger("nearshore.edge")
-
-# How often the edge looks for keys created or revoked by `nearshore keys`: one PRAGMA per look, a few
-# microseconds, so a new key works within about this long while requests never query SQLite.
-KEY_REFRESH_S = 0.1
 
 
 def make_locator(geo: GeoConfig) -> Locator:
@@ -143,7 +139,10 @@ def _check_prices(config: EdgeConfig) -> None:
 def check_files(config: EdgeConfig) -> None:
     """The ledger and key store open as the edge will open them, or one line naming the setting: a
     ``server.workers`` supervisor checks before it starts any worker (else each would print it)."""
-    for key, path in (("ledger_db", config.ledger_db), ("keys_db", config.keys_db)):
+    files = [("ledger_db", config.ledger_db)]
+    if config.keys.backend == "sqlite":
+        files.append(("keys_db", config.keys_db))
+    for key, path in files:
         open_named_file(key, Path(path).expanduser(), _open_sqlite).close()
     open_named_file("responses.db", config.responses.path(config.ledger_db), _open_sqlite).close()
 
@@ -174,13 +173,14 @@ def build_edge_app(
     check_config(config)
     limiter = make_limiter(config)
     ledger = open_named_file("ledger_db", Path(config.ledger_db).expanduser(), Ledger)
-    keys = open_named_file("keys_db", Path(config.keys_db).expanduser(), KeyStore)
+    keys = open_keys(config)
+    token = admin_token(config.admin.token_file)
     responses = open_named_file(
         "responses.db",
         config.responses.path(config.ledger_db),
         lambda path: ResponseStore(path, config.responses.keep_days),
     )
-    _warn_without_keys(keys)
+    warn_without_keys(keys)
     # Edges (and workers) that share limits through Redis share budgets there too.
     budget = (
         SharedBudgets(limiter, BudgetBook(ledger.spent_usd)) if isinstance(limiter, RedisLimiter) else None
@@ -197,6 +197,7 @@ def build_edge_app(
         metrics=EdgeMetrics(tenant_labels=config.metrics.tenant_labels),
         budget=budget,  # type: ignore[arg-type]
         locator=make_locator(config.geo),
+        admin_token=token,
     )
     state.gates = make_gates(config.pools, state.pool.router.replicas)
     state.cache, state.cache_off = make_cache(config, state.pool)
@@ -215,26 +216,11 @@ def build_edge_app(
         pipeline = default_pipeline().without("route")
     app = create_app(state, pipeline)
     app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
-    app.cleanup_ctx.append(_key_refresher(state, KEY_REFRESH_S))
+    app.cleanup_ctx.append(key_lifetime(keys, lambda: end_revoked(state.inflight, state.keys)))
     app.cleanup_ctx.append(cache_lifetime(state))
     if config.metrics.port:
         app.cleanup_ctx.append(_metrics_listener(state, metrics))
     return app
-
-
-def _warn_without_keys(keys: KeyStore) -> None:
-    """A store with no usable key (a mistyped keys_db, most often) answers every request 401: say so at
-    start. Not a refusal: keys created after the start work within KEY_REFRESH_S."""
-    if any(not key.revoked for key in keys.list()):
-        return
-    what = "is new and empty" if keys.created else "holds no active key"
-    log.warning(
-        "keys_db: the key store %s %s: every request gets 401 until keys are created "
-        "(nearshore keys create --db %s --tenant NAME)",
-        keys.path,
-        what,
-        keys.path,
-    )
 
 
 def _metrics_listener(state: EdgeState, bound: Listener | None):
@@ -282,23 +268,6 @@ def open_listeners(
 
     server = one(server_address(config.server.host, config.server.port, port))
     return EdgeListeners(server, one(metrics_address(config, worker)) if config.metrics.port else None)
-
-
-def _key_refresher(state: EdgeState, interval_s: float):
-    """Keep the key copy fresh for as long as the app runs (keys created or revoked elsewhere); a key
-    revoked meanwhile ends its requests in flight."""
-
-    def reloaded() -> None:
-        end_revoked(state.inflight, state.keys)
-
-    async def lifetime(_app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(refresh_keys(state.keys, interval_s, reloaded))
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    return lifetime
 
 
 def edge_tls_context(config: EdgeConfig) -> ssl.SSLContext | None:

@@ -16,7 +16,7 @@ from edge.cache_audit import Auditor
 from edge.config import EdgeConfig
 from edge.degraded_policy import DegradedTier
 from edge.inflight import InFlight
-from edge.keys import KeyStore
+from edge.keys import KnownKeys
 from edge.ledger import Ledger
 from edge.limits import RateLimiter
 from edge.metrics import EdgeMetrics
@@ -32,7 +32,7 @@ from geo.rightsize import SizeAlias
 @dataclass(eq=False)
 class EdgeState:
     config: EdgeConfig
-    keys: KeyStore
+    keys: KnownKeys
     limiter: RateLimiter
     ledger: Ledger
     responses: ResponseStore  # /v1/responses kept with `store`
@@ -50,6 +50,7 @@ class EdgeState:
     degraded: DegradedTier | None = None  # the local regions' policy (the cut stage); None: no local region
     background: set[asyncio.Task] = field(default_factory=set)
     inflight: InFlight = field(default_factory=InFlight)  # journeys running, which the edge may end
+    admin_token: str = ""  # the key API on the operator's listener (edge/keys_admin.py); "": none
 
     def __post_init__(self) -> None:
         if self.budget is None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from harness.postgres import PostgresServer
 from harness.procs import ManagedProcess, free_port
 from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps
@@ -103,3 +106,29 @@ def small_torch_region(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nod
     node = start_region(folder, model=SMALL_MODEL_SECTION, engine=TORCH_ENGINE, embeddings={"enabled": False})
     yield node
     node.process.stop()
+
+
+@dataclass
+class Postgres:
+    """The session's PostgreSQL server (Debian's) and a fresh database per test: ``url`` names it."""
+
+    server: PostgresServer
+    url: str
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer().start()
+    os.environ.update(server.env)  # the password, for every client and edge the tests start (PGPASSWORD)
+    yield server
+    server.remove()
+
+
+@pytest.fixture
+def postgres(postgres_server: PostgresServer) -> Postgres:
+    """A database of its own on the session's server, so that tests never see each other's tables."""
+    if not postgres_server.ready():  # a test stopped it and failed before starting it again
+        postgres_server.start()
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    postgres_server.createdb(name)
+    return Postgres(postgres_server, postgres_server.url(name))

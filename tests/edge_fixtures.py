@@ -15,8 +15,8 @@ from pathlib import Path
 import msgspec
 
 from edge.config import EdgeConfig
+from edge.key_backend import KEY_REFRESH_S
 from edge.keys import KeyStore
-from edge.node import KEY_REFRESH_S
 from harness.procs import ManagedProcess, free_port
 from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps

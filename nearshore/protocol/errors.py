@@ -79,6 +79,9 @@ ENGINE_FAILED = ErrorKind(503, "server_error", "engine_failed")
 LIMITS_UNAVAILABLE = ErrorKind(503, "server_error", "limits_unavailable")
 # The edge cannot record usage (its ledger and the ledger's spool refuse writes): it serves nothing unbilled.
 LEDGER_UNAVAILABLE = ErrorKind(503, "server_error", "ledger_unavailable")
+# The edge's key store (PostgreSQL, shared by a city's edges) is out of reach, and the presented key is one
+# the edge does not know (it may have been created meanwhile) or the edge's copy is older than it may trust.
+KEYS_UNAVAILABLE = ErrorKind(503, "server_error", "keys_unavailable")
 # The key was revoked (or deleted) while its request was in flight: the edge ended the answer there.
 KEY_REVOKED = ErrorKind(401, "authentication_error", "key_revoked")
 # The edge is shutting down and the request was still in flight after server.shutdown_timeout_s: ask again

@@ -26,10 +26,19 @@ ONE_WORD = re.compile(r"[a-z]*")
 
 
 def fake_state(
-    *, redis_up=True, fail_mode="closed", ledger="", accepting=True, routable=(True,), local=(), cooling=()
+    *,
+    redis_up=True,
+    fail_mode="closed",
+    ledger="",
+    accepting=True,
+    routable=(True,),
+    local=(),
+    cooling=(),
+    keys="up",
 ) -> SimpleNamespace:
     """Just what readiness() reads (``local``: which replicas are on this side of the ocean; ``cooling``:
-    seconds each must not be asked after a Retry-After)."""
+    seconds each must not be asked after a Retry-After; ``keys``: "up", or the key store out of reach
+    "within" or "past" its offline grace)."""
     local = local or (False,) * len(routable)
     cooling = cooling or (0.0,) * len(routable)
     upstreams = [
@@ -42,6 +51,7 @@ def fake_state(
     return SimpleNamespace(
         config=SimpleNamespace(limits=SimpleNamespace(fail_mode=fail_mode)),
         limiter=SimpleNamespace(backend_up=lambda: redis_up),
+        keys=SimpleNamespace(out_of_reach=lambda: keys != "up", trusted=lambda: keys != "past"),
         ledger=SimpleNamespace(health=lambda: ledger, accepting=lambda: accepting),
         pool=SimpleNamespace(upstreams=upstreams),
     )
@@ -67,6 +77,9 @@ def fake_state(
         (fake_state(cooling=(4.0,)), ("cooling",), 200),
         (fake_state(routable=(True, False), cooling=(4.0, 0.0)), ("cooling",), 200),
         (fake_state(routable=(True, True), cooling=(4.0, 0.0)), (), 200),  # another one may be asked
+        # The key store (PostgreSQL) out of reach: known keys served within the grace, every key 503 after.
+        (fake_state(keys="within"), ("keys",), 200),
+        (fake_state(keys="past", ledger="spooling"), ("keys", "spooling"), 503),
     ],
 )
 def test_readiness_collects_every_reason_and_refusing_ones_answer_503(state, reasons, http_status):
