@@ -13,6 +13,7 @@ def postgres_url_problem(url: str, setting: str) -> str | None:
     try:
         parts = urlsplit(url)
         password = parts.password
+        parts.port  # noqa: B018  (a port that is not a number raises here, not in the driver)
     except ValueError as exc:  # a port that is not a number, a bracket left open
         return f"{setting}: not a URL: {exc}"
     if parts.scheme not in ("postgres", "postgresql"):

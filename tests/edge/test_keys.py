@@ -12,7 +12,8 @@ import aiohttp
 import pytest
 
 from cli.keys import add_keys_arguments, run_keys
-from edge.keys import ApiKey, KeyStore, refresh_keys
+from edge.keys import ApiKey, KeyChange, KeyStore, refresh_keys
+from edge.pg_url import postgres_url_problem
 from tests.edge_fixtures import edge_over_pacer
 
 
@@ -223,3 +224,33 @@ async def test_keys_made_and_revoked_by_another_process_reach_a_running_edge_wit
     finally:
         admin.close()
         edge.stop()
+
+
+def test_update_changes_only_what_it_names_and_refuses_what_no_store_may_hold(store: KeyStore):
+    plaintext, key = store.create("acme", rpm=10, models=["m1"], budget_usd=2.0)
+    changed = store.update(key.key_id, KeyChange(rpm=3, budget_usd=None))
+    assert changed is not None and (changed.rpm, changed.models, changed.budget_usd) == (3, ["m1"], None)
+    assert store.authenticate(plaintext).key == changed == store.get(key.key_id)
+    assert (changed.tenant, changed.key_id, changed.created_at) == (key.tenant, key.key_id, key.created_at)
+    for bad in (KeyChange(rpm=0), KeyChange(tpm=10**16), KeyChange(tier=""), KeyChange(models=["a\nb"])):
+        with pytest.raises(ValueError):
+            store.update(key.key_id, bad)
+    assert store.get(key.key_id) == changed  # a refused change leaves the row as it was
+    assert store.update("000000000000", KeyChange(rpm=3)) is None
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("", "required with the postgres backend"),
+        ("postgresql://nearshore:hunter2@db/keys", "holds a password; give it in PGPASSWORD"),
+        ("mysql://nearshore@db/keys", "expected postgresql://USER@HOST:PORT/DB"),
+        ("postgresql://nearshore@db:port/keys", "not a URL: Port could not be cast"),
+        ("postgresql://nearshore@[db/keys", "not a URL"),
+        ("postgresql://nearshore@db:5432/keys", None),
+        ("postgres://db/keys", None),
+    ],
+)
+def test_a_postgres_url_names_where_and_never_the_password(url: str, problem: str | None):
+    found = postgres_url_problem(url, "keys.postgres_url")
+    assert found is None if problem is None else found.startswith("keys.postgres_url: ") and problem in found
