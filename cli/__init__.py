@@ -195,6 +195,16 @@ BENCHMARKS = [
         run="run_region_rss",
     ),
     Command(
+        "keys",
+        "cli.bench",
+        "how fast a city's edges see a key created or revoked: PostgreSQL beside the SQLite file",
+        "Edges over one stand-in region with their keys in a real PostgreSQL (pushed) and in one SQLite file "
+        "(polled): time until every edge accepts a new key and ends a revoked key's open stream, p50/p99, "
+        "and a short chat's latency in each mode.",
+        add="add_keys_arguments",
+        run="run_keys",
+    ),
+    Command(
         "hostile",
         "cli.bench",
         "what a hostile region costs the edge, beside an honest one",

@@ -1,5 +1,5 @@
-"""``nearshore bench edge|region|hostile|faults|fairness|geo|cache|load``: the benchmarks' flags; each run
-lives in bench/ (geo's in bench/geo/route.py, cache's in bench/cache/lookup.py with its TTFT part in
+"""``nearshore bench edge|region|hostile|faults|fairness|keys|geo|cache|load``: the benchmarks' flags; each
+run lives in bench/ (geo's in bench/geo/route.py, cache's in bench/cache/lookup.py with its TTFT part in
 bench/)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from bench import fairness, hostile, region, region_rss
+from bench import fairness, hostile, keys_fleet, region, region_rss
 from bench.cache import lookup as bench_cache
 from bench.cache import ttft as cache_ttft
 from bench.edge import routing as edge_routing
@@ -202,6 +202,18 @@ def add_fairness_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_fairness(args: argparse.Namespace) -> int:
     fairness.run_and_print(fairness.from_args(args))
+    return 0
+
+
+# --- bench keys ----------------------------------------------------------------------------------------
+
+
+def add_keys_arguments(parser: argparse.ArgumentParser) -> None:
+    keys_fleet.add_arguments(parser)
+
+
+def run_keys(args: argparse.Namespace) -> int:
+    keys_fleet.run_and_print(keys_fleet.from_args(args))
     return 0
 
 

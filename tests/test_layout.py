@@ -290,6 +290,7 @@ FLAGS = {
     ],
     "bench hostile": ["--seconds", "--concurrency", "--logs"],
     "bench faults": ["--litellm", "--cases", "--repeats", "--logs"],
+    "bench keys": ["--edges", "--rounds", "--requests", "--logs", "--json"],
     "bench fairness": [
         "--flood",
         "--flood-tokens",
