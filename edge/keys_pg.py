@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from edge.keys import KEY_PREFIX, ApiKey, KeyChange, KnownKeys, hash_secret, new_key
+from edge.pg_schema import CONNECT_TIMEOUT_S, PG_ERRORS, StoreError, ensure_table, explain
 from edge.pg_url import postgres_url_problem
 
 log = logging.getLogger("nearshore.keys")
@@ -50,8 +51,6 @@ _COLUMNS = (
     "substitute",
 )
 _DDL = f"""
-CREATE TABLE IF NOT EXISTS nearshore_schema (component TEXT PRIMARY KEY, version INTEGER NOT NULL);
-INSERT INTO nearshore_schema VALUES ('keys', {SCHEMA_VERSION}) ON CONFLICT (component) DO NOTHING;
 CREATE TABLE IF NOT EXISTS {TABLE} (
     key_id        TEXT PRIMARY KEY,
     secret_sha256 TEXT NOT NULL,
@@ -75,18 +74,12 @@ END $$;
 CREATE OR REPLACE TRIGGER nearshore_key_changed AFTER INSERT OR UPDATE OR DELETE ON {TABLE}
     FOR EACH ROW EXECUTE FUNCTION nearshore_key_changed();
 """
-# Two edges starting at once must not both create the table (CREATE ... IF NOT EXISTS races in PostgreSQL).
-_DDL_LOCK = 0x6E6B657973  # "nkeys"
-_CONNECT_TIMEOUT_S = 5.0
 # How often a quiet listening connection is asked whether it still answers (a vanished host closes no socket).
 _PING_EVERY_S = 2.0
 _RECONNECT_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
 
-_Errors = (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError)
-
-
-class KeyStoreError(ValueError):
-    """The PostgreSQL key store cannot be used as configured: one line, naming the setting."""
+_Errors = PG_ERRORS
+KeyStoreError = StoreError
 
 
 def check_url(url: str, setting: str = "keys.postgres_url") -> None:
@@ -109,18 +102,6 @@ def _record(row: Any) -> tuple[ApiKey, str]:
         substitute=row["substitute"],
     )
     return key, row["secret_sha256"]
-
-
-def _explain(url: str, exc: BaseException, setting: str) -> KeyStoreError:
-    where = urlsplit(url)
-    target = f"{where.hostname or 'localhost'}:{where.port or 5432}"
-    if isinstance(exc, asyncpg.InvalidPasswordError | asyncpg.InvalidAuthorizationSpecificationError):
-        return KeyStoreError(f"{setting}: PostgreSQL at {target} refused the credentials: {exc}")
-    if isinstance(exc, asyncpg.InvalidCatalogNameError):
-        return KeyStoreError(f"{setting}: {exc} (create it first: createdb)")
-    if isinstance(exc, OSError | TimeoutError):
-        return KeyStoreError(f"{setting}: PostgreSQL at {target} cannot be reached: {exc or 'timed out'}")
-    return KeyStoreError(f"{setting}: {type(exc).__name__}: {exc}")
 
 
 class PgKeyStore(KnownKeys):
@@ -164,19 +145,27 @@ class PgKeyStore(KnownKeys):
         except KeyStoreError:
             raise
         except _Errors as exc:
-            raise _explain(self.url, exc, self.setting) from None
+            raise explain(self.url, exc, self.setting) from None
         return self
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None and not conn.is_closed():
             with contextlib.suppress(*_Errors):
-                await asyncio.wait_for(conn.close(), _CONNECT_TIMEOUT_S)
+                await asyncio.wait_for(conn.close(), CONNECT_TIMEOUT_S)
 
     async def _connect(self) -> None:
-        conn = await asyncpg.connect(self.url, timeout=_CONNECT_TIMEOUT_S)
+        conn = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT_S)
         try:
-            await self._ensure_schema(conn)
+            await ensure_table(
+                conn,
+                component="keys",
+                version=SCHEMA_VERSION,
+                ddl=_DDL,
+                table=TABLE,
+                columns=_COLUMNS,
+                setting=self.setting,
+            )
             # LISTEN before the load: a change committed in between is then both loaded and notified.
             await conn.add_listener(CHANNEL, self._on_notice)
             conn.add_termination_listener(self._on_end)
@@ -188,27 +177,6 @@ class PgKeyStore(KnownKeys):
         self._conn = conn
         self._lost_at = None
         self.reloads += 1
-
-    async def _ensure_schema(self, conn: asyncpg.Connection) -> None:
-        async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", _DDL_LOCK)
-            await conn.execute(_DDL)
-            version = await conn.fetchval("SELECT version FROM nearshore_schema WHERE component = 'keys'")
-            columns = {
-                row["column_name"]
-                for row in await conn.fetch(
-                    "SELECT column_name FROM information_schema.columns WHERE table_name = $1 "
-                    "AND table_schema = current_schema()",
-                    TABLE,
-                )
-            }
-        missing = [c for c in _COLUMNS if c not in columns]
-        if version != SCHEMA_VERSION or missing:
-            what = f"schema version {version}" if version != SCHEMA_VERSION else f"no {', '.join(missing)}"
-            raise KeyStoreError(
-                f"{self.setting}: the table {TABLE} is from another release ({what}; this one reads "
-                f"version {SCHEMA_VERSION}): migrate it, or point at another database"
-            )
 
     def _on_notice(self, conn: object, _pid: int, _channel: str, key_id: str) -> None:
         self._changed.put_nowait(key_id)
