@@ -221,8 +221,14 @@ def _key_row(key: ApiKey) -> tuple[str, ...]:
 
 
 def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
         "--db", type=Path, default=DEFAULT_LEDGER_DB, help="ledger file (default: %(default)s)"
+    )
+    where.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="the city's bill instead (every edge's rows): postgresql://USER@HOST:PORT/DB (PGPASSWORD)",
     )
     parser.add_argument("--since", type=_day, metavar="YYYY-MM-DD", help="first UTC day included")
     parser.add_argument("--until", type=_day, metavar="YYYY-MM-DD", help="last UTC day included")
@@ -237,12 +243,16 @@ def run_usage(args: argparse.Namespace) -> int:
 
 
 def _usage(args: argparse.Namespace) -> int:
+    if args.postgres is not None:
+        from edge.ledger_pg import fleet_report
+
+        since, until = _bounds(args)
+        print(format_usage(asyncio.run(fleet_report(args.postgres, since, until, "--postgres"))))
+        return 0
     if not args.db.exists():
         print(f"nearshore: no ledger at {args.db}", file=sys.stderr)
         return 1
-    since = args.since.timestamp() if args.since else None
-    # --until names a day to include: stop at the start of the next one.
-    until = (args.until + timedelta(days=1)).timestamp() if args.until else None
+    since, until = _bounds(args)
     ledger = open_named_file("--db", args.db, Ledger)
     try:
         rows = ledger.report(since, until)
@@ -250,6 +260,13 @@ def _usage(args: argparse.Namespace) -> int:
         asyncio.run(ledger.close())
     print(format_usage(rows))
     return 0
+
+
+def _bounds(args: argparse.Namespace) -> tuple[float | None, float | None]:
+    since = args.since.timestamp() if args.since else None
+    # --until names a day to include: stop at the start of the next one.
+    until = (args.until + timedelta(days=1)).timestamp() if args.until else None
+    return since, until
 
 
 _USAGE_HEADER = ("day", "key_id", "tenant", "requests", "prompt", "cached", "completion", "cost_usd")

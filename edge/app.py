@@ -147,6 +147,7 @@ async def metrics(request: web.Request) -> web.Response:
     state.metrics.limiter_up.set(1 if state.limiter.backend_up() else 0)
     state.metrics.keys_store_up.set(0 if state.keys.out_of_reach() else 1)
     state.metrics.keys_active.set(state.keys.active_keys())
+    state.metrics.ledger_fleet_behind.set(state.fleet_ledger.behind if state.fleet_ledger else 0)
     state.metrics.ledger_waiting.set(state.ledger.spooled_rows)
     state.metrics.ledger_accepting.set(1 if state.ledger.accepting() else 0)
     if state.cache is not None:

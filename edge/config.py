@@ -258,6 +258,14 @@ class KeysConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     offline_grace_s: Annotated[float, Meta(ge=0, le=86_400)] = 300.0
 
 
+class LedgerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
+    """One bill for a city's edges (edge/ledger_pg.py): each edge's ledger_db rows also reach this
+    PostgreSQL table, each exactly once. "": the ledger file alone."""
+
+    # postgresql://USER@HOST:PORT/DB; its password comes from PGPASSWORD or PGPASSFILE, never from here.
+    postgres_url: str = ""
+
+
 class AdminConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # The key API on the operator's listener (edge/keys_admin.py) needs a token: NEARSHORE_ADMIN_TOKEN, or
     # this file's content (a mounted Secret). Neither: no key API.
@@ -348,6 +356,7 @@ class EdgeConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     keys_db: str = str(DATA_DIR / "keys.sqlite3")  # `nearshore keys` uses the same default
     keys: KeysConfig = field(default_factory=KeysConfig)
     admin: AdminConfig = field(default_factory=AdminConfig)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
     ledger_db: str = str(DATA_DIR / "ledger.sqlite3")  # and `nearshore usage` this one
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
@@ -378,6 +387,9 @@ def value_problems(config: EdgeConfig) -> list[str]:
         problems += _redis_url_problems(config.limits.redis_url)
     postgres = config.keys.backend == "postgres"
     if postgres and (problem := postgres_url_problem(config.keys.postgres_url, "keys.postgres_url")):
+        problems.append(problem)
+    fleet_bill = config.ledger.postgres_url
+    if fleet_bill and (problem := postgres_url_problem(fleet_bill, "ledger.postgres_url")):
         problems.append(problem)
     up = config.upstream
     if up.warm_connections > up.pool_size:

@@ -92,6 +92,7 @@ def operator_health(state: EdgeState) -> dict:
         "limits_backend": limits.backend,
         "limits": "up" if state.limiter.backend_up() else f"down ({limits.fail_mode})",
         "ledger": state.ledger.health() or "up",
+        "ledger_fleet": _fleet_ledger(state),
         "keys": {
             "backend": state.config.keys.backend,
             "store": state.keys.status(),
@@ -101,6 +102,15 @@ def operator_health(state: EdgeState) -> dict:
         "cache": cache_health(state),
         "cache_audit": audit_health(state),
     }
+
+
+def _fleet_ledger(state: EdgeState) -> dict | None:
+    """The city's one bill (PostgreSQL): whether it answers and how many rows wait to be shipped there."""
+    fleet = state.fleet_ledger
+    if fleet is None:
+        return None
+    state_word = "up" if fleet.reachable else "out of reach (rows wait in the ledger)"
+    return {"state": state_word, "behind": fleet.behind, "shipped": fleet.shipped_rows}
 
 
 def audit_health(state: EdgeState) -> dict | None:

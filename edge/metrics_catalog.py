@@ -49,6 +49,12 @@ EDGE_FAMILIES: dict[str, MetricSpec] = {
     "limiter_up": MetricSpec(
         P + "ratelimit_backend_up", "gauge", (), "1 while the shared limit store answers."
     ),
+    "ledger_fleet_behind": MetricSpec(
+        P + "ledger_fleet_behind",
+        "gauge",
+        (),
+        "Ledger rows not yet in the city's PostgreSQL bill (ledger.postgres_url); 0 without one.",
+    ),
     "keys_store_up": MetricSpec(
         P + "keys_store_up", "gauge", (), "1 while the key store answers (always, for a local SQLite file)."
     ),

@@ -218,6 +218,11 @@ def build_edge_app(
     app.middlewares.insert(0, head_timer_middleware(config.server.keepalive_timeout_s))
     app.cleanup_ctx.append(key_lifetime(keys, lambda: end_revoked(state.inflight, state.keys)))
     app.cleanup_ctx.append(cache_lifetime(state))
+    if config.ledger.postgres_url:
+        from edge.ledger_pg import fleet_ledger_lifetime, open_fleet_ledger  # asyncpg only where used
+
+        state.fleet_ledger = open_fleet_ledger(config.ledger_db, config.ledger.postgres_url, config.name)
+        app.cleanup_ctx.append(fleet_ledger_lifetime(state.fleet_ledger))
     if config.metrics.port:
         app.cleanup_ctx.append(_metrics_listener(state, metrics))
     return app

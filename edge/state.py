@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -27,6 +27,9 @@ from edge.token_count import TokenCounter
 from edge.upstream import UpstreamPool
 from geo.locate import Locator
 from geo.rightsize import SizeAlias
+
+if TYPE_CHECKING:
+    from edge.ledger_pg import FleetLedger  # asyncpg is imported only where a fleet bill is configured
 
 
 @dataclass(eq=False)
@@ -50,6 +53,7 @@ class EdgeState:
     degraded: DegradedTier | None = None  # the local regions' policy (the cut stage); None: no local region
     background: set[asyncio.Task] = field(default_factory=set)
     inflight: InFlight = field(default_factory=InFlight)  # journeys running, which the edge may end
+    fleet_ledger: FleetLedger | None = None  # the city's one bill in PostgreSQL (edge/ledger_pg.py)
     admin_token: str = ""  # the key API on the operator's listener (edge/keys_admin.py); "": none
 
     def __post_init__(self) -> None:

@@ -222,7 +222,7 @@ FLAGS = {
         "--db",
         "--postgres",
     ],
-    "usage": ["--db", "--since", "--until"],
+    "usage": ["--db", "--postgres", "--since", "--until"],
     "ca init": ["--dir", "--name", "--force"],
     "ca issue": ["name", "--dir", "--out", "--host", "--client", "--server"],
     "up": ["topology", "--run-dir", "--restart"],
