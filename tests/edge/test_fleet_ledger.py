@@ -125,3 +125,32 @@ async def test_every_answered_request_is_billed_once_in_the_city_table(postgres:
         for edge in edges:
             edge.stop()
         pacer.process.stop()
+
+
+async def test_an_edge_stopped_at_once_ships_its_last_rows_before_it_exits(
+    postgres: Postgres, tmp_path: Path
+):
+    """A pod rescheduled without its volume: SIGTERM right after the answers, and the rows are all there."""
+    pacer = start_pacer(tmp_path, name="bill-region", tokens=2, interval_ms=1)
+    edge = start_edge(tmp_path / "edge", [("bill-region", pacer.url)], ledger={"postgres_url": postgres.url})
+    try:
+        key = edge.new_key()
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
+        async with aiohttp.ClientSession(connector=connector) as s:
+            for _ in range(20):
+                async with s.post(
+                    edge.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+                ) as r:
+                    assert r.status == 200
+        assert edge.process.proc is not None
+        edge.process.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(edge.process.proc.wait, 60) == 0
+        conn = await asyncpg.connect(postgres.url)
+        try:
+            assert await conn.fetchval("SELECT count(*) FROM nearshore_usage") == 20
+        finally:
+            await conn.close()
+    finally:
+        edge.stop()
+        pacer.process.stop()
