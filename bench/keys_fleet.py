@@ -19,15 +19,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from bench import peers
 from edge.keys import KeyStore
-from edge.keys_pg import PgKeyStore
 from harness.postgres import PostgresServer
 from harness.procs import ManagedProcess, free_port
 from harness.stats import percentile
+
+if TYPE_CHECKING:
+    from edge.keys_pg import PgKeyStore  # asyncpg: imported where the bench runs, not with the CLI
 from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps
 
@@ -189,6 +192,8 @@ async def timed_requests(edge: peers.Endpoint, key: str, count: int, result: Bac
 
 
 async def measure(settings: KeysBench, logs: Path, backend: str, pacer_url: str, pg: PostgresServer) -> dict:
+    from edge.keys_pg import PgKeyStore
+
     result = BackendResult(backend)
     if backend == "postgres":
         url = pg.url()

@@ -115,6 +115,16 @@ class Postgres:
     server: PostgresServer
     url: str
 
+    async def create_key(self, tenant: str, **settings: object) -> str:
+        """A key made in this database's key table, as `nearshore keys create --postgres` makes it."""
+        from edge.keys_pg import PgKeyStore
+
+        store = await PgKeyStore(self.url).open()
+        try:
+            return (await store.create(tenant, **settings))[0]
+        finally:
+            await store.close()
+
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[PostgresServer]:

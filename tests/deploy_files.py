@@ -175,4 +175,8 @@ def pod_spec(workload: dict) -> dict:
 
 
 def secret_names(spec: dict) -> set[str]:
-    return {v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
+    """Every Secret a pod uses: mounted as a volume or read into its containers' environment."""
+    mounted = {v["secret"]["secretName"] for v in spec.get("volumes", []) if "secret" in v}
+    containers = spec.get("initContainers", []) + spec["containers"]
+    refs = [e["valueFrom"]["secretKeyRef"] for c in containers for e in c.get("env", []) if "valueFrom" in e]
+    return mounted | {ref["name"] for ref in refs if "name" in ref}

@@ -9,6 +9,7 @@ image's dependencies only, and a region's drain on SIGTERM (the basis of the gra
 from __future__ import annotations
 
 import ast
+import asyncio
 import importlib.util
 import inspect
 import json
@@ -41,7 +42,7 @@ from nearshore.config import load_config
 from nearshore.tomlw import dumps
 from regional.config import RegionConfig
 from regional.node import check_config as check_region_config
-from tests.conftest import start_region
+from tests.conftest import Postgres, start_region
 from tests.deploy_files import (
     DEPLOY,
     ROOT,
@@ -215,16 +216,17 @@ def test_edge_import_graph_has_no_torch_cupy_or_llama_cpp() -> None:
 
 
 @pytest.mark.slow
-def test_edge_serves_with_only_the_edge_images_packages(tmp_path: Path) -> None:
+def test_edge_serves_with_only_the_edge_images_packages(tmp_path: Path, postgres: Postgres) -> None:
     """The Lagos overlay's edge config, on this machine's paths, served by `nearshore edge` while every
     package the edge image would not have (torch, CuPy, llama.cpp, matplotlib, ...) is unimportable: a
-    key is checked, a stream relayed from a stand-in region, and a paraphrase of it answered from the
-    semantic cache (the embedder on ONNX Runtime)."""
+    key is checked (the city's PostgreSQL key table, as in the overlay), a stream relayed from a stand-in
+    region, and a paraphrase of it answered from the semantic cache (the embedder on ONNX Runtime)."""
     # Its first byte takes 150 ms, as a far region's would: the semantic lookup (an embedding) wins the race.
     pacer = start_pacer(tmp_path, tokens=6, interval_ms=150)
     config = tomllib.loads((K8S / "overlays" / "lagos-edge" / "edge.toml").read_text())
     port = free_port()
-    config.update(keys_db=str(tmp_path / "keys.sqlite3"), ledger_db=str(tmp_path / "ledger.sqlite3"))
+    config.update(ledger_db=str(tmp_path / "ledger.sqlite3"))
+    config["keys"]["postgres_url"] = config["ledger"]["postgres_url"] = postgres.url
     config["server"]["host"] = "127.0.0.1"
     config["tls"] = {"enabled": False}
     config["upstream"] = {}
@@ -233,9 +235,7 @@ def test_edge_serves_with_only_the_edge_images_packages(tmp_path: Path) -> None:
     config["cache"].update(folder=str(tmp_path / "cache"), store_truncated=True)  # the pacer's are
     config["regions"] = [{"name": "london", "city": "london", "url": pacer.url}]
     (tmp_path / "edge.toml").write_text(dumps(config))
-    store = KeyStore(tmp_path / "keys.sqlite3")  # what the init container copies in
-    key, _ = store.create("acme")
-    store.close()
+    key = asyncio.run(postgres.create_key("acme"))
     report = tmp_path / "attempts.json"
     argv = [sys.executable, str(ROOT / "tests" / "edge_image_probe.py"), str(report)]
     edge = ManagedProcess(
@@ -379,7 +379,7 @@ def test_lagos_edge_overlay() -> None:
             set(s.get("matchLabels", s).items()) <= set(labels.items()) for s in selectors
         )
     spec = pod_spec(deployment)
-    assert secret_names(spec) == {"edge-tls", "edge-upstream-mtls", "edge-keys"}
+    assert secret_names(spec) == {"edge-tls", "edge-upstream-mtls", "edge-postgres", "edge-admin"}
     (container,) = spec["containers"]
     assert container["image"].startswith("registry.example.com/nearshore/edge:")
     args = parse_nearshore(container["args"])
@@ -398,8 +398,17 @@ def test_lagos_edge_overlay() -> None:
     stop = spec["terminationGracePeriodSeconds"]
     assert stop >= edge.server.shutdown_timeout_s + PRESTOP_S
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", str(PRESTOP_S)]
-    (init,) = spec["initContainers"]
-    assert init["command"][0] == "cp" and init["command"][-1] == edge.keys_db
+    # Keys and the bill in the city's PostgreSQL (this overlay's StatefulSet, by its Service's name), its
+    # password from a Secret, never the config: a key change needs no rollout, so no keys file is copied.
+    assert "initContainers" not in spec
+    assert edge.keys.backend == "postgres" and edge.ledger.postgres_url == edge.keys.postgres_url
+    host = urlparse(edge.keys.postgres_url).hostname
+    assert find(docs, "Service", host) and find(docs, "StatefulSet", "postgres")
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"]}
+    assert env == {"PGPASSWORD": "edge-postgres", "NEARSHORE_ADMIN_TOKEN": "edge-admin"}
+    (server,) = pod_spec(find(docs, "StatefulSet", "postgres")[0])["containers"]
+    passwords = [e for e in server["env"] if e["name"] == "POSTGRES_PASSWORD"]
+    assert passwords[0]["valueFrom"]["secretKeyRef"]["name"] == "edge-postgres"
     check(edge)
 
 
