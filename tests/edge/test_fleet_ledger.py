@@ -114,6 +114,8 @@ async def test_every_answered_request_is_billed_once_in_the_city_table(postgres:
         assert set(billed) == set(local) and set(answered) <= set(billed)
         assert len(answered) >= REQUESTS * 0.9, (sent, len(answered))  # the killed edge's few went unanswered
         assert len(by_edge) == 3, by_edge
+        counts = f"sent {sent}, answered {len(answered)}, billed {len(billed)}"
+        print(f"\n{counts}, by edge {sorted(by_edge.values())}")  # the figures of a long run (-s)
 
         report = subprocess.run(
             nearshore_argv("usage", "--postgres", postgres.url), capture_output=True, text=True, check=False
