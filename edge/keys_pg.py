@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from edge.keys import KEY_PREFIX, ApiKey, KeyChange, KnownKeys, hash_secret, new_key
-from edge.pg_schema import CONNECT_TIMEOUT_S, PG_ERRORS, StoreError, ensure_table, explain
+from edge.pg_schema import CONNECT_TIMEOUT_S, PG_ERRORS, StoreError, Table, connect, explain
 from edge.pg_url import postgres_url_problem
 
 log = logging.getLogger("nearshore.keys")
@@ -78,6 +78,7 @@ CREATE OR REPLACE TRIGGER nearshore_key_changed AFTER INSERT OR UPDATE OR DELETE
 _PING_EVERY_S = 2.0
 _RECONNECT_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
 
+_TABLE = Table("keys", SCHEMA_VERSION, TABLE, _DDL, _COLUMNS)
 _Errors = PG_ERRORS
 KeyStoreError = StoreError
 
@@ -155,17 +156,8 @@ class PgKeyStore(KnownKeys):
                 await asyncio.wait_for(conn.close(), CONNECT_TIMEOUT_S)
 
     async def _connect(self) -> None:
-        conn = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT_S)
+        conn = await connect(self.url, _TABLE, self.setting)
         try:
-            await ensure_table(
-                conn,
-                component="keys",
-                version=SCHEMA_VERSION,
-                ddl=_DDL,
-                table=TABLE,
-                columns=_COLUMNS,
-                setting=self.setting,
-            )
             # LISTEN before the load: a change committed in between is then both loaded and notified.
             await conn.add_listener(CHANNEL, self._on_notice)
             conn.add_termination_listener(self._on_end)

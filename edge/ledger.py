@@ -87,6 +87,21 @@ class ReportRow(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int
     cost_usd: float
 
+    @classmethod
+    def of(cls, row: tuple) -> ReportRow:
+        """From a report query's row: key_id, tenant, day, requests, the three token sums, the cost."""
+        key_id, tenant, day, requests, prompt, cached, completion, cost = row
+        return cls(
+            key_id=key_id,
+            tenant=tenant,
+            day=day,
+            requests=requests,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            completion_tokens=completion,
+            cost_usd=cost,
+        )
+
 
 _FIELDS = UsageRecord.__struct_fields__
 _SCHEMA = """
@@ -391,19 +406,7 @@ class Ledger:
         bounds = (float("-inf") if since is None else since, float("inf") if until is None else until)
         with self._read_lock:
             rows = self._reader.execute(_REPORT, bounds).fetchall()
-        return [
-            ReportRow(
-                key_id=key_id,
-                tenant=tenant,
-                day=day,
-                requests=requests,
-                prompt_tokens=prompt,
-                cached_tokens=cached,
-                completion_tokens=completion,
-                cost_usd=cost,
-            )
-            for key_id, tenant, day, requests, prompt, cached, completion, cost in rows
-        ]
+        return [ReportRow.of(row) for row in rows]
 
 
 def _insert(db: sqlite3.Connection, records: list[UsageRecord]) -> None:

@@ -28,7 +28,7 @@ import asyncpg
 import msgspec
 
 from edge.ledger import ReportRow, UsageRecord
-from edge.pg_schema import CONNECT_TIMEOUT_S, PG_ERRORS, ensure_table, explain
+from edge.pg_schema import CONNECT_TIMEOUT_S, PG_ERRORS, Table, connect, explain
 
 log = logging.getLogger("nearshore.ledger")
 
@@ -46,6 +46,7 @@ _DDL = (
     )
     + f"); CREATE INDEX IF NOT EXISTS {TABLE}_key_ts ON {TABLE} (key_id, ts)"
 )
+_TABLE = Table("ledger", SCHEMA_VERSION, TABLE, _DDL, _COLUMNS)
 _MARKS = ", ".join(f"${i + 1}" for i in range(len(_COLUMNS)))
 _INSERT = f"INSERT INTO {TABLE} ({', '.join(_COLUMNS)}) VALUES ({_MARKS}) ON CONFLICT (request_id) DO NOTHING"
 _SELECT_AFTER = f"SELECT rowid, {', '.join(_FIELDS)} FROM usage WHERE rowid > ? ORDER BY rowid LIMIT ?"
@@ -112,21 +113,7 @@ class FleetLedger:
 
     async def _connect(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
-            conn = await asyncpg.connect(self.url, timeout=CONNECT_TIMEOUT_S)
-            try:
-                await ensure_table(
-                    conn,
-                    component="ledger",
-                    version=SCHEMA_VERSION,
-                    ddl=_DDL,
-                    table=TABLE,
-                    columns=_COLUMNS,
-                    setting=SETTING,
-                )
-            except BaseException:
-                conn.terminate()
-                raise
-            self._conn = conn
+            self._conn = await connect(self.url, _TABLE, SETTING)
         return self._conn
 
     async def run(self) -> None:
@@ -242,16 +229,4 @@ async def fleet_report(url: str, since: float | None, until: float | None, setti
             await conn.close()
     except PG_ERRORS as exc:
         raise explain(url, exc, setting) from None
-    return [
-        ReportRow(
-            key_id=key_id,
-            tenant=tenant,
-            day=day,
-            requests=requests,
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            completion_tokens=completion,
-            cost_usd=cost,
-        )
-        for key_id, tenant, day, requests, prompt, cached, completion, cost in rows
-    ]
+    return [ReportRow.of(tuple(row)) for row in rows]
