@@ -80,8 +80,10 @@ async def _call(store: KnownKeys, method: str, *args: Any, **kwargs: Any) -> Any
 
 
 def _authorized(request: web.Request) -> KnownKeys:
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), request.app[ADMIN_TOKEN].encode()):
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(
+        given.strip().encode(), request.app[ADMIN_TOKEN].encode()
+    ):
         raise ApiError(INVALID_API_KEY, "A valid admin token is needed (Authorization: Bearer TOKEN).")
     return request.app[ADMIN_STORE]
 
