@@ -35,7 +35,7 @@ from aiohttp import web
 
 from cli import build_parser
 from edge.config import EdgeConfig
-from edge.keys import KeyStore
+from edge.keys_admin import MIN_TOKEN_CHARS
 from edge.node import check_config as check_edge_config
 from harness.procs import ManagedProcess, free_port
 from nearshore.config import load_config
@@ -312,9 +312,7 @@ def test_compose_lagos_topology_mounts_what_exists() -> None:
 
 def test_compose_configs_load_and_name_the_compose_services() -> None:
     services = compose()["services"]
-    command = services["edge"]["entrypoint"][-1]
-    argv = command.split("exec ", 1)[1].split()
-    args = parse_nearshore(nearshore_args(argv))
+    args = parse_nearshore(services["edge"]["command"])  # after the image's ENTRYPOINT ["nearshore"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in services["edge"]["volumes"]}
     edge = load_config(str(COMPOSE.parent / mounts[args.config]), EdgeConfig)
     assert urlparse(edge.limits.redis_url).hostname == "redis" and edge.limits.backend == "redis"
@@ -322,7 +320,17 @@ def test_compose_configs_load_and_name_the_compose_services() -> None:
     assert {urlparse(u).hostname for r in edge.regions for u in r.urls()} <= set(services)
     secrets = {f"/run/secrets/{s}" for s in services["edge"]["secrets"]}
     assert {edge.tls.cert, edge.tls.key} <= secrets
-    assert "/run/secrets/edge_keys" in command and edge.keys_db in command
+    # Fleet mode: keys and the bill in the compose PostgreSQL, whose password is a secret for the server and
+    # the edge's PGPASSWORD (from the env file make-secrets.sh writes), never the config.
+    assert edge.keys.backend == "postgres" and edge.ledger.postgres_url == edge.keys.postgres_url
+    assert (
+        urlparse(edge.keys.postgres_url).hostname == "postgres"
+        and "postgres" in services["edge"]["depends_on"]
+    )
+    server = services["postgres"]
+    password = server["environment"]["POSTGRES_PASSWORD_FILE"]
+    assert password == f"/run/secrets/{server['secrets'][0]}"
+    assert services["edge"]["env_file"] == ["./secrets/edge.env"]
     check(edge)
     for name, service in services.items():
         if "region" in service.get("build", {}).get("dockerfile", ""):
@@ -346,11 +354,10 @@ def test_make_secrets_makes_every_secret_compose_mounts(tmp_path: Path) -> None:
     files = {name: tmp_path / Path(s["file"]).name for name, s in compose()["secrets"].items()}
     assert all(f.is_file() for f in files.values()), files
     ssl.create_default_context().load_cert_chain(files["edge_tls_cert"], files["edge_tls_key"])
-    store = KeyStore(files["edge_keys"])
-    try:
-        assert len(store.list()) == 1
-    finally:
-        store.close()
+    env = dict(line.split("=", 1) for line in (tmp_path / "edge.env").read_text().splitlines())
+    assert env["PGPASSWORD"] == files["postgres_password"].read_text() and len(env["PGPASSWORD"]) >= 24
+    assert len(env["NEARSHORE_ADMIN_TOKEN"]) >= MIN_TOKEN_CHARS
+    assert (tmp_path / "edge.env").stat().st_mode & 0o077 == 0  # the edge's credentials: owner only
     assert all(Path(s["file"]).parent == Path("secrets") for s in compose()["secrets"].values())
 
 
