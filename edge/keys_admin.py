@@ -28,7 +28,7 @@ from aiohttp import web
 
 from edge.keys import ApiKey, KeyChange, KeySettings, KeyStore, KnownKeys
 from nearshore.httpkit import read_json
-from nearshore.protocol.errors import INVALID_API_KEY, INVALID_REQUEST, NOT_FOUND, ApiError
+from nearshore.protocol.errors import INVALID_API_KEY, INVALID_REQUEST, KEYS_UNAVAILABLE, NOT_FOUND, ApiError
 
 TOKEN_ENV = "NEARSHORE_ADMIN_TOKEN"
 # Shorter tokens are refused at start: the admin API can issue keys.
@@ -71,12 +71,16 @@ def add_admin_routes(app: web.Application, store: KnownKeys, token: str) -> None
 
 
 async def _call(store: KnownKeys, method: str, *args: Any, **kwargs: Any) -> Any:
-    """Run a store operation off the loop (the SQLite store blocks) or await it (the PostgreSQL one)."""
+    """Run a store operation off the loop (the SQLite store blocks) or await it (the PostgreSQL one); a
+    store out of reach is a 503 the caller may retry."""
     operation = getattr(store, method)
-    if isinstance(store, KeyStore):
-        return await asyncio.to_thread(operation, *args, **kwargs)
-    result = operation(*args, **kwargs)
-    return await result if inspect.isawaitable(result) else result
+    try:
+        if isinstance(store, KeyStore):
+            return await asyncio.to_thread(operation, *args, **kwargs)
+        result = operation(*args, **kwargs)
+        return await result if inspect.isawaitable(result) else result
+    except ConnectionError as exc:
+        raise ApiError(KEYS_UNAVAILABLE, f"The key store is out of reach: {exc}", retry_after_s=5) from None
 
 
 def _authorized(request: web.Request) -> KnownKeys:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -77,6 +77,11 @@ CREATE OR REPLACE TRIGGER nearshore_key_changed AFTER INSERT OR UPDATE OR DELETE
 # How often a quiet listening connection is asked whether it still answers (a vanished host closes no socket).
 _PING_EVERY_S = 2.0
 _RECONNECT_BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
+
+
+class KeysUnavailable(ConnectionError):
+    """An admin operation found PostgreSQL out of reach (the request path is served from the copy)."""
+
 
 _TABLE = Table("keys", SCHEMA_VERSION, TABLE, _DDL, _COLUMNS)
 _Errors = PG_ERRORS
@@ -203,7 +208,7 @@ class PgKeyStore(KnownKeys):
                     await self._reload(changed)
                     if reloaded is not None:
                         reloaded()
-            except _Errors as exc:
+            except (*_Errors, StoreError) as exc:  # StoreError: the table was replaced meanwhile
                 if self._lost_at is None:
                     self._lost_at = time.monotonic()
                     log.warning(
@@ -247,6 +252,16 @@ class PgKeyStore(KnownKeys):
             raise ConnectionResetError("not connected to PostgreSQL")
         return self._conn
 
+    @contextlib.asynccontextmanager
+    async def _admin(self) -> AsyncIterator[asyncpg.Connection]:
+        """The connection for one admin operation, alone on it; PostgreSQL out of reach is
+        KeysUnavailable (the admin API's 503), a value it refuses stays the caller's error."""
+        async with self._lock:
+            try:
+                yield self._live()
+            except (OSError, TimeoutError, asyncpg.InterfaceError) as exc:
+                raise KeysUnavailable(f"{self.setting}: PostgreSQL out of reach: {exc}") from None
+
     # --- admin ----------------------------------------------------------------------------------------
 
     async def create(self, tenant: str, **settings: object) -> tuple[str, ApiKey]:
@@ -269,9 +284,9 @@ class PgKeyStore(KnownKeys):
                 key.substitute,
             )
             marks = ", ".join(f"${i}" for i in range(1, len(_COLUMNS) + 1))
-            async with self._lock:
+            async with self._admin() as conn:
                 try:
-                    await self._live().execute(
+                    await conn.execute(
                         f"INSERT INTO {TABLE} ({', '.join(_COLUMNS)}) VALUES ({marks})", *values
                     )
                 except asyncpg.UniqueViolationError:  # a key_id collision (1 in 2**48 per pair)
@@ -281,32 +296,30 @@ class PgKeyStore(KnownKeys):
 
     async def update(self, key_id: str, change: KeyChange) -> ApiKey | None:
         """Change a key's limits or rights; None when there is no such key."""
-        async with self._lock:
-            conn = self._live()
-            async with conn.transaction():
-                row = await conn.fetchrow(f"SELECT * FROM {TABLE} WHERE key_id = $1 FOR UPDATE", key_id)
-                if row is None:
-                    return None
-                key = change.applied_to(_record(row)[0])
-                await conn.execute(
-                    f"UPDATE {TABLE} SET tier = $2, rpm = $3, tpm = $4, models = $5, budget_usd = $6, "
-                    "debug = $7, substitute = $8, updated_at = $9 WHERE key_id = $1",
-                    key_id,
-                    key.tier,
-                    key.rpm,
-                    key.tpm,
-                    key.models,
-                    key.budget_usd,
-                    key.debug,
-                    key.substitute,
-                    time.time(),
-                )
+        async with self._admin() as conn, conn.transaction():
+            row = await conn.fetchrow(f"SELECT * FROM {TABLE} WHERE key_id = $1 FOR UPDATE", key_id)
+            if row is None:
+                return None
+            key = change.applied_to(_record(row)[0])
+            await conn.execute(
+                f"UPDATE {TABLE} SET tier = $2, rpm = $3, tpm = $4, models = $5, budget_usd = $6, "
+                "debug = $7, substitute = $8, updated_at = $9 WHERE key_id = $1",
+                key_id,
+                key.tier,
+                key.rpm,
+                key.tpm,
+                key.models,
+                key.budget_usd,
+                key.debug,
+                key.substitute,
+                time.time(),
+            )
         return key
 
     async def revoke(self, key_id: str) -> bool:
         """Revoke a key; False when there is no such key or it was already revoked."""
-        async with self._lock:
-            status = await self._live().execute(
+        async with self._admin() as conn:
+            status = await conn.execute(
                 f"UPDATE {TABLE} SET revoked = TRUE, updated_at = $2 WHERE key_id = $1 AND NOT revoked",
                 key_id,
                 time.time(),
@@ -314,11 +327,11 @@ class PgKeyStore(KnownKeys):
         return status != "UPDATE 0"
 
     async def list(self) -> list[ApiKey]:
-        async with self._lock:
-            rows = await self._live().fetch(f"SELECT * FROM {TABLE} ORDER BY created_at, key_id")
+        async with self._admin() as conn:
+            rows = await conn.fetch(f"SELECT * FROM {TABLE} ORDER BY created_at, key_id")
         return [_record(row)[0] for row in rows]
 
     async def get(self, key_id: str) -> ApiKey | None:
-        async with self._lock:
-            row = await self._live().fetchrow(f"SELECT * FROM {TABLE} WHERE key_id = $1", key_id)
+        async with self._admin() as conn:
+            row = await conn.fetchrow(f"SELECT * FROM {TABLE} WHERE key_id = $1", key_id)
         return None if row is None else _record(row)[0]

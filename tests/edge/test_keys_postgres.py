@@ -12,7 +12,7 @@ from collections.abc import Callable
 import pytest
 
 from edge.keys import KeyChange
-from edge.keys_pg import KeyStoreError, PgKeyStore
+from edge.keys_pg import KeyStoreError, KeysUnavailable, PgKeyStore
 from nearshore.children import nearshore_argv
 from tests.conftest import Postgres
 
@@ -100,6 +100,8 @@ async def test_out_of_reach_known_keys_are_served_for_the_grace_then_nothing(pos
         assert patient.authenticate(known).reason == "ok"  # served from the copy
         assert patient.authenticate(never_seen).reason == "unavailable"  # may exist: not a 401
         assert patient.status().startswith("out of reach")
+        with pytest.raises(KeysUnavailable):  # the admin API's 503, not a 500
+            await patient.revoke("000000000000")
         await until(lambda: not strict.trusted())
         assert strict.authenticate(known).reason == "unavailable"  # past its grace: nothing is served
 
