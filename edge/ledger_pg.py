@@ -28,7 +28,7 @@ import asyncpg
 import msgspec
 
 from edge.ledger import ReportRow, UsageRecord
-from edge.pg_schema import CONNECT_TIMEOUT_S, PG_ERRORS, Table, connect, explain
+from edge.pg_schema import CONNECT_TIMEOUT_S, PG_ERRORS, StoreError, Table, connect, explain
 
 log = logging.getLogger("nearshore.ledger")
 
@@ -126,11 +126,18 @@ class FleetLedger:
                     log.warning("%s: PostgreSQL is back; the bill is caught up", SETTING)
                 self.reachable, failures = True, 0
                 await asyncio.sleep(SHIP_EVERY_S)
-            except PG_ERRORS as exc:
+            except (*PG_ERRORS, StoreError) as exc:  # StoreError: the table was replaced meanwhile
                 if self.reachable:
                     log.warning("%s: PostgreSQL out of reach (%s): rows wait in the ledger", SETTING, exc)
                 self.reachable = False
                 await self._drop()
+                await asyncio.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
+                failures += 1
+            except sqlite3.Error as exc:  # the ledger file could not be read this time: the rows stay in it
+                if not failures:
+                    log.warning(
+                        "%s: reading the ledger %s failed (%s); retrying", SETTING, self.ledger_path, exc
+                    )
                 await asyncio.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
                 failures += 1
 
@@ -164,7 +171,7 @@ class FleetLedger:
         try:
             async with asyncio.timeout(FINAL_SHIP_S):
                 await self.ship_all()
-        except (*PG_ERRORS, TimeoutError) as exc:
+        except (*PG_ERRORS, StoreError, sqlite3.Error, TimeoutError) as exc:
             log.warning(
                 "%s: %d rows not yet shipped at shutdown (%s); they go at the next start",
                 SETTING,
