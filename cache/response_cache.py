@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import msgspec
 import numpy as np
@@ -31,6 +31,9 @@ from cache.embedder_pool import EmbedderBusy, EmbedderPool, OutOfScope
 from cache.keys import CacheKey
 from cache.store import CacheStore, Entry, StoreLimits
 from cache.verify import semantic_allowed
+
+if TYPE_CHECKING:
+    from cache.city_share import CityShare  # redis: imported where a city shares its cache
 
 log = logging.getLogger("nearshore.cache")
 LOG_EVERY_S = 60.0
@@ -113,6 +116,7 @@ class ResponseCache:
         self._background: set[asyncio.Future] = set()  # reads being recorded for the LRU
         self.deferred = DeferredIndex(embedder, self.store)  # answers stored while the embedder was full
         self.shed = 0  # lookups that found every embedding slot taken (a miss, not a failure)
+        self.share: CityShare | None = None  # the city's other edges, told of every change (city_share.py)
         self._logged_at: dict[str, float] = {}  # when each kind of failure was last logged
 
     @property
@@ -248,6 +252,8 @@ class ResponseCache:
             saved = await asyncio.to_thread(self.store.put, key.exact, entry, vector, replace)
             if saved and later:
                 self.deferred.add(key, entry, regions)
+            if saved and self.share is not None:
+                self.share.stored(key.exact, entry, vector, replace)
         except Exception as exc:
             self._broke("store", exc)
             return False
@@ -260,6 +266,8 @@ class ResponseCache:
             await asyncio.to_thread(self.store.delete, exact)
         except Exception as exc:
             self._broke("evict", exc)
+        if self.share is not None:
+            self.share.evicted(exact)
 
     def _broke(self, what: str, exc: BaseException) -> None:
         reason = f"{what} failed: {type(exc).__name__}: {exc}"[:300]

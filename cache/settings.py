@@ -70,3 +70,8 @@ class CacheSettings(Struct, forbid_unknown_fields=True, kw_only=True):
     # The judge's threshold where the live audit has not learned a partition's own (cache/audit_judge.py):
     # 0 takes it from target_false_hit_rate; 1.01 lets the judge serve only where the audit proved it.
     judge_threshold: Annotated[float, Meta(ge=0, le=1.01)] = 0.0
+    # One cache for a city's edges (cache/city_share.py): each edge's stores, replacements and evictions
+    # go to a stream in this Redis and every other edge applies them to its own store. "": this edge alone.
+    share_redis_url: str = ""
+    # The changes the stream keeps (a new edge rebuilds its replica from them).
+    share_stream_max: Annotated[int, Meta(ge=1000)] = 200_000

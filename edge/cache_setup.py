@@ -6,6 +6,8 @@ edge: it starts without the cache (or without its semantic level), says why in t
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -61,6 +63,12 @@ def make_cache(config: EdgeConfig, upstreams: UpstreamPool) -> tuple[ResponseCac
         return None, f"cannot open {folder}: {exc}"
     if why_not:
         cache.semantic_off = why_not
+    if settings.share_redis_url:
+        from cache.city_share import CityShare  # redis only where a city shares its cache
+
+        cache.share = CityShare(
+            settings.share_redis_url, cache.store, dim or 1, folder, settings.share_stream_max
+        )
     return cache, ""
 
 
@@ -110,11 +118,18 @@ def _embedder(
 def cache_lifetime(state: EdgeState):
     async def lifetime(_app: web.Application) -> AsyncIterator[None]:
         cache = state.cache
+        shared: asyncio.Task | None = None
         if cache is not None:
             await cache.embedder.start()
             if not cache.semantic_off:  # the verifier's word list, built apart and read off the loop
                 state.in_background(build_apart())
+            if cache.share is not None:
+                shared = asyncio.create_task(cache.share.run())
         yield
+        if shared is not None:
+            shared.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await shared
         if cache is not None:
             await cache.embedder.close()
             cache.close()

@@ -385,6 +385,8 @@ def value_problems(config: EdgeConfig) -> list[str]:
                 )
     if config.limits.backend == "redis":
         problems += _redis_url_problems(config.limits.redis_url)
+    if config.cache.share_redis_url:
+        problems += _redis_url_problems(config.cache.share_redis_url, "cache.share_redis_url")
     postgres = config.keys.backend == "postgres"
     if postgres and (problem := postgres_url_problem(config.keys.postgres_url, "keys.postgres_url")):
         problems.append(problem)
@@ -452,13 +454,13 @@ def non_finite_numbers(value: object, key: str = "") -> list[str]:
     return [problem for name, item in items for problem in non_finite_numbers(item, name)]
 
 
-def _redis_url_problems(url: str) -> list[str]:
+def _redis_url_problems(url: str, setting: str = "limits.redis_url") -> list[str]:
     from redis.connection import parse_url  # only an edge that uses Redis needs it parsed
 
     try:
         parse_url(url)
     except ValueError as exc:  # the URL itself is not repeated: it may hold a password
-        return [f"limits.redis_url: {exc}"]
+        return [f"{setting}: {exc}"]
     return []
 
 

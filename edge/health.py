@@ -100,6 +100,7 @@ def operator_health(state: EdgeState) -> dict:
         },
         "regions": {u.name: u.status(now) for u in state.pool.upstreams},
         "cache": cache_health(state),
+        "cache_share": state.cache.share.health() if state.cache and state.cache.share else None,
         "cache_audit": audit_health(state),
     }
 

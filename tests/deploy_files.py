@@ -180,3 +180,19 @@ def secret_names(spec: dict) -> set[str]:
     containers = spec.get("initContainers", []) + spec["containers"]
     refs = [e["valueFrom"]["secretKeyRef"] for c in containers for e in c.get("env", []) if "valueFrom" in e]
     return mounted | {ref["name"] for ref in refs if "name" in ref}
+
+
+def nearshore_args(argv: list[str]) -> list[str]:
+    """A container's command without the program: `nearshore region ...` -> `region ...`."""
+    assert argv[0] == "nearshore", argv
+    return argv[1:]
+
+
+def parse_nearshore(args: list[str]):
+    """Parse with the real CLI: an unknown subcommand or option exits with status 2."""
+    from cli import build_parser
+
+    try:
+        return build_parser().parse_args(args)
+    except SystemExit as exc:
+        raise AssertionError(f"`nearshore {' '.join(args)}` is not a valid command") from exc

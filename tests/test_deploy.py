@@ -33,7 +33,6 @@ import pytest
 import yaml
 from aiohttp import web
 
-from cli import build_parser
 from edge.config import EdgeConfig
 from edge.keys_admin import MIN_TOKEN_CHARS
 from edge.node import check_config as check_edge_config
@@ -50,8 +49,10 @@ from tests.deploy_files import (
     find,
     kustomize,
     makefile_variables,
+    nearshore_args,
     parse_copy,
     parse_dockerfile,
+    parse_nearshore,
     pip_extras,
     pod_spec,
     secret_names,
@@ -70,20 +71,6 @@ PRESTOP_S = 5
 
 def dockerfile(image: str) -> Dockerfile:
     return parse_dockerfile(DOCKER / f"{image}.Dockerfile")
-
-
-def nearshore_args(argv: list[str]) -> list[str]:
-    """A container's command without the program: `nearshore region ...` -> `region ...`."""
-    assert argv[0] == "nearshore", argv
-    return argv[1:]
-
-
-def parse_nearshore(args: list[str]):
-    """Parse with the real CLI: an unknown subcommand or option exits with status 2."""
-    try:
-        return build_parser().parse_args(args)
-    except SystemExit as exc:
-        raise AssertionError(f"`nearshore {' '.join(args)}` is not a valid command") from exc
 
 
 def load_any(path: Path) -> EdgeConfig | RegionConfig:

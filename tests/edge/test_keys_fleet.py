@@ -13,13 +13,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import openai
 import pytest
 
 from edge.keys_admin import TOKEN_ENV
 from edge.keys_pg import PgKeyStore
 from nearshore.children import nearshore_argv
-from tests.conftest import Postgres
+from tests.conftest import Node, Postgres
 from tests.edge.test_ended_by_edge import TOKENS, Streamed, read_stream
+from tests.edge.test_region import client as openai_client
 from tests.edge_fixtures import Edge, start_edge, start_pacer
 
 pytestmark = pytest.mark.slow
@@ -176,3 +178,33 @@ async def until_details(edge: Edge, holds, tries: int = 400) -> dict:
                 return keys
             await asyncio.sleep(0.025)
     raise AssertionError(f"{edge.metrics_url}: keys stayed {keys}")
+
+
+async def test_three_edges_over_the_real_model_answer_the_official_client_until_its_key_is_revoked(
+    postgres: Postgres, region: Node, tmp_path: Path
+):
+    """The same city over the real llama.cpp region: the official openai client streams through each
+    edge; once its key is revoked (nearshore keys revoke), every edge refuses it."""
+    keys = {"backend": "postgres", "postgres_url": postgres.url}
+    edges = [start_edge(tmp_path / f"edge{i}", [("london", region.url)], keys=keys) for i in range(3)]
+    try:
+        key = await postgres.create_key("acme")
+        for edge in edges:
+            edge.wait_for_key(key)
+            stream = openai_client(edge, key).chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=4, stream=True
+            )
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        key_id = key[len("ns-") : len("ns-") + 12]
+        revoke = nearshore_argv("keys", "revoke", key_id, "--postgres", postgres.url)
+        assert subprocess.run(revoke, capture_output=True, check=False).returncode == 0
+        for edge in edges:
+            refused = await until_status(edge, key, 401)
+            assert refused[-1] == 401
+            with pytest.raises(openai.AuthenticationError):
+                openai_client(edge, key).chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "Hi?"}], max_tokens=2
+                )
+    finally:
+        for edge in edges:
+            edge.stop()

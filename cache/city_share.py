@@ -1,0 +1,204 @@
+"""One response cache for a city's edges, through the city's Redis (``[cache] share_redis_url``).
+
+Each edge keeps its own store (cache/store.py: entries, partitions, the semantic index) and serves only
+from it: a lookup never waits on Redis. What an edge stores, replaces or evicts it also appends to one
+Redis stream; every edge follows the stream and applies the others' changes to its own store, vector
+included, so an answer stored through one edge is an exact hit on the others within the follow's delay
+(milliseconds) and a semantic hit as soon as its row is appended there. The stream is the store the
+replicas are rebuilt from: a new edge (or one whose folder was lost) reads it from its start, an edge that
+restarts from where it stopped (the id is kept in its cache folder). Entries carry their partition (the
+tenant's scope, model and settings), so a tenant's entries are served to no one else on any edge; the
+verifier and the live audit run on each edge's own lookups as before.
+
+Redis out of reach: lookups and stores go on locally; what was stored meanwhile waits in a bounded outbox
+and is appended when Redis answers again, and the follower resumes from its id (an entry trimmed from the
+stream meanwhile is only a miss on the other edges). The stream keeps the last ``share_stream_max``
+changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from cache.store import CacheStore, Entry
+from cache.store_vectors import ID_BYTES
+
+log = logging.getLogger("nearshore.cache")
+
+STREAM = "nearshore:cache:city"
+_OUTBOX_MAX = 10_000  # stored while Redis is away; past it the oldest are only local
+_READ_COUNT = 256
+_BLOCK_MS = 1000
+_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+_decoder = msgspec.msgpack.Decoder(Entry)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class CityShare:
+    """Publishes this edge's cache changes to the city's stream and applies the others' to ``store``."""
+
+    def __init__(
+        self, url: str, store: CacheStore, dim: int, folder: Path, stream_max: int = 200_000
+    ) -> None:
+        self.url = url
+        self.store = store
+        self.dim = dim
+        self.stream_max = stream_max
+        self.origin = os.urandom(8).hex()  # this process: its own changes are not applied twice
+        self._position = folder / "city-stream-position"
+        self.last_id = self._read_position()
+        self._outbox: collections.deque[dict[str, Any]] = collections.deque(maxlen=_OUTBOX_MAX)
+        self._wake = asyncio.Event()
+        self._redis: Redis | None = None
+        self.reachable = True
+        self.published = 0
+        self.applied = 0
+        self.dropped = 0  # changes that never left this edge (the outbox was full)
+
+    # --- what this edge changed (called on the loop, never waits) ---------------------------------------
+
+    def stored(self, exact: str, entry: Entry, vector: np.ndarray | None, replace: bool) -> None:
+        vector_bytes = b"" if vector is None else np.asarray(vector, dtype=np.float32).tobytes()
+        change = {"op": "put", "exact": exact, "entry": _encoder.encode(entry), "vector": vector_bytes}
+        self._send({**change, "replace": "1" if replace else "0"})
+
+    def evicted(self, exact: str) -> None:
+        self._send({"op": "del", "exact": exact})
+
+    def _send(self, fields: dict[str, Any]) -> None:
+        if len(self._outbox) == self._outbox.maxlen:
+            self.dropped += 1
+        self._outbox.append({**fields, "origin": self.origin})
+        self._wake.set()
+
+    # --- the tasks --------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Publish and follow until cancelled."""
+        self._redis = Redis.from_url(self.url, socket_timeout=5.0, socket_connect_timeout=5.0)
+        try:
+            await asyncio.gather(self._publish(), self._follow())
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await self._redis.aclose()
+
+    async def _publish(self) -> None:
+        failures = 0
+        while True:
+            if not self._outbox:
+                self._wake.clear()
+                await self._wake.wait()
+            batch = [self._outbox.popleft() for _ in range(min(len(self._outbox), _READ_COUNT))]
+            try:
+                async with self._client().pipeline(transaction=False) as pipe:
+                    for fields in batch:
+                        pipe.xadd(STREAM, fields, maxlen=self.stream_max, approximate=True)
+                    await pipe.execute()
+            except (RedisError, OSError) as exc:
+                # Back to the front, in order; a full outbox drops its newest (counted).
+                room = _OUTBOX_MAX - len(self._outbox)
+                self.dropped += max(0, len(batch) - room)
+                self._outbox.extendleft(reversed(batch))
+                self._lost(exc)
+                await asyncio.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
+                failures += 1
+                continue
+            self.published += len(batch)
+            failures = 0
+
+    async def _follow(self) -> None:
+        failures = 0
+        while True:
+            try:
+                answer = await self._client().xread(
+                    {STREAM: self.last_id}, count=_READ_COUNT, block=_BLOCK_MS
+                )
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
+                await asyncio.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
+                failures += 1
+                continue
+            if not self.reachable:
+                log.warning("cache: the city's Redis is back; following from %s", self.last_id)
+            self.reachable, failures = True, 0
+            for _stream, messages in answer or []:
+                if messages:
+                    await asyncio.to_thread(self._apply, messages)
+
+    def _client(self) -> Redis:
+        assert self._redis is not None
+        return self._redis
+
+    def _lost(self, exc: BaseException) -> None:
+        if self.reachable:
+            log.warning("cache: the city's Redis is out of reach (%s): serving and storing locally", exc)
+        self.reachable = False
+
+    # --- applying the others' changes (a worker thread) ---------------------------------------------------
+
+    def _apply(self, messages: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        now = time.time()
+        for message_id, fields in messages:
+            try:
+                self._apply_one(fields, now)
+            except Exception as exc:  # a malformed message or a full disk: skipped, never the follower
+                log.warning("cache: a change from the city's stream was not applied: %s", exc)
+            self.last_id = message_id.decode()
+        self._write_position()
+
+    def _apply_one(self, fields: dict[bytes, bytes], now: float) -> None:
+        if fields.get(b"origin", b"").decode() == self.origin:
+            return
+        exact = fields[b"exact"].decode()
+        if len(bytes.fromhex(exact)) != ID_BYTES:  # an exact key is a 16-byte digest, as its index rows hold
+            raise ValueError(f"not an exact key: {exact[:40]!r}")
+        if fields[b"op"] == b"del":
+            self.store.delete(exact)
+        else:
+            entry = _decoder.decode(fields[b"entry"])
+            if entry.expires_s <= now:
+                return
+            vector = self._vector(fields.get(b"vector", b""))
+            self.store.put(exact, entry, vector, replace=fields.get(b"replace") == b"1")
+        self.applied += 1
+
+    def _vector(self, raw: bytes) -> np.ndarray | None:
+        """The sender's vector when it is this edge's kind (same size, finite), else None: exact only."""
+        if not raw or self.dim <= 1 or len(raw) != self.dim * 4:
+            return None
+        vector = np.frombuffer(raw, dtype=np.float32)
+        return vector if np.isfinite(vector).all() else None
+
+    def _read_position(self) -> str:
+        with contextlib.suppress(OSError, ValueError):
+            text = self._position.read_text().strip()
+            if text and all(part.isdigit() for part in text.split("-", 1)):
+                return text
+        return "0"  # a new (or lost) replica: the whole stream
+
+    def _write_position(self) -> None:
+        with contextlib.suppress(OSError):
+            temporary = self._position.with_name(self._position.name + ".tmp")
+            temporary.write_text(self.last_id)
+            os.replace(temporary, self._position)
+
+    def health(self) -> dict[str, object]:
+        return {
+            "state": "up" if self.reachable else "out of reach (serving and storing locally)",
+            "waiting": len(self._outbox),
+            "published": self.published,
+            "applied": self.applied,
+            "dropped": self.dropped,
+        }

@@ -1,0 +1,104 @@
+"""The city share's stream against a real Redis, store to store (cache/city_share.py): a put, a replace
+and an eviction reach another edge's store with the vector; a vector of another size, a malformed or an
+expired change are skipped and the follower goes on; a replica restarted resumes from its position, and
+one whose folder is new rebuilds from the stream's start."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from redis.asyncio import Redis
+
+from cache.city_share import STREAM, CityShare
+from cache.store import CacheStore, Entry
+from tests.redis_server import RedisServer
+
+pytestmark = pytest.mark.slow
+
+DIM = 8
+# Exact keys are hex digests, as the cache makes them.
+KEY = {name: f"{i:02x}" * 16 for i, name in enumerate(("k1", "k2", "k3", "k4"), start=1)}
+
+
+def entry(text: str, partition: str = "p1", ttl_s: float = 3600) -> Entry:
+    now = time.time()
+    return Entry(
+        partition=partition,
+        query="q",
+        kind="chat",
+        text=text,
+        finish_reason="stop",
+        completion_tokens=1,
+        model="m",
+        created_s=now,
+        expires_s=now + ttl_s,
+    )
+
+
+def unit(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+def replica(folder: Path, url: str, dim: int = DIM) -> tuple[CacheStore, CityShare]:
+    store = CacheStore(folder, dim, 1 << 24)
+    return store, CityShare(url, store, dim, folder)
+
+
+async def test_changes_reach_the_other_stores_and_bad_ones_are_skipped(tmp_path: Path):
+    with RedisServer(tmp_path / "redis") as redis:
+        store_a, share_a = replica(tmp_path / "a", redis.url)
+        store_b, share_b = replica(tmp_path / "b", redis.url)
+        tasks = [asyncio.create_task(s.run()) for s in (share_a, share_b)]
+        try:
+            share_a.stored(KEY["k1"], entry("first"), unit(1), replace=False)
+            await until(lambda: store_b.peek(KEY["k1"]) is not None)
+            assert store_b.peek(KEY["k1"]).text == "first"
+            assert store_b.nearest("p1", unit(1), 1, 0.99)[0][1] == KEY["k1"]  # the vector came with it
+
+            share_a.stored(KEY["k1"], entry("fresh"), None, replace=True)  # Cache-Control: no-cache
+            await until(lambda: store_b.peek(KEY["k1"]).text == "fresh")
+            share_b.evicted(KEY["k1"])  # the audit found it wrong on B
+            await until(lambda: store_a.peek(KEY["k1"]) is None)
+
+            # Planted junk and a vector of another size: skipped, and the follower goes on.
+            client = Redis.from_url(redis.url)
+            await client.xadd(STREAM, {"op": "put", "exact": "ab" * 16, "entry": b"\x00", "origin": "x"})
+            await client.xadd(STREAM, {"op": "put", "exact": "abcd", "entry": b"\x00", "origin": "x"})
+            await client.aclose()
+            share_a.stored(KEY["k2"], entry("wrong size"), np.ones(DIM + 1, np.float32), replace=False)
+            share_a.stored(KEY["k3"], entry("gone", ttl_s=-1), unit(3), replace=False)
+            share_a.stored(KEY["k4"], entry("last"), unit(4), replace=False)
+            await until(lambda: store_b.peek(KEY["k4"]) is not None)
+            assert store_b.peek("ab" * 16) is None and store_b.peek(KEY["k3"]) is None
+            assert store_b.peek(KEY["k2"]).text == "wrong size"  # an exact hit only
+            assert [k for _, k in store_b.nearest("p1", unit(4), 5, 0.5)] == [KEY["k4"]]
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        # B restarted: it resumes after what it applied; a new folder rebuilds from the stream's start.
+        again = CityShare(redis.url, store_b, DIM, tmp_path / "b")
+        assert again.last_id == share_b.last_id != "0"
+        store_c, share_c = replica(tmp_path / "c", redis.url)
+        task = asyncio.create_task(share_c.run())
+        try:
+            await until(lambda: store_c.peek(KEY["k4"]) is not None)
+            assert store_c.peek(KEY["k1"]) is None  # put, replaced, then evicted: in order
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        for store in (store_a, store_b, store_c):
+            store.close()
