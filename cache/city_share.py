@@ -32,6 +32,7 @@ import numpy as np
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from cache import admin
 from cache.store import CacheStore, Entry
 from cache.store_vectors import ID_BYTES
 
@@ -161,6 +162,13 @@ class CityShare:
     def _apply_one(self, fields: dict[bytes, bytes], now: float) -> None:
         if fields.get(b"origin", b"").decode() == self.origin:
             return
+        if fields[b"op"] == b"clear":  # `nearshore cache clear` on one edge: the same on every edge
+            partition = fields.get(b"partition", b"").decode() or None
+            older = fields.get(b"older_than_s", b"").decode()
+            at = float(fields[b"at"])
+            admin.clear(self.store.folder, partition, float(older) if older else None, now=at)
+            self.applied += 1
+            return
         exact = fields[b"exact"].decode()
         if len(bytes.fromhex(exact)) != ID_BYTES:  # an exact key is a 16-byte digest, as its index rows hold
             raise ValueError(f"not an exact key: {exact[:40]!r}")
@@ -202,3 +210,21 @@ class CityShare:
             "applied": self.applied,
             "dropped": self.dropped,
         }
+
+
+def announce_clear(url: str, partition: str | None, older_than_s: float | None) -> None:
+    """Tell every edge of the city to clear what ``nearshore cache clear`` cleared here (applied in order
+    with the stores around it: what was stored before the clear is cleared, what comes after stays)."""
+    import redis  # the operator's CLI, synchronous
+
+    client = redis.Redis.from_url(url, socket_timeout=5.0, socket_connect_timeout=5.0)
+    fields = {"op": "clear", "partition": partition or "", "at": repr(time.time()), "origin": "cli"}
+    fields["older_than_s"] = "" if older_than_s is None else repr(older_than_s)
+    try:
+        client.xadd(STREAM, fields)
+    except RedisError as exc:  # one line from the CLI, as its other failures are
+        raise ConnectionError(
+            f"cache.share_redis_url: the city's Redis did not take the clear: {exc}"
+        ) from None
+    finally:
+        client.close()

@@ -180,6 +180,11 @@ def cache_folder(args: argparse.Namespace) -> Path:
     return Path(config.ledger_db).expanduser().parent / "cache"
 
 
+def _city_redis(args: argparse.Namespace) -> str:
+    """The Redis the edge's config shares its cache through ("" for --folder, or an edge alone)."""
+    return load_config(args.config, EdgeConfig).cache.share_redis_url if args.config is not None else ""
+
+
 def run_cache(args: argparse.Namespace) -> int:
     folder = cache_folder(args)
     try:
@@ -190,11 +195,16 @@ def run_cache(args: argparse.Namespace) -> int:
             partition = admin.resolve_partition(folder, args.partition) if args.partition else None
             removed = admin.clear(folder, partition=partition, older_than_s=args.older_than)
             print(f"removed {removed} entries from {folder}")
+            if city := _city_redis(args):
+                from cache.city_share import announce_clear  # redis: only where a city shares its cache
+
+                announce_clear(city, partition, args.older_than)
+                print("and asked the city's other edges to clear the same (cache.share_redis_url)")
         else:
             partition = admin.resolve_partition(folder, args.partition) if args.partition else None
             shown = admin.inspect(folder, partition=partition, grep=args.grep, limit=args.limit)
             print(_format_inspect(shown, args.show_tenants))
-    except (admin.NoCache, ValueError) as exc:
+    except (admin.NoCache, ValueError, OSError) as exc:
         print(f"nearshore cache: {exc}", file=sys.stderr)
         return 1
     return 0

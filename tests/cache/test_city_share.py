@@ -6,6 +6,7 @@ one whose folder is new rebuilds from the stream's start."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from redis.asyncio import Redis
 
 from cache.city_share import STREAM, CityShare
 from cache.store import CacheStore, Entry
+from nearshore.children import nearshore_argv
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -101,4 +103,43 @@ async def test_changes_reach_the_other_stores_and_bad_ones_are_skipped(tmp_path:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         for store in (store_a, store_b, store_c):
+            store.close()
+
+
+async def test_a_clear_on_one_edge_clears_the_others_in_order(tmp_path: Path):
+    """`nearshore cache clear --config` on an edge that shares its cache: the same clear on every edge,
+    applied between the stores around it (what came after it stays)."""
+    with RedisServer(tmp_path / "redis") as redis:
+        store_a, share_a = replica(tmp_path / "a", redis.url)
+        store_b, share_b = replica(tmp_path / "b", redis.url)
+        tasks = [asyncio.create_task(s.run()) for s in (share_a, share_b)]
+        try:
+            for name, stored in (
+                ("k1", entry("p1's", partition="p1")),
+                ("k2", entry("p2's", partition="p2")),
+            ):
+                store_a.put(KEY[name], stored, unit(1), replace=False)  # as the edge stores, then shares
+                share_a.stored(KEY[name], stored, unit(1), replace=False)
+            await until(lambda: store_b.peek(KEY["k2"]) is not None)
+            config = tmp_path / "edge.toml"
+            config.write_text(
+                f'[cache]\nfolder = "{tmp_path / "a"}"\nshare_redis_url = "{redis.url}"\n'
+                '[[regions]]\nname = "r"\nurl = "http://127.0.0.1:9"\n'
+            )
+            done = await asyncio.to_thread(
+                subprocess.run,
+                nearshore_argv("cache", "clear", "--config", str(config), "--partition", "p1"),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert done.returncode == 0 and "the city's other edges" in done.stdout, done.stderr
+            share_a.stored(KEY["k3"], entry("after the clear", partition="p1"), unit(3), replace=False)
+            await until(lambda: store_b.peek(KEY["k3"]) is not None)
+            assert store_b.peek(KEY["k1"]) is None and store_b.peek(KEY["k2"]).text == "p2's"
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for store in (store_a, store_b):
             store.close()
