@@ -19,18 +19,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import aiohttp
 
 from bench import peers
-from edge.keys import KeyStore
+from edge.keys import KeyStore, KnownKeys, store_call
 from harness.postgres import PostgresServer
 from harness.procs import ManagedProcess, free_port
 from harness.stats import percentile
-
-if TYPE_CHECKING:
-    from edge.keys_pg import PgKeyStore  # asyncpg: imported where the bench runs, not with the CLI
 from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps
 
@@ -88,28 +84,6 @@ class BackendResult:
         }
 
 
-class Admin:
-    """The operator's side of one backend: ``nearshore keys`` as a library."""
-
-    def __init__(self, sqlite: KeyStore | None = None, pg: PgKeyStore | None = None) -> None:
-        self.sqlite, self.pg = sqlite, pg
-
-    async def create(self) -> tuple[str, str]:
-        if self.pg is not None:
-            plaintext, key = await self.pg.create("bench", rpm=10**9, tpm=10**12)
-        else:
-            assert self.sqlite is not None
-            plaintext, key = await asyncio.to_thread(self.sqlite.create, "bench", rpm=10**9, tpm=10**12)
-        return plaintext, key.key_id
-
-    async def revoke(self, key_id: str) -> None:
-        if self.pg is not None:
-            await self.pg.revoke(key_id)
-        else:
-            assert self.sqlite is not None
-            await asyncio.to_thread(self.sqlite.revoke, key_id)
-
-
 def start_edges(logs: Path, backend: str, region_url: str, count: int, keys: dict) -> list[peers.Endpoint]:
     edges = []
     for i in range(count):
@@ -160,10 +134,10 @@ async def _stream_until_cut(
                 return
 
 
-async def one_round(admin: Admin, edges: Sequence[peers.Endpoint], result: BackendResult) -> None:
+async def one_round(store: KnownKeys, edges: Sequence[peers.Endpoint], result: BackendResult) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         start = time.perf_counter()
-        plaintext, key_id = await admin.create()
+        plaintext, key = await store_call(store, "create", "bench", rpm=10**9, tpm=10**12)
         result.created_ms += await asyncio.gather(*(_accepted(s, e.url, plaintext, start) for e in edges))
         events = [asyncio.Event() for _ in edges]
         cuts: list[float] = []
@@ -173,7 +147,7 @@ async def one_round(admin: Admin, edges: Sequence[peers.Endpoint], result: Backe
         ]
         await asyncio.wait_for(asyncio.gather(*(ev.wait() for ev in events)), 30)
         start = time.perf_counter()
-        await admin.revoke(key_id)
+        await store_call(store, "revoke", key.key_id)
         await asyncio.wait_for(asyncio.gather(*streams), 30)
         result.revoked_ms += [(cut - start) * 1000 for cut in cuts]
 
@@ -192,30 +166,28 @@ async def timed_requests(edge: peers.Endpoint, key: str, count: int, result: Bac
 
 
 async def measure(settings: KeysBench, logs: Path, backend: str, pacer_url: str, pg: PostgresServer) -> dict:
-    from edge.keys_pg import PgKeyStore
+    from edge.keys_pg import PgKeyStore  # asyncpg: imported where the bench runs, not with the CLI
 
     result = BackendResult(backend)
+    store: KnownKeys
     if backend == "postgres":
         url = pg.url()
-        admin = Admin(pg=await PgKeyStore(url).open())
+        store = await PgKeyStore(url).open()
         keys = {"backend": "postgres", "postgres_url": url}
     else:
-        admin = Admin(sqlite=KeyStore(logs / f"{backend}-keys.sqlite3"))
+        store = KeyStore(logs / f"{backend}-keys.sqlite3")
         keys = {"backend": "sqlite"}
     edges = start_edges(logs, backend, pacer_url, settings.edges, keys)
     try:
         for _ in range(settings.rounds):
-            await one_round(admin, edges, result)
-        plaintext, _ = await admin.create()
+            await one_round(store, edges, result)
+        plaintext, _ = await store_call(store, "create", "bench", rpm=10**9, tpm=10**12)
         await asyncio.gather(*(_accepted_on(e, plaintext) for e in edges[:1]))
         await timed_requests(edges[0], plaintext, settings.requests, result)
     finally:
         for edge in edges:
             edge.process.stop()
-        if admin.pg is not None:
-            await admin.pg.close()
-        if admin.sqlite is not None:
-            admin.sqlite.close()
+        await store_call(store, "close")
     return result.summary()
 
 

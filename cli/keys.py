@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import math
 import sqlite3
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edge.config import DATA_DIR, open_named_file
-from edge.keys import MAX_PER_MINUTE, ApiKey, KeyChange, KeyStore
+from edge.keys import MAX_PER_MINUTE, ApiKey, KeyChange, KeyStore, store_call
 from edge.ledger import Ledger, ReportRow
 
 if TYPE_CHECKING:
@@ -132,7 +131,7 @@ async def _keys(args: argparse.Namespace) -> int:
     try:
         return await _act(store, args)
     finally:
-        await _settled(store.close())
+        await store_call(store, "close")
 
 
 async def _open_store(args: argparse.Namespace) -> KeyStore | PgKeyStore:
@@ -146,11 +145,6 @@ async def _open_store(args: argparse.Namespace) -> KeyStore | PgKeyStore:
         raise ValueError(str(exc)) from None
 
 
-async def _settled(value: Any) -> Any:
-    """The SQLite store answers at once, the PostgreSQL one is awaited: one code path for both."""
-    return await value if inspect.isawaitable(value) else value
-
-
 async def _act(store: KeyStore | PgKeyStore, args: argparse.Namespace) -> int:
     if args.keys_command == "create":
         settings = {
@@ -162,25 +156,25 @@ async def _act(store: KeyStore | PgKeyStore, args: argparse.Namespace) -> int:
             "debug": args.debug,
             "substitute": args.substitute,
         }
-        plaintext, key = await _settled(store.create(args.tenant, **settings))
+        plaintext, key = await store_call(store, "create", args.tenant, **settings)
         print(f"key:    {plaintext}")
         print(f"key_id: {key.key_id}")
         print("This key will not be shown again: store it now.", file=sys.stderr)
         return 0
     if args.keys_command == "list":
-        print(format_table(_KEY_HEADER, [_key_row(key) for key in await _settled(store.list())]))
+        print(format_table(_KEY_HEADER, [_key_row(key) for key in await store_call(store, "list")]))
         return 0
     if args.keys_command == "update":
-        changed = await _settled(store.update(args.key_id, _change(args)))
+        changed = await store_call(store, "update", args.key_id, _change(args))
         if changed is None:
             print(f"nearshore: no such key: {args.key_id}", file=sys.stderr)
             return 1
         print(format_table(_KEY_HEADER, [_key_row(changed)]))
         return 0
-    if await _settled(store.revoke(args.key_id)):
+    if await store_call(store, "revoke", args.key_id):
         print(f"revoked {args.key_id}")
         return 0
-    known = await _settled(store.get(args.key_id))
+    known = await store_call(store, "get", args.key_id)
     print(f"nearshore: {'already revoked' if known else 'no such key'}: {args.key_id}", file=sys.stderr)
     return 0 if known else 1
 

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -422,6 +422,15 @@ class KeyStore(KnownKeys):
         rows = self._db.execute(f"SELECT {_COLUMNS} FROM api_keys").fetchall()
         self._cache = {row[0]: _row_to_key(row) for row in rows}
         self._data_version = version
+
+
+async def store_call(store: KnownKeys, method: str, *args: Any, **kwargs: Any) -> Any:
+    """One admin operation (create, update, revoke, list, get, close) on either store: the SQLite one in a
+    worker thread (it blocks), the PostgreSQL one (edge/keys_pg.py) awaited."""
+    operation = getattr(store, method)
+    if isinstance(store, KeyStore):
+        return await asyncio.to_thread(operation, *args, **kwargs)
+    return await operation(*args, **kwargs)
 
 
 async def refresh_keys(

@@ -16,9 +16,7 @@ no token configured the routes do not exist (404), as on an edge that has none.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
-import inspect
 import os
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from edge.keys import ApiKey, KeyChange, KeySettings, KeyStore, KnownKeys
+from edge.keys import ApiKey, KeyChange, KeySettings, KnownKeys, store_call
 from nearshore.httpkit import read_json
 from nearshore.protocol.errors import INVALID_API_KEY, INVALID_REQUEST, KEYS_UNAVAILABLE, NOT_FOUND, ApiError
 
@@ -71,16 +69,13 @@ def add_admin_routes(app: web.Application, store: KnownKeys, token: str) -> None
 
 
 async def _call(store: KnownKeys, method: str, *args: Any, **kwargs: Any) -> Any:
-    """Run a store operation off the loop (the SQLite store blocks) or await it (the PostgreSQL one); a
-    store out of reach is a 503 the caller may retry."""
-    operation = getattr(store, method)
+    """A store operation: a value no store may hold is a 400, the store out of reach a 503 to retry."""
     try:
-        if isinstance(store, KeyStore):
-            return await asyncio.to_thread(operation, *args, **kwargs)
-        result = operation(*args, **kwargs)
-        return await result if inspect.isawaitable(result) else result
+        return await store_call(store, method, *args, **kwargs)
     except ConnectionError as exc:
         raise ApiError(KEYS_UNAVAILABLE, f"The key store is out of reach: {exc}", retry_after_s=5) from None
+    except ValueError as exc:
+        raise ApiError(INVALID_REQUEST, str(exc)) from None
 
 
 def _authorized(request: web.Request) -> KnownKeys:
@@ -110,10 +105,7 @@ async def create_key(request: web.Request) -> web.Response:
     body = await read_json(request, _new_key)
     settings = msgspec.structs.asdict(body)
     tenant = settings.pop("tenant")
-    try:
-        plaintext, key = await _call(store, "create", tenant, **settings)
-    except ValueError as exc:
-        raise ApiError(INVALID_REQUEST, str(exc)) from None
+    plaintext, key = await _call(store, "create", tenant, **settings)
     return web.json_response({"key": plaintext, "record": _record(key)}, status=201)
 
 
@@ -129,10 +121,7 @@ async def change_key(request: web.Request) -> web.Response:
     store = _authorized(request)
     key_id = request.match_info["key_id"]
     change = await read_json(request, _change)
-    try:
-        key = await _call(store, "update", key_id, change)
-    except ValueError as exc:
-        raise ApiError(INVALID_REQUEST, str(exc)) from None
+    key = await _call(store, "update", key_id, change)
     if key is None:
         raise _missing(key_id)
     return web.json_response(_record(key))
