@@ -21,7 +21,11 @@ against the answer the client got.
   its last ``window`` verdicts, is above the target, the partition serves exact hits only; its would-be
   hits are still judged (for free), and when the lower end is back within the target, they are served again.
 
-Everything here is in memory, one book per edge process: pure bookkeeping, tested without an edge.
+Everything here is in memory, one book per edge process: pure bookkeeping, tested without an edge. Where a
+city's edges share their cache (cache/city_share.py), each edge's decided verdicts are told to the others
+(``Verdict``), whose books record them too (``told``): a partition one edge found wrong stops serving
+semantic hits on every edge, and an entry's raised threshold holds everywhere; each edge's own totals
+(``audited``, ``wrong``, ``counts``) stay its own audits.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Literal
+
+import msgspec
 
 from cache.audit_judge import JudgeEvidence
 
@@ -49,6 +55,17 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+class Verdict(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One decided verdict, as an edge tells the city's other edges (the arguments of ``record``)."""
+
+    partition: str
+    exact: str
+    similarity: float
+    judgement: Literal["agree", "disagree"]
+    mode: Mode
+    judged: float | None = None
 
 
 @dataclass(slots=True)
@@ -129,10 +146,13 @@ class AuditBook:
         judgement: str,
         mode: Mode,
         judged: float | None = None,
+        told: bool = False,
     ) -> Recorded:
         """One verdict on a served (held, or explored) hit; ``judged``: the pair judge's probability when
-        the judge scored it."""
-        self.counts[mode, judgement] = self.counts.get((mode, judgement), 0) + 1
+        the judge scored it; ``told``: another edge of the city reached it (it counts for the partition and
+        the entry, not in this edge's own totals)."""
+        if not told:
+            self.counts[mode, judgement] = self.counts.get((mode, judgement), 0) + 1
         if judgement not in ("agree", "disagree"):
             return Recorded(False, "")
         wrong = judgement == "disagree"
@@ -140,8 +160,9 @@ class AuditBook:
             self.judged.record(partition, judged, wrong)
         if mode == "explored":  # never served: evidence for the judge only
             return Recorded(False, "")
-        self.audited += 1
-        self.wrong += wrong
+        if not told:
+            self.audited += 1
+            self.wrong += wrong
         p = self._partition(partition)
         p.verdicts.append(wrong)
         while len(p.verdicts) > self.window:

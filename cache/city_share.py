@@ -10,6 +10,16 @@ restarts from where it stopped (the id is kept in its cache folder). Entries car
 tenant's scope, model and settings), so a tenant's entries are served to no one else on any edge; the
 verifier and the live audit run on each edge's own lookups as before.
 
+A vector is used only by an edge whose embedder made it (the same model: ``vector_kind``). An entry without a
+usable vector (another model there, or none made) is embedded again by the edge that receives it, in the
+background, and only where the request that stored it could be embedded: the change carries that request's
+data-residency scope (the regions a region-embedding edge may send its question to). An answer stored while
+its edge's embedder was busy travels at once for exact hits, and its vector follows when it is made.
+
+The live audit's decided verdicts travel too (``cache.audit.Verdict``): every edge's book records the
+others', so a partition found wrong through one edge stops serving semantic hits on all of them, and an
+entry's raised threshold holds on all (its eviction travels as any other).
+
 Redis out of reach: lookups and stores go on locally; what was stored meanwhile waits in a bounded outbox
 and is appended when Redis answers again, and the follower resumes from its id (an entry trimmed from the
 stream meanwhile is only a miss on the other edges). The stream keeps the last ``share_stream_max``
@@ -21,9 +31,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
+import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +46,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from cache import admin
+from cache.audit import Verdict
 from cache.store import CacheStore, Entry
 from cache.store_vectors import ID_BYTES
 
@@ -45,17 +59,49 @@ _BLOCK_MS = 1000
 _BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 _decoder = msgspec.msgpack.Decoder(Entry)
 _encoder = msgspec.msgpack.Encoder()
+_verdict_decoder = msgspec.msgpack.Decoder(Verdict)
+_regions_decoder = msgspec.json.Decoder(list[str] | None)
+
+# An entry another edge stored, to embed here: its exact key, the entry, the regions it may be embedded in.
+Reindex = Callable[[str, Entry, frozenset[str] | None], None]
+Learn = Callable[[Verdict], None]  # another edge's audit verdict, for this edge's book
+
+
+def vector_kind(model_dir: Path | None, region_model: str = "") -> str:
+    """What made a vector, so that an edge uses only vectors of its own model: a region's model by name,
+    a local model by its folder's config and files (names and sizes: the same weights wherever installed)."""
+    if region_model:
+        return f"region:{region_model}"
+    if model_dir is None:
+        return ""
+    digest = hashlib.blake2b(digest_size=8)
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(model_dir)}:{path.stat().st_size};".encode())
+    with contextlib.suppress(OSError):
+        digest.update((model_dir / "config.json").read_bytes())
+    return f"local:{digest.hexdigest()}"
 
 
 class CityShare:
     """Publishes this edge's cache changes to the city's stream and applies the others' to ``store``."""
 
     def __init__(
-        self, url: str, store: CacheStore, dim: int, folder: Path, stream_max: int = 200_000
+        self,
+        url: str,
+        store: CacheStore,
+        dim: int,
+        folder: Path,
+        stream_max: int = 200_000,
+        kind: str = "",
+        reindex: Reindex | None = None,
+        learn: Learn | None = None,
     ) -> None:
         self.url = url
         self.store = store
         self.dim = dim
+        self.kind = kind  # vector_kind of this edge's embedder
+        self._reindex = reindex  # embeds an entry here that came without a vector this edge can use
+        self._learn = learn
         self.stream_max = stream_max
         self.origin = os.urandom(8).hex()  # this process: its own changes are not applied twice
         self._position = folder / "city-stream-position"
@@ -70,10 +116,33 @@ class CityShare:
 
     # --- what this edge changed (called on the loop, never waits) ---------------------------------------
 
-    def stored(self, exact: str, entry: Entry, vector: np.ndarray | None, replace: bool) -> None:
+    def stored(
+        self,
+        exact: str,
+        entry: Entry,
+        vector: np.ndarray | None,
+        replace: bool,
+        regions: frozenset[str] | None = None,
+        follows: bool = False,
+    ) -> None:
+        """``regions``: the storing request's residency scope (where its question may be embedded);
+        ``follows``: its vector is being made and comes later (``indexed``)."""
+        change = self._entry_change("put", exact, entry, vector)
+        change["regions"] = msgspec.json.encode(None if regions is None else sorted(regions))
+        self._send({**change, "replace": "1" if replace else "0", "follows": "1" if follows else "0"})
+
+    def indexed(self, exact: str, entry: Entry, vector: np.ndarray) -> None:
+        """The vector of an entry stored earlier without one (its edge's embedder was busy then)."""
+        self._send(self._entry_change("vec", exact, entry, vector))
+
+    def verdict(self, verdict: Verdict) -> None:
+        """A decided verdict of this edge's live audit, for the others' books."""
+        self._send({"op": "verdict", "verdict": _encoder.encode(verdict)})
+
+    def _entry_change(self, op: str, exact: str, entry: Entry, vector: np.ndarray | None) -> dict[str, Any]:
         vector_bytes = b"" if vector is None else np.asarray(vector, dtype=np.float32).tobytes()
-        change = {"op": "put", "exact": exact, "entry": _encoder.encode(entry), "vector": vector_bytes}
-        self._send({**change, "replace": "1" if replace else "0"})
+        entry_bytes = _encoder.encode(entry)
+        return {"op": op, "exact": exact, "entry": entry_bytes, "vector": vector_bytes, "kind": self.kind}
 
     def evicted(self, exact: str) -> None:
         self._send({"op": "del", "exact": exact})
@@ -136,7 +205,8 @@ class CityShare:
             self.reachable, failures = True, 0
             for _stream, messages in answer or []:
                 if messages:
-                    await asyncio.to_thread(self._apply, messages)
+                    for on_loop in await asyncio.to_thread(self._apply, messages):
+                        on_loop()
 
     def _client(self) -> Redis:
         assert self._redis is not None
@@ -149,42 +219,70 @@ class CityShare:
 
     # --- applying the others' changes (a worker thread) ---------------------------------------------------
 
-    def _apply(self, messages: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
-        now = time.time()
+    def _apply(self, messages: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Callable[[], None]]:
+        """Apply the changes to the store; returns what is left to do on the event loop (an entry to embed
+        here, a verdict for the audit's book), in order."""
+        now, on_loop = time.time(), []
         for message_id, fields in messages:
             try:
-                self._apply_one(fields, now)
+                if (then := self._apply_one(fields, now)) is not None:
+                    on_loop.append(then)
             except Exception as exc:  # a malformed message or a full disk: skipped, never the follower
                 log.warning("cache: a change from the city's stream was not applied: %s", exc)
             self.last_id = message_id.decode()
         self._write_position()
+        return on_loop
 
-    def _apply_one(self, fields: dict[bytes, bytes], now: float) -> None:
+    def _apply_one(self, fields: dict[bytes, bytes], now: float) -> Callable[[], None] | None:
         if fields.get(b"origin", b"").decode() == self.origin:
-            return
+            return None
+        if fields[b"op"] == b"verdict":
+            verdict = _verdict_decoder.decode(fields[b"verdict"])
+            self.applied += 1
+            return None if self._learn is None else functools.partial(self._learn, verdict)
         if fields[b"op"] == b"clear":  # `nearshore cache clear` on one edge: the same on every edge
             partition = fields.get(b"partition", b"").decode() or None
             older = fields.get(b"older_than_s", b"").decode()
             at = float(fields[b"at"])
             admin.clear(self.store.folder, partition, float(older) if older else None, now=at)
             self.applied += 1
-            return
+            return None
         exact = fields[b"exact"].decode()
         if len(bytes.fromhex(exact)) != ID_BYTES:  # an exact key is a 16-byte digest, as its index rows hold
             raise ValueError(f"not an exact key: {exact[:40]!r}")
-        if fields[b"op"] == b"del":
+        op, then = fields[b"op"], None
+        if op == b"del":
             self.store.delete(exact)
-        else:
+        elif op in (b"put", b"vec"):
             entry = _decoder.decode(fields[b"entry"])
             if entry.expires_s <= now:
-                return
-            vector = self._vector(fields.get(b"vector", b""))
-            self.store.put(exact, entry, vector, replace=fields.get(b"replace") == b"1")
+                return None
+            vector = self._vector(fields)
+            if op == b"vec":
+                if vector is not None:  # else this edge embedded the entry itself when it came
+                    self.store.add_vector(exact, entry, vector)
+            elif self.store.put(exact, entry, vector, replace=fields.get(b"replace") == b"1"):
+                # Without a vector this edge can use: embedded here, within the request's residency scope,
+                # unless the sender's own (of this edge's kind) is on its way.
+                coming = fields.get(b"follows") == b"1" and self._same_kind(fields)
+                if vector is None and not coming and self._reindex is not None:
+                    regions = _regions_decoder.decode(fields.get(b"regions") or b"null")
+                    scope = None if regions is None else frozenset(regions)
+                    then = functools.partial(self._reindex, exact, entry, scope)
+        else:
+            raise ValueError(f"unknown change {op[:20]!r}")
         self.applied += 1
+        return then
 
-    def _vector(self, raw: bytes) -> np.ndarray | None:
-        """The sender's vector when it is this edge's kind (same size, finite), else None: exact only."""
-        if not raw or self.dim <= 1 or len(raw) != self.dim * 4:
+    def _same_kind(self, fields: dict[bytes, bytes]) -> bool:
+        kind = fields.get(b"kind")  # absent: an edge of an earlier release (MiniLM, as this one was then)
+        return kind is None or kind.decode() == self.kind
+
+    def _vector(self, fields: dict[bytes, bytes]) -> np.ndarray | None:
+        """The sender's vector when this edge's embedder would have made it (same model, same size, finite),
+        else None."""
+        raw = fields.get(b"vector", b"")
+        if not raw or self.dim <= 1 or len(raw) != self.dim * 4 or not self._same_kind(fields):
             return None
         vector = np.frombuffer(raw, dtype=np.float32)
         return vector if np.isfinite(vector).all() else None

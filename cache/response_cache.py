@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 import msgspec
 import numpy as np
 
-from cache.audit import AuditBook
+from cache.audit import AuditBook, Mode, Recorded, Verdict
 from cache.audit_judge import EXPLORE_FROM
 from cache.decision import SemanticCheck
 from cache.deferred_index import DeferredIndex
@@ -114,7 +114,8 @@ class ResponseCache:
         self.semantic_off = ""  # why only exact hits are served (no embedding model), for /health
         self.audit: AuditBook | None = None  # the live audit's book, when the edge audits
         self._background: set[asyncio.Future] = set()  # reads being recorded for the LRU
-        self.deferred = DeferredIndex(embedder, self.store)  # answers stored while the embedder was full
+        # answers stored while the embedder was full, and other edges' entries to embed here
+        self.deferred = DeferredIndex(embedder, self.store, on_indexed=self._indexed_later)
         self.shed = 0  # lookups that found every embedding slot taken (a miss, not a failure)
         self.share: CityShare | None = None  # the city's other edges, told of every change (city_share.py)
         self._logged_at: dict[str, float] = {}  # when each kind of failure was last logged
@@ -253,12 +254,39 @@ class ResponseCache:
             if saved and later:
                 self.deferred.add(key, entry, regions)
             if saved and self.share is not None:
-                self.share.stored(key.exact, entry, vector, replace)
+                self.share.stored(key.exact, entry, vector, replace, regions, follows=later)
         except Exception as exc:
             self._broke("store", exc)
             return False
         self.failures.pop("store", None)
         return saved
+
+    def _indexed_later(self, exact: str, entry: Entry, vector: np.ndarray) -> None:
+        if self.share is not None:  # the other edges got this answer for exact hits: now its vector
+            self.share.indexed(exact, entry, vector)
+
+    def index_later(self, exact: str, entry: Entry, regions: frozenset[str] | None) -> None:
+        """Embed here, in the background, an entry another edge stored without a vector this edge can use
+        (only within ``regions``, the residency scope of the request that stored it)."""
+        if not self.semantic_off and semantic_allowed(entry.query):
+            key = CacheKey(entry.partition, exact, entry.query, entry.scope)
+            self.deferred.add(key, entry, regions, own=False)
+
+    def audited(self, hit: Hit, partition: str, judgement: str, mode: Mode) -> Recorded:
+        """One verdict of this edge's live audit (where it audits: ``audit`` is set), recorded in its book
+        and, when decided, told to the city's other edges (their books record it too)."""
+        assert self.audit is not None
+        recorded = self.audit.record(partition, hit.exact, hit.similarity, judgement, mode, hit.judged)
+        if self.share is not None and judgement in ("agree", "disagree"):
+            decided = "disagree" if judgement == "disagree" else "agree"
+            self.share.verdict(Verdict(partition, hit.exact, hit.similarity, decided, mode, hit.judged))
+        return recorded
+
+    def learn(self, verdict: Verdict) -> None:
+        """Another edge's audit verdict, recorded in this edge's book (not in its own totals)."""
+        if self.audit is not None:
+            v = verdict
+            self.audit.record(v.partition, v.exact, v.similarity, v.judgement, v.mode, v.judged, told=True)
 
     async def evict(self, exact: str) -> None:
         """Drop an entry the audit found wrong (its row stays in the index and leads nowhere)."""

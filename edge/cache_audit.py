@@ -152,9 +152,7 @@ class Auditor:
             self.metrics.cache_audits.labels(mode, "failed").inc()
             return
         verdict = judge(request.question, cached, fresh, vectors)
-        recorded = book.record(
-            request.partition, hit.exact, hit.similarity, verdict.judgement, mode, hit.judged
-        )
+        recorded = self.cache.audited(hit, request.partition, verdict.judgement, mode)
         self.metrics.cache_audits.labels(mode, verdict.judgement).inc()
         if recorded.evict:
             await self.cache.evict(hit.exact)

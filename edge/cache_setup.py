@@ -67,9 +67,28 @@ def make_cache(config: EdgeConfig, upstreams: UpstreamPool) -> tuple[ResponseCac
         from cache.city_share import CityShare  # redis only where a city shares its cache
 
         cache.share = CityShare(
-            settings.share_redis_url, cache.store, dim or 1, folder, settings.share_stream_max
+            settings.share_redis_url,
+            cache.store,
+            dim or 1,
+            folder,
+            settings.share_stream_max,
+            kind=_vector_kind(settings, why_not),
+            reindex=cache.index_later,
+            learn=cache.learn,
         )
     return cache, ""
+
+
+def _vector_kind(settings: CacheSettings, why_not: str) -> str:
+    """What makes this edge's vectors (cache.city_share.vector_kind): its edges use only their own kind."""
+    from cache.city_share import vector_kind
+
+    if why_not:
+        return ""
+    if settings.embed == "region":
+        return vector_kind(None, settings.region_model)
+    path = settings.embedder_path
+    return vector_kind(Path(path).expanduser() if path else embedded_model_dir())
 
 
 def store_limits(settings: CacheSettings, semantic: bool) -> StoreLimits:

@@ -143,3 +143,40 @@ async def test_a_clear_on_one_edge_clears_the_others_in_order(tmp_path: Path):
             await asyncio.gather(*tasks, return_exceptions=True)
         for store in (store_a, store_b):
             store.close()
+
+
+async def test_an_audit_verdict_on_one_edge_holds_on_the_others(tmp_path: Path):
+    """Wrong semantic hits found by A's live audit: B's book records them too, so the partition stops
+    serving semantic hits on B and the entry's raised threshold holds there; B's own totals stay B's."""
+    from cache.audit import AuditBook
+    from cache.embedder_pool import EmbedderPool
+    from cache.response_cache import Hit, ResponseCache
+
+    with RedisServer(tmp_path / "redis") as redis:
+        caches = {}
+        for name in ("a", "b"):
+            cache = ResponseCache(
+                tmp_path / name, EmbedderPool(lambda: None, source="none"), DIM, 1 << 24, threshold=0.5
+            )
+            cache.audit = AuditBook(target=0.01, first_hits=5)
+            cache.share = CityShare(redis.url, cache.store, DIM, tmp_path / name, learn=cache.learn)
+            caches[name] = cache
+        a, b = caches["a"], caches["b"]
+        tasks = [asyncio.create_task(c.share.run()) for c in (a, b)]
+        try:
+            wrong = Hit(entry("an answer to another question"), "semantic", 0.8, KEY["k1"], judged=0.9)
+            for _ in range(3):
+                a.audited(wrong, "p1", "disagree", "sampled")
+            a.audited(wrong, "p1", "unsure", "sampled")  # undecided: not told
+            assert not a.audit.serves_semantic("p1")
+            await until(lambda: not b.audit.serves_semantic("p1"))
+            assert b.audit.threshold_for(KEY["k1"]) == pytest.approx(0.81)
+            assert b.audit.rate("p1").audited == 3 and b.audit.audited == 0 and not b.audit.counts
+            assert b.share.applied == 3
+            assert b.audit.serves_semantic("p2")  # another partition is untouched
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for cache in caches.values():
+                cache.close()
