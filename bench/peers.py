@@ -18,9 +18,11 @@ import os
 import platform
 import secrets
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +31,7 @@ import aiohttp
 
 from bench.cpu import process_cpu_s
 from edge.keys import KeyStore
-from harness.procs import ManagedProcess, free_port
+from harness.procs import ManagedProcess, ProcessFailed, free_port
 from nearshore.children import nearshore_argv
 from nearshore.tls import ensure_dev_certificate
 from nearshore.tomlw import dumps
@@ -85,6 +87,26 @@ def start_stand_in(logs: Path, command: str, name: str, **flags: object) -> Endp
     return Endpoint(name, url, dict(JSON), process)
 
 
+def start_redis(logs: Path) -> tuple[ManagedProcess, str]:
+    """A throwaway Redis on a free loopback port (Debian's redis-server), nothing saved; and its URL."""
+    port = free_port()
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    process = ManagedProcess("redis", [*argv, "--dir", str(logs)], logs / "redis.log").start()
+    deadline = time.monotonic() + 10
+    while True:  # until it accepts a connection
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                process.stop()
+                log = logs / "redis.log"
+                raise ProcessFailed(f"redis-server did not listen on {port}: see {log}") from exc
+            time.sleep(0.02)
+    return process, f"redis://127.0.0.1:{port}/0"
+
+
 def start_edge(
     logs: Path,
     name: str,
@@ -96,16 +118,21 @@ def start_edge(
     regions: list[dict[str, object]] | None = None,
     geo: dict[str, object] | None = None,
     cache: dict[str, object] | None = None,
+    sections: dict[str, dict[str, object]] | None = None,
+    api_key: str = "",
 ) -> Endpoint:
     """An edge in front of one region (or the catalog ``regions``, with the ``geo`` section), with a key
-    that no limit stops (the key rides in ``headers``); ``cache`` is its [cache] section, if given."""
+    that no limit stops (the key rides in ``headers``); ``cache`` is its [cache] section, if given, and
+    ``sections`` any others. ``api_key``: a key its key store already holds (else one is made in a SQLite
+    file of its own)."""
     folder = logs / name
     folder.mkdir(parents=True, exist_ok=True)
-    store = KeyStore(folder / "keys.sqlite3")
-    try:
-        api_key, _ = store.create(tenant="bench", rpm=10**9, tpm=10**12)
-    finally:
-        store.close()
+    if not api_key:
+        store = KeyStore(folder / "keys.sqlite3")
+        try:
+            api_key, _ = store.create(tenant="bench", rpm=10**9, tpm=10**12)
+        finally:
+            store.close()
     context = None
     if tls:
         cert, _ = ensure_dev_certificate(folder / "tls")  # made here, so the client can trust it at once
@@ -122,6 +149,7 @@ def start_edge(
         **({"geo": geo} if geo else {}),
         **({"cache": cache} if cache is not None else {}),
         "regions": regions or [{"name": region_name, "url": region_url}],
+        **(sections or {}),
     }
     (folder / "edge.toml").write_text(dumps(config))
     argv = nearshore_argv("edge", "--config", str(folder / "edge.toml"))

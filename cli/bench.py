@@ -92,6 +92,12 @@ def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
         help="the edge's route stage: on, off, or on,off to run both and report what routing adds "
         "(default on)",
     )
+    parser.add_argument(
+        "--fleet",
+        action="store_true",
+        help="also an edge in fleet mode (keys and ledger in PostgreSQL, limits and cache through Redis, "
+        "both started for the run) beside the edge alone, and what it adds",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write every number as JSON")
     parser.add_argument(
         "--logs", default="", help="folder for process logs and configs (default: a temp folder)"

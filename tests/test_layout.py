@@ -374,6 +374,7 @@ FLAGS = {
         "--unary-concurrency",
         "--unary-seconds",
         "--routing",
+        "--fleet",
         "--json",
         "--logs",
     ],

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -29,15 +28,6 @@ from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps
 
 MODEL = peers.MODEL
-
-
-def start_redis(logs: Path) -> tuple[ManagedProcess, str]:
-    port = free_port()
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    process = ManagedProcess("redis", [*argv, "--dir", str(logs)], logs / "redis.log").start()
-    time.sleep(0.3)  # a benchmark's own setup: Redis answers within a few ms of its start
-    return process, f"redis://127.0.0.1:{port}/0"
 
 
 def start_edge(
@@ -135,7 +125,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the report here")
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="nearshore-bench-city-cache-"))
-    redis, redis_url = start_redis(logs)
+    redis, redis_url = peers.start_redis(logs)
     pacer = peers.start_stand_in(logs, "pacer", "pacer", tokens=4, interval_ms=20)
     store = KeyStore(logs / "keys.sqlite3")
     key, _ = store.create("bench", rpm=10**9, tpm=10**12)

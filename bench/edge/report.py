@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from bench.edge import paired
 from bench.edge import routing as edge_routing
 from bench.edge.rps import RPS_OVERHEAD_LIMIT_MS
 
@@ -178,6 +179,10 @@ def print_report(report: dict) -> None:
             )
         print(line + f" (the direct path: {throughput['direct']['rps']:.0f} req/s, the client's ceiling)")
     edge_routing.print_summary(report.get("routing", []))
+    paired.print_comparison(
+        "fleet mode vs the edge alone (keys, ledger in PostgreSQL; limits, cache through Redis)",
+        report.get("fleet", []),
+    )
     idle = ", ".join(f"{k} {v:.1f}" for k, v in report.get("idle_cpu_ms_per_s", {}).items())
     if idle:
         print(f"idle CPU, ms per second with no load: {idle}")

@@ -9,10 +9,10 @@ With routing on alone (the default) the edge is started as before: one region, n
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from bench import peers
+from bench.edge import paired
 from bench.peers import Endpoint
 
 MODES = {"on": True, "off": False}
@@ -48,38 +48,8 @@ def start_edges(logs: Path, name: str, pacer_url: str, modes: list[bool], *, tls
 
 def summary(rows: list[dict], throughput: list[dict] | None) -> list[dict]:
     """Routing on against off: CPU per stream at each level, and per non-streamed request."""
-    out = []
-    by_key = {(r["path"], r["concurrency"]): r for r in rows}
-    for (path, level), on in sorted(by_key.items(), key=lambda kv: kv[0][1]):
-        off = by_key.get((path + OFF_SUFFIX, level))
-        if path == "edge" and off is not None:
-            out.append(_entry(f"streams x{level}", on["cpu_ms_per_stream"], off["cpu_ms_per_stream"]))
-            out[-1]["ttft_p50_ms"] = [on["ttft_p50_ms"], off["ttft_p50_ms"]]
-    unary = {row["path"]: row for row in throughput or []}
-    if "edge-unary" in unary and "edge-unary" + OFF_SUFFIX in unary:
-        on, off = unary["edge-unary"], unary["edge-unary" + OFF_SUFFIX]
-        out.append(_entry("non-streamed", on["cpu_ms_per_request"], off["cpu_ms_per_request"]))
-        out[-1]["rps"] = [on["rps"], off["rps"]]
-    return out
-
-
-def _entry(part: str, on_ms: float, off_ms: float) -> dict:
-    added = on_ms - off_ms
-    return {
-        "part": part,
-        "cpu_ms_on": on_ms,
-        "cpu_ms_off": off_ms,
-        "added_us": added * 1000,
-        "added_pct": 100 * added / off_ms if off_ms > 0 else math.nan,
-    }
+    return paired.compare(rows, throughput, "edge", "edge" + OFF_SUFFIX)
 
 
 def print_summary(entries: list[dict]) -> None:
-    if not entries:
-        return
-    print("\nrouting on vs off (the route stage's CPU: GeoIP + router, three regions), CPU per request:")
-    for e in entries:
-        print(
-            f"  {e['part']:<14} on {e['cpu_ms_on']:.3f} ms, off {e['cpu_ms_off']:.3f} ms -> "
-            f"{e['added_us']:+.0f} us ({e['added_pct']:+.1f}%)"
-        )
+    paired.print_comparison("routing on vs off (the route stage: GeoIP + router, three regions)", entries)

@@ -17,7 +17,8 @@ until it is quiet again, so work it defers (logging, settling) counts too.
 
 A second part (bench/edge/rps.py) ramps an open-loop request rate at one edge process (plain and
 TLS) in front of a pacer that answers at once. With ``--routing on,off`` the edge runs with its route stage
-and without it, side by side in the stream and non-streamed parts (bench/edge/routing.py).
+and without it, side by side in the stream and non-streamed parts (bench/edge/routing.py); with ``--fleet``
+an edge in a city's fleet mode runs beside the edge alone the same way (bench/edge/fleet.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import aiohttp
 
 from bench import peers
 from bench.cpu import idle_cpu
+from bench.edge import fleet as edge_fleet
+from bench.edge import paired
 from bench.edge import report as edge_report
 from bench.edge import routing as edge_routing
 from bench.edge import rps as edge_rps
@@ -69,6 +72,7 @@ class EdgeBench:
     unary_concurrency: int  # clients of the non-streamed throughput part
     unary_seconds: float  # its length per path; 0 skips it
     routing: str  # "on", "off" or "on,off": the edge with its route stage, without, or both side by side
+    fleet: bool  # also the edge in fleet mode (PostgreSQL and Redis), beside the edge alone
     json: str | None  # also write every number here
     logs: str  # folder for logs and configs ("": a temp folder)
 
@@ -229,14 +233,18 @@ def _start_proxies(
     nginx: str | None,
     litellm: Path | None,
     routing: list[bool],
+    city: edge_fleet.CityStores | None,
     notes: list[str],
     stack: contextlib.ExitStack,
 ) -> list[Endpoint]:
-    """The edge (once per routing mode), then nginx and LiteLLM where found; a peer that fails to start
-    is a note, the edge's failure is the run's. Each is stopped with ``stack``."""
+    """The edge (once per routing mode, and in fleet mode with ``city``), then nginx and LiteLLM where
+    found; a peer that fails to start is a note, an edge's failure is the run's. Each is stopped with
+    ``stack``."""
     starters: list[tuple[str, Callable[[], list[Endpoint]]]] = [
         ("edge", lambda: edge_routing.start_edges(logs, "edge", pacer.url, routing, tls=False))
     ]
+    if city is not None:
+        starters.append(("edge", lambda: [edge_fleet.start_edge(logs, "edge", pacer.url, city, tls=False)]))
     if nginx:
         starters.append(("nginx", lambda: [peers.start_nginx(logs, nginx, pacer.url)]))
     if litellm:
@@ -278,13 +286,43 @@ def run(bench: EdgeBench) -> dict:
         f"levels {bench.concurrency}; {bench.rounds} rounds per level, paths interleaved; logs in {logs}",
         flush=True,
     )
+    with contextlib.ExitStack() as stores:
+        city = edge_fleet.CityStores(logs) if bench.fleet else None
+        if city is not None:
+            stores.callback(city.stop)
+        _run_parts(bench, logs, nginx, litellm, routing, city, notes, report)
+    report["ratios"] = edge_report.ratios(report["streams"])
+    report["targets"] = edge_report.targets(report["streams"], report.get("throughput"))
+    report["routing"] = edge_routing.summary(report["streams"], report.get("throughput"))
+    report["fleet"] = paired.compare(
+        report["streams"], report.get("throughput"), "edge" + edge_fleet.SUFFIX, "edge"
+    )
+    report["notes"], report["logs"] = notes, str(logs)
+    report["elapsed_s"] = time.monotonic() - started
+    edge_report.print_report(report)
+    if bench.json:
+        Path(bench.json).write_text(json.dumps(edge_report.finite(report), indent=2, default=str))
+    return report
+
+
+def _run_parts(
+    bench: EdgeBench,
+    logs: Path,
+    nginx: str | None,
+    litellm: Path | None,
+    routing: list[bool],
+    city: edge_fleet.CityStores | None,
+    notes: list[str],
+    report: dict,
+) -> None:
+    """The stream part, then the ramp and the non-streamed part, each with its own processes."""
     with asyncio.Runner(loop_factory=_event_loop_factory()) as runner, contextlib.ExitStack() as stack:
         pacer = peers.start_stand_in(
             logs, "pacer", "pacer", tokens=bench.tokens, interval_ms=bench.interval_ms
         )
         stack.callback(pacer.stop)
         targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
-        targets += _start_proxies(logs, pacer, nginx, litellm, routing, notes, stack)
+        targets += _start_proxies(logs, pacer, nginx, litellm, routing, city, notes, stack)
         idle = {t.name: t.process for t in (pacer, *targets) if t.process is not None}
         report["idle_cpu_ms_per_s"] = idle_cpu(idle)
         report["streams"] = run_levels(runner, targets, pacer, bench)
@@ -300,14 +338,5 @@ def run(bench: EdgeBench) -> dict:
                 flush=True,
             )
             report["throughput"] = edge_throughput.run_throughput(
-                runner, logs, nginx, bench.unary_concurrency, bench.unary_seconds, stack, routing
+                runner, logs, nginx, bench.unary_concurrency, bench.unary_seconds, stack, routing, city
             )
-    report["ratios"] = edge_report.ratios(report["streams"])
-    report["targets"] = edge_report.targets(report["streams"], report.get("throughput"))
-    report["routing"] = edge_routing.summary(report["streams"], report.get("throughput"))
-    report["notes"], report["logs"] = notes, str(logs)
-    report["elapsed_s"] = time.monotonic() - started
-    edge_report.print_report(report)
-    if bench.json:
-        Path(bench.json).write_text(json.dumps(edge_report.finite(report), indent=2, default=str))
-    return report

@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 
 from bench import peers
+from bench.edge import fleet as edge_fleet
 from bench.edge import routing as edge_routing
 from bench.peers import MODEL, Endpoint
 
@@ -78,20 +79,25 @@ def run_throughput(
     seconds: float,
     stack: contextlib.ExitStack,
     routing: list[bool] | None = None,
+    city: edge_fleet.CityStores | None = None,
 ) -> list[dict]:
-    """``routing``: the edge's route stage on, off, or both side by side (edge_routing.py)."""
+    """``routing``: the edge's route stage on, off, or both side by side (edge_routing.py); ``city``: also
+    the edge in fleet mode (edge_fleet.py)."""
     pacer = peers.start_stand_in(logs, "pacer", "pacer-instant", tokens=1, interval_ms=0)
     stack.callback(pacer.stop)
     targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
     for edge in edge_routing.start_edges(logs, "edge-unary", pacer.url, routing or [True], tls=False):
         stack.callback(edge.stop)
         targets.append(edge)
+    if city is not None:
+        targets.append(edge_fleet.start_edge(logs, "edge-unary", pacer.url, city, tls=False))
+        stack.callback(targets[-1].stop)
     if nginx:
         proxy = peers.start_nginx(logs / "unary", nginx, pacer.url)
         stack.callback(proxy.stop)
         targets.append(proxy)
-    # With routing on and off, the paths alternate over rounds, so that drift on a busy machine hits both.
-    rounds = 4 if routing and len(routing) > 1 else 1
+    # With two edges compared, the paths alternate over rounds, so that drift on a busy machine hits both.
+    rounds = 4 if (routing and len(routing) > 1) or city is not None else 1
     parts: dict[str, list[dict]] = {t.name: [] for t in targets}
     for i in range(rounds):
         for target in targets if i % 2 == 0 else targets[::-1]:

@@ -1,4 +1,5 @@
-"""``nearshore bench edge`` keeps working: a tiny run, direct and through the edge (plain and TLS)."""
+"""``nearshore bench edge`` keeps working: a tiny run, direct and through the edge (plain and TLS), with
+its route stage off beside it and an edge in fleet mode (a real PostgreSQL and Redis) beside it."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
             "--unary-concurrency", "4",
             "--unary-seconds", "0.5",
             "--routing", "on,off",
+            "--fleet",
             "--json", str(out),
             "--logs", str(tmp_path / "logs"),
         ]
@@ -39,7 +41,8 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
 
     rows = {row["path"]: row for row in report["streams"]}
-    assert set(rows) == {"direct", "edge", "edge-off"}  # the edge with its route stage, and without
+    # the edge with its route stage, without, and in fleet mode
+    assert set(rows) == {"direct", "edge", "edge-off", "edge-fleet"}
     for row in rows.values():
         assert row["errors"] == 0, row["first_error"]
         assert row["streams"] == 4
@@ -47,12 +50,17 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
     assert rows["edge"]["cpu_ms_per_stream"] > 0
     assert any(t["target"].startswith("no bunching") for t in report["targets"])
     throughput = {row["path"]: row for row in report["throughput"]}
-    assert set(throughput) == {"direct", "edge-unary", "edge-unary-off"}  # nginx skipped here
-    for path in ("edge-unary", "edge-unary-off"):
+    assert set(throughput) == {"direct", "edge-unary", "edge-unary-off", "edge-unary-fleet"}  # no nginx
+    for path in ("edge-unary", "edge-unary-off", "edge-unary-fleet"):
         assert throughput[path]["rps"] > 0 and throughput[path]["errors"] == 0
     routing = {entry["part"]: entry for entry in report["routing"]}
     assert set(routing) == {"streams x2", "non-streamed"}
     assert all(e["cpu_ms_on"] > 0 and e["cpu_ms_off"] > 0 for e in routing.values())
+    fleet = {entry["part"]: entry for entry in report["fleet"]}
+    assert set(fleet) == {"streams x2", "non-streamed"}
+    assert all(e["cpu_ms_on"] > 0 and e["cpu_ms_off"] > 0 for e in fleet.values())
+    config = (tmp_path / "logs" / "edge-fleet" / "edge.toml").read_text()
+    assert 'backend = "postgres"' in config and "share_redis_url" in config  # its key lives in PostgreSQL
 
     steps = report["rps"]["steps"]
     assert {s["path"] for s in steps} == {"edge-rps", "edge-tls"}

@@ -35,5 +35,5 @@ def test_bench_keys_tiny_run_measures_both_stores(tmp_path: Path) -> None:
     assert [b["backend"] for b in report["backends"]] == ["postgres", "sqlite"]
     for backend in report["backends"]:
         assert backend["samples"] == 4  # every edge's stream of every revoked key was ended by its edge
-        for part in ("create_seen_ms", "revoke_ended_stream_ms", "request_ms"):
+        for part in ("create_seen_ms", "rpm_lowered_held_ms", "revoke_ended_stream_ms", "request_ms"):
             assert set(backend[part]) == {"p50", "p99", "max"} and backend[part]["p50"] > 0
