@@ -1,7 +1,9 @@
 """One cache for a city's edges (issue 35, item 3): three real edges, each with its own cache folder, share
 their stores through a real Redis. An answer stored through edge A is an exact hit on edge B and a
 paraphrase of it a semantic hit on edge C; another tenant gets neither on any edge; an eviction on one
-edge reaches the others; Redis killed and restarted fails no request, and sharing resumes."""
+edge reaches the others; Redis killed and restarted fails no request, and sharing resumes. And the same
+over the real llama.cpp region with the official openai client: the model's answer through A is B's exact
+hit and C's semantic hit, word for word."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import aiohttp
 import pytest
 
 from edge.keys import KeyStore
+from tests.conftest import Node
+from tests.edge.test_region import client as openai_client
 from tests.edge_fixtures import Edge, start_edge, start_pacer
 from tests.redis_server import RedisServer
 
@@ -87,3 +91,49 @@ async def test_a_citys_edges_serve_each_others_answers_and_only_to_their_tenant(
             edge.stop()
         pacer.process.stop()
         redis.stop()
+
+
+def official_chat(edge: Edge, key: str, question: str, store: bool = True) -> tuple[str, str]:
+    """One temperature-0 chat through the official openai client: x-nearshore-cache and the answer."""
+    raw = openai_client(edge, key).chat.completions.with_raw_response.create(
+        model=MODEL,
+        temperature=0,
+        max_tokens=12,
+        messages=[{"role": "user", "content": question}],
+        extra_headers=None if store else {"Cache-Control": "no-store"},
+    )
+    return raw.headers.get("x-nearshore-cache", ""), raw.parse().choices[0].message.content or ""
+
+
+async def official_until(edge: Edge, key: str, question: str, wanted: str, tries: int = 60) -> str:
+    """Ask (no-store) until ``wanted`` answers; that answer's text."""
+    for _ in range(tries):
+        cache, text = await asyncio.to_thread(official_chat, edge, key, question, False)
+        if cache == wanted:
+            return text
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{edge.url} never answered {wanted}")
+
+
+async def test_the_city_over_the_real_model_serves_the_official_client_from_every_edge(
+    region: Node, tmp_path: Path
+):
+    keys_db = tmp_path / "keys.sqlite3"
+    store = KeyStore(keys_db)
+    acme, _ = store.create("acme", rpm=10**6, tpm=10**9)
+    store.close()
+    with RedisServer(tmp_path / "redis") as redis:
+        cache = {"share_redis_url": redis.url, "store_truncated": True}  # 12 tokens: cut at max_tokens
+        edges = [
+            start_edge(tmp_path / f"edge{i}", [("london", region.url)], keys_db=keys_db, cache=cache)
+            for i in range(3)
+        ]
+        a, b, c = edges
+        try:
+            status, answer = await asyncio.to_thread(official_chat, a, acme, QUESTION)
+            assert status == "MISS" and answer  # the model's own answer, stored through A
+            assert await official_until(b, acme, QUESTION, "HIT") == answer
+            assert await official_until(c, acme, PARAPHRASE, "SEMANTIC") == answer
+        finally:
+            for edge in edges:
+                edge.stop()
