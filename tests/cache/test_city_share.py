@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +17,11 @@ from redis.asyncio import Redis
 from cache.city_share import STREAM, CityShare
 from cache.store import CacheStore, Entry
 from nearshore.children import nearshore_argv
+from tests.cache.city_helpers import DIM, stop, unit, until
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
 
-DIM = 8
 # Exact keys are hex digests, as the cache makes them.
 KEY = {name: f"{i:02x}" * 16 for i, name in enumerate(("k1", "k2", "k3", "k4"), start=1)}
 
@@ -40,17 +39,6 @@ def entry(text: str, partition: str = "p1", ttl_s: float = 3600) -> Entry:
         created_s=now,
         expires_s=now + ttl_s,
     )
-
-
-def unit(seed: int) -> np.ndarray:
-    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
-    return v / np.linalg.norm(v)
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 def replica(folder: Path, url: str, dim: int = DIM) -> tuple[CacheStore, CityShare]:
@@ -87,9 +75,7 @@ async def test_changes_reach_the_other_stores_and_bad_ones_are_skipped(tmp_path:
             assert store_b.peek(KEY["k2"]).text == "wrong size"  # an exact hit only
             assert [k for _, k in store_b.nearest("p1", unit(4), 5, 0.5)] == [KEY["k4"]]
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop(tasks)
 
         # B restarted: it resumes after what it applied; a new folder rebuilds from the stream's start.
         again = CityShare(redis.url, store_b, DIM, tmp_path / "b")
@@ -138,9 +124,7 @@ async def test_a_clear_on_one_edge_clears_the_others_in_order(tmp_path: Path):
             await until(lambda: store_b.peek(KEY["k3"]) is not None)
             assert store_b.peek(KEY["k1"]) is None and store_b.peek(KEY["k2"]).text == "p2's"
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop(tasks)
         for store in (store_a, store_b):
             store.close()
 
@@ -175,8 +159,6 @@ async def test_an_audit_verdict_on_one_edge_holds_on_the_others(tmp_path: Path):
             assert b.share.applied == 3
             assert b.audit.serves_semantic("p2")  # another partition is untouched
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop(tasks)
             for cache in caches.values():
                 cache.close()

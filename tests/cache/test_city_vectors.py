@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from cache.city_share import CityShare
@@ -19,11 +17,11 @@ from cache.embedder_pool import EmbedderPool
 from cache.keys import CacheKey
 from cache.response_cache import ResponseCache
 from cache.store import CacheStore, Entry
+from tests.cache.city_helpers import DIM, stop, unit, until
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
 
-DIM = 8
 PARTITION = "p" * 32
 QUESTION = "What is the capital of France?"
 REWORDED = "Tell me the capital of France."  # one the verifier explains
@@ -46,17 +44,6 @@ def entry(query: str, text: str = "Paris.") -> Entry:
 
 def exact_key(n: int) -> str:
     return f"{n:02x}" * 16
-
-
-def unit(seed: int) -> np.ndarray:
-    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
-    return v / np.linalg.norm(v)
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 async def test_an_edge_uses_its_own_models_vectors_and_embeds_the_rest_within_the_scope(tmp_path: Path):
@@ -96,9 +83,7 @@ async def test_an_edge_uses_its_own_models_vectors_and_embeds_the_rest_within_th
             assert asked["b"] == [(exact_key(3), frozenset())]
             assert c.vectors(PARTITION) is None  # C never took a model-1 row
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop(tasks)
             for store in stores.values():
                 store.close()
 
@@ -149,9 +134,7 @@ async def test_an_answer_stored_while_the_embedder_is_busy_becomes_a_semantic_hi
                     await asyncio.sleep(0.05)
             assert b.deferred.indexed == 0 and c.deferred.indexed == 1  # B used A's vector, C made its own
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await stop(tasks)
             for cache in caches.values():
                 cache.close()
             await pool.close()
