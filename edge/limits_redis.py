@@ -5,20 +5,18 @@ while Redis is unreachable. The algorithm and its guarantees: :mod:`edge.limits`
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from edge.limits import (
@@ -32,6 +30,7 @@ from edge.limits import (
     local_share,
 )
 from edge.limits_memory import MemoryLimiter
+from edge.redis_scripts import Script, ScriptRunner
 
 log = logging.getLogger("nearshore.edge.limits")
 
@@ -147,23 +146,17 @@ _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _LOCAL = "local-"  # prefix of reservations made by the fallback while Redis was down
 
 
-@dataclass(frozen=True, slots=True)
-class Script:
-    source: str
-    sha: str
-
-    @classmethod
-    def of(cls, source: str) -> Script:
-        return cls(source, hashlib.sha1(source.encode()).hexdigest())
-
-
 _ADMIT = Script.of(_ADMIT_LUA)
 _SETTLE = Script.of(_SETTLE_LUA)
 _RESTORE = Script.of(_RESTORE_LUA)
 
 
+__all__ = ["RedisLimiter", "Script"]  # Script: the budgets' scripts run here too (edge/spend_budget.py)
+
+
 class RedisLimiter:
-    """Limits shared by every edge that points at the same Redis; one round trip per admission.
+    """Limits shared by every edge that points at the same Redis; one script per admission (sent with the
+    others of its loop turn: edge/redis_scripts.py).
 
     When Redis is unreachable, ``fail_mode`` decides: "open" falls back to local limits (decisions marked
     ``degraded``), "closed" raises :class:`LimiterUnavailable`. Requests then skip Redis altogether while a
@@ -207,6 +200,7 @@ class RedisLimiter:
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         self._redis = Redis.from_pool(pool)
+        self._scripts = ScriptRunner(self._redis)
         self._fallback = MemoryLimiter(window_s=window_s)  # also this process's record of its admissions
         self._id = os.urandom(8).hex()  # this process, among a key's admitters
         self._members = itertools.count()  # its admissions, numbered
@@ -287,6 +281,7 @@ class RedisLimiter:
         if self._probe is not None:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
+        await self._scripts.close()
         await self._redis.aclose()
         await self._fallback.close()
 
@@ -296,10 +291,7 @@ class RedisLimiter:
         return [base + ":req", base + ":tok", base + ":by"]
 
     async def _run(self, script: Script, keys: Sequence[str], args: Sequence[object]) -> Any:
-        try:
-            return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
-        except NoScriptError:  # a restarted or flushed Redis: EVAL also caches it for the next EVALSHA
-            return await self._redis.eval(script.source, len(keys), *keys, *args)
+        return await self._scripts.run(script, keys, args)  # with the other requests of this loop turn
 
     def _mark_down(self, exc: Exception) -> None:
         if self._up:
