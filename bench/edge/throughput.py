@@ -26,7 +26,7 @@ _BODY = json.dumps(
 ).encode()
 
 
-async def _closed_loop(target: Endpoint, concurrency: int, seconds: float) -> dict:
+async def closed_loop(target: Endpoint, concurrency: int, seconds: float) -> dict:
     connector = aiohttp.TCPConnector(limit=0, ssl=target.ssl or True)
     timeout = aiohttp.ClientTimeout(total=30)
     done = errors = 0
@@ -101,7 +101,7 @@ def run_throughput(
     parts: dict[str, list[dict]] = {t.name: [] for t in targets}
     for i in range(rounds):
         for target in targets if i % 2 == 0 else targets[::-1]:
-            parts[target.name].append(runner.run(_closed_loop(target, concurrency, seconds / rounds)))
+            parts[target.name].append(runner.run(closed_loop(target, concurrency, seconds / rounds)))
     rows = [_row(t.name, parts[t.name]) for t in targets]
     for row in rows:
         print(
