@@ -81,8 +81,12 @@ async def measure(urls: dict[str, str], operators: dict[str, str], key: str, que
     ]
     follow_ms, hits = [], {"lone": [], "shared": []}
     async with aiohttp.ClientSession() as s:
-        for url in (lone, a, b):  # each edge's embedder loads on its first cacheable request: not measured
-            await ask(s, url, key, "A warm-up question, never measured?")
+        # Each edge's embedder loads on its first cacheable request, its pair judge on the first candidate
+        # near enough to judge (a store waits for its edge's lookup): warmed on questions of the same shape.
+        for url in (lone, a, b):
+            for i in range(3):
+                warm_up = f"City cache warm-up number {i}: what is the tallest building in Abuja?"
+                await ask(s, url, key, warm_up)
         done = await applied(s, b_operator)
         for text in texts:
             body = {
@@ -119,12 +123,14 @@ async def measure(urls: dict[str, str], operators: dict[str, str], key: str, que
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=200)
     parser.add_argument("--json", help="also write the report here")
-    args = parser.parse_args()
-    logs = Path(tempfile.mkdtemp(prefix="nearshore-bench-city-cache-"))
+    parser.add_argument("--logs", default="", help="folder for logs (default: a temp folder)")
+    args = parser.parse_args(argv)
+    logs = Path(args.logs or tempfile.mkdtemp(prefix="nearshore-bench-city-cache-"))
+    logs.mkdir(parents=True, exist_ok=True)
     redis, redis_url = peers.start_redis(logs)
     pacer = peers.start_stand_in(logs, "pacer", "pacer", tokens=4, interval_ms=20)
     store = KeyStore(logs / "keys.sqlite3")
@@ -148,7 +154,8 @@ def main() -> None:
     print(json.dumps(report, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
