@@ -18,11 +18,9 @@ import os
 import platform
 import secrets
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +29,7 @@ import aiohttp
 
 from bench.cpu import process_cpu_s
 from edge.keys import KeyStore
-from harness.procs import ManagedProcess, ProcessFailed, free_port
+from harness.procs import ManagedProcess, free_port
 from nearshore.children import nearshore_argv
 from nearshore.tls import ensure_dev_certificate
 from nearshore.tomlw import dumps
@@ -85,26 +83,6 @@ def start_stand_in(logs: Path, command: str, name: str, **flags: object) -> Endp
     url = f"http://127.0.0.1:{port}"
     process = started(ManagedProcess(name, nearshore_argv(*argv), logs / f"{name}.log"), url + "/health", 30)
     return Endpoint(name, url, dict(JSON), process)
-
-
-def start_redis(logs: Path) -> tuple[ManagedProcess, str]:
-    """A throwaway Redis on a free loopback port (Debian's redis-server), nothing saved; and its URL."""
-    port = free_port()
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    process = ManagedProcess("redis", [*argv, "--dir", str(logs)], logs / "redis.log").start()
-    deadline = time.monotonic() + 10
-    while True:  # until it accepts a connection
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                process.stop()
-                log = logs / "redis.log"
-                raise ProcessFailed(f"redis-server did not listen on {port}: see {log}") from exc
-            time.sleep(0.02)
-    return process, f"redis://127.0.0.1:{port}/0"
 
 
 def start_edge(

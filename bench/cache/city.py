@@ -23,6 +23,7 @@ import aiohttp
 from bench import peers
 from edge.keys import KeyStore
 from harness.procs import ManagedProcess, free_port
+from harness.redis_server import RedisServer
 from harness.stats import percentile
 from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps
@@ -131,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logs = Path(args.logs or tempfile.mkdtemp(prefix="nearshore-bench-city-cache-"))
     logs.mkdir(parents=True, exist_ok=True)
-    redis, redis_url = peers.start_redis(logs)
+    redis = RedisServer(logs / "redis").start()
+    redis_url = redis.url
     pacer = peers.start_stand_in(logs, "pacer", "pacer", tokens=4, interval_ms=20)
     store = KeyStore(logs / "keys.sqlite3")
     key, _ = store.create("bench", rpm=10**9, tpm=10**12)

@@ -19,7 +19,7 @@ from pathlib import Path
 from bench import peers
 from bench.peers import Endpoint
 from harness.postgres import PostgresServer
-from harness.procs import ManagedProcess
+from harness.redis_server import RedisServer
 
 SUFFIX = "-fleet"  # the path name of the edge in fleet mode, beside the edge alone
 
@@ -29,9 +29,8 @@ class CityStores:
 
     def __init__(self, logs: Path) -> None:
         self.postgres = PostgresServer().start()
-        self.redis: ManagedProcess | None = None
         try:
-            self.redis, self.redis_url = peers.start_redis(logs)
+            self.redis = RedisServer(logs / "redis").start()
         except BaseException:
             self.postgres.remove()
             raise
@@ -43,8 +42,8 @@ class CityStores:
         return {
             "keys": {"backend": "postgres", "postgres_url": url},
             "ledger": {"postgres_url": url},
-            "limits": {"backend": "redis", "redis_url": self.redis_url},
-            "cache": {"share_redis_url": self.redis_url},
+            "limits": {"backend": "redis", "redis_url": self.redis.url},
+            "cache": {"share_redis_url": self.redis.url},
         }
 
     def new_key(self) -> str:
@@ -65,8 +64,7 @@ class CityStores:
             return pool.submit(asyncio.run, create()).result()
 
     def stop(self) -> None:
-        if self.redis is not None:
-            self.redis.stop()
+        self.redis.stop()
         self.postgres.remove()
 
 
