@@ -122,8 +122,9 @@ def semantic_check(
 
 class SemanticCheck:
     """``check(query, cached) -> Decision``, called in the cache's worker thread (never on the event loop).
-    The judge is loaded on its first use (an edge that never sees a candidate the verifier cannot explain
-    never holds it); without one (none configured, or it failed to load), the verifier alone decides."""
+    The judge is loaded on its first use, or ahead of it by the cache's first semantic lookup (an edge
+    whose cache is off or exact-only never holds it); without one (none configured, or it failed to
+    load), the verifier alone decides."""
 
     def __init__(self, load_judge: Callable[[], Judge] | None = None, threshold: float = 1.0) -> None:
         self.load_judge = load_judge

