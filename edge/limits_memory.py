@@ -123,6 +123,10 @@ class MemoryLimiter:
         history.trim(self._clock() - self.window_s)
         return bool(history.entries)
 
+    def logged_keys(self) -> list[str]:
+        """The keys with a log (some may hold no entry left in the window)."""
+        return list(self._logs)
+
     def recent(self, key_id: str) -> list[tuple[str, int, int]]:
         """This key's entries in the window: (id, age in ms, tokens), oldest first."""
         history = self._logs.get(key_id)

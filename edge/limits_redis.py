@@ -5,10 +5,12 @@ while Redis is unreachable. The algorithm and its guarantees: :mod:`edge.limits`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
@@ -30,7 +32,7 @@ from edge.limits import (
     local_share,
 )
 from edge.limits_memory import MemoryLimiter
-from edge.redis_scripts import Script, ScriptRunner
+from edge.redis_scripts import Script, ScriptRunner, StoreReset
 
 log = logging.getLogger("nearshore.edge.limits")
 
@@ -146,7 +148,6 @@ _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 _LOCAL = "local-"  # prefix of reservations made by the fallback while Redis was down
 
 
-_ADMIT = Script.of(_ADMIT_LUA)
 _SETTLE = Script.of(_SETTLE_LUA)
 _RESTORE = Script.of(_RESTORE_LUA)
 
@@ -164,6 +165,16 @@ class RedisLimiter:
     ``workers`` processes sharing the Redis (an edge's workers, times the edges: ``[limits] edges``) fall back
     at once, each counting alone: each keeps :func:`local_share` of a key's limits, so that together they
     admit no more than the limit (two each admitted all of it).
+
+    A Redis that comes back empty (restarted without persistence, flushed) would forget the window, and
+    every edge could admit a whole limit again. Each process keeps its own record of what it admitted in
+    the window and notices the loss on its first admission after it (Redis no longer knows this process's
+    own copy of the admission script) or within ``retry_interval_s`` (a marker it refreshes is gone). It
+    then puts its part of every key's window back, and its admissions wait ``reset_grace_s`` (long enough
+    for every other process to notice and put back its own) before Redis decides them with the whole
+    window. What can still exceed a limit: a Redis flushed without a restart keeps the scripts, so only the
+    markers tell; for up to one marker interval a process may admit through it, for keys it admitted none
+    of in the window.
     """
 
     def __init__(
@@ -178,6 +189,7 @@ class RedisLimiter:
         retry_interval_s: float = 1.0,
         max_connections: int = 32,
         workers: int = 1,
+        reset_grace_s: float | None = None,
     ) -> None:
         if fail_mode not in ("open", "closed"):
             raise ValueError(f"fail_mode must be 'open' or 'closed', got {fail_mode!r}")
@@ -204,23 +216,44 @@ class RedisLimiter:
         self._fallback = MemoryLimiter(window_s=window_s)  # also this process's record of its admissions
         self._id = os.urandom(8).hex()  # this process, among a key's admitters
         self._members = itertools.count()  # its admissions, numbered
+        # This process's own copy of the script (its SHA unknown to Redis until this process loads it), so
+        # that each process, not only the first to load it again, learns that Redis lost its scripts.
+        self._admit = Script.of(f"{_ADMIT_LUA}-- process {self._id}\n", watches_resets=True)
+        self._marker = f"{key_prefix}alive:{self._id}"
+        self._marker_ms = math.ceil(max(60.0, 10 * retry_interval_s) * 1000)
+        self.reset_grace_s = 2 * retry_interval_s + 1.0 if reset_grace_s is None else reset_grace_s
+        self.resets = 0  # times Redis was found to have lost its state
+        self._settling_until = 0.0  # admissions wait until then: the other processes put their parts back
         self._up = True
-        self._probe: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._loading: asyncio.Future[Any] | None = None  # this process's admission script, once
+        self._admission_loaded = False
 
     async def admit(self, key_id: str, spec: LimitSpec, tokens: int) -> Decision:
         check_tokens(tokens)
         if not spec.rpm and not spec.tpm:
             return UNLIMITED
-        if self._up:
+        if self._watcher is None:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+        for _ in range(2):  # again after a reset's grace
+            if self._up and self.settling():
+                await asyncio.sleep(self._settling_until - time.monotonic())
+            if not self._up:
+                break
             try:
+                if not self._admission_loaded:
+                    await self._load_admission()
                 decision = await self._admit_shared(key_id, spec, tokens)
+            except StoreReset:
+                await self._after_reset("it no longer knew this process's admission script")
+                continue
             except _UNREACHABLE as exc:
                 self._mark_down(exc)
-            else:
-                if decision.allowed and decision.reservation:  # this edge's own record of it
-                    self._fallback.record(key_id, decision.reservation, tokens)
-                return decision
-        if self.fail_mode == "closed":
+                break
+            if decision.allowed and decision.reservation:  # this edge's own record of it
+                self._fallback.record(key_id, decision.reservation, tokens)
+            return decision
+        if self.fail_mode == "closed" and not self._up:
             raise LimiterUnavailable("the rate-limit store (Redis) is unreachable")
         share = local_share(spec, self.workers)
         # The fallback's log already holds what this edge admitted through Redis in the window: local limits
@@ -241,13 +274,13 @@ class RedisLimiter:
         keys = self._keys(key_id)
         has_mine = self._fallback.has_recent(key_id)
         args = (window_ms, spec.rpm, spec.tpm, tokens, member, self._id, "1" if has_mine else "0")
-        verdict, count, used, reset_ms, retry_ms = await self._run(_ADMIT, keys, args)
+        verdict, count, used, reset_ms, retry_ms = await self._run(self._admit, keys, args)
         if verdict == -1:  # rare (Redis lost the key's window): only now is this process's part listed
             restored = [str(value) for entry in self._fallback.recent(key_id) for value in entry]
             added = await self._run(_RESTORE, keys, (window_ms, self._id, *restored))
             log.warning("rate-limit store had lost %d of this process's requests for a key: put back", added)
             args = (*args[:6], "0")
-            verdict, count, used, reset_ms, retry_ms = await self._run(_ADMIT, keys, args)
+            verdict, count, used, reset_ms, retry_ms = await self._run(self._admit, keys, args)
         reset_s, retry_s = reset_ms / 1000, retry_ms / 1000
         return decision_of(spec, tokens, self.window_s, verdict, count, used, reset_s, retry_s, member)
 
@@ -267,6 +300,10 @@ class RedisLimiter:
     def backend_up(self) -> bool:
         return self._up
 
+    def settling(self) -> bool:
+        """Within a reset's grace: admissions wait while the processes put their parts of the window back."""
+        return self._settling_until > time.monotonic()
+
     async def run_shared(self, script: Script, keys: Sequence[str], args: Sequence[object]) -> Any | None:
         """Run another shared state's script (budgets) on this Redis; None while it is unreachable."""
         if not self._up:
@@ -278,9 +315,12 @@ class RedisLimiter:
             return None
 
     async def close(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            await asyncio.gather(self._probe, return_exceptions=True)
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        if self._up:
+            with contextlib.suppress(*_UNREACHABLE):
+                await self._redis.delete(self._marker)
         await self._scripts.close()
         await self._redis.aclose()
         await self._fallback.close()
@@ -297,17 +337,71 @@ class RedisLimiter:
         if self._up:
             then = "using local limits" if self.fail_mode == "open" else "refusing requests"
             log.warning("rate-limit store unreachable (%s: %s); %s", type(exc).__name__, exc, then)
-        self._up = False
-        if self._probe is None or self._probe.done():
-            self._probe = asyncio.get_running_loop().create_task(self._reconnect())
+        self._up = False  # requests skip Redis; the watcher tries it every retry_interval_s
 
-    async def _reconnect(self) -> None:
+    async def _watch(self) -> None:
+        """Every ``retry_interval_s``: refresh this process's marker (gone: Redis lost its state), and while
+        Redis is away, try it again."""
+        first = True
         while True:
-            await asyncio.sleep(self.retry_interval_s)
             try:
-                await self._redis.ping()
-            except _UNREACHABLE:
-                continue
-            self._up = True
-            log.info("rate-limit store reachable again")
-            return
+                kept = await self._redis.set(self._marker, b"1", px=self._marker_ms, xx=not first)
+                if not kept:
+                    await self._redis.set(self._marker, b"1", px=self._marker_ms)
+                if not kept and not first:
+                    await self._after_reset("a marker this process keeps there was gone")
+                if not self._up:  # what was admitted locally while it was away goes in first
+                    await self._put_back()
+                    self._up = True
+                    log.info("rate-limit store reachable again")
+                first = False
+            except _UNREACHABLE as exc:
+                self._mark_down(exc)
+            except Exception:  # the watcher must outlive any surprise: the limits depend on it
+                log.exception("rate-limit store watcher")
+            await asyncio.sleep(self.retry_interval_s)
+
+    async def _after_reset(self, why: str) -> None:
+        if self.settling():
+            return  # already noticed (a lookup and the watcher may both find it)
+        self.resets += 1
+        self._settling_until = time.monotonic() + self.reset_grace_s
+        self._admission_loaded = False  # (gone with the rest, if the watcher was first to notice)
+        log.warning(
+            "rate-limit store lost its state (%s): this process's admissions of the window put back; "
+            "admissions wait %.1f s while the other processes put theirs back",
+            why,
+            self.reset_grace_s,
+        )
+        try:
+            await self._put_back()
+        except _UNREACHABLE as exc:
+            self._mark_down(exc)
+
+    async def _load_admission(self) -> None:
+        """Load this process's admission script (one load for every admission waiting on it; again after a
+        failed one)."""
+        if self._loading is None:
+            self._loading = asyncio.ensure_future(self._redis.script_load(self._admit.source))
+        loading = self._loading
+        try:
+            await asyncio.shield(loading)
+            self._admission_loaded = True
+        finally:
+            if loading.done() and self._loading is loading:
+                self._loading = None
+
+    async def _put_back(self) -> None:
+        """This process's part of every key's window, back in Redis (an entry Redis still has is left)."""
+        window_ms = math.ceil(self.window_s * 1000)
+        parts = [(key_id, self._fallback.recent(key_id)) for key_id in self._fallback.logged_keys()]
+        calls = [
+            self._run(
+                _RESTORE, self._keys(key_id), (window_ms, self._id, *(str(v) for e in entries for v in e))
+            )
+            for key_id, entries in parts
+            if entries
+        ]
+        added = sum(await asyncio.gather(*calls))
+        if added:
+            log.info("rate-limit store: %d of this process's admissions in the window put back", added)

@@ -7,7 +7,9 @@ request that reached that point in it, go to Redis in one pipeline (one write, o
 as it is. Each caller still awaits its own reply: nothing is sent later than it would have been, and a
 Redis that fails fails every call of the batch, each caller deciding (the limiter falls back to local
 limits). A script Redis does not know (restarted, flushed) is sent again with its source, which also
-loads it.
+loads it; or, for a script that watches for that (``Script.of(..., watches_resets=True)``: the limiter's
+admission, its source made this process's own), is loaded and its caller told (:class:`StoreReset`) before
+the script runs: a Redis that lost its scripts may have lost its data too.
 """
 
 from __future__ import annotations
@@ -22,14 +24,20 @@ from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
 
+class StoreReset(Exception):
+    """Redis did not know a script that watches for resets: it restarted (or its scripts were flushed) since
+    this process last ran it. The script was not run; it is loaded again for the next call."""
+
+
 @dataclass(frozen=True, slots=True)
 class Script:
     source: str
     sha: str
+    watches_resets: bool = False
 
     @classmethod
-    def of(cls, source: str) -> Script:
-        return cls(source, hashlib.sha1(source.encode()).hexdigest())
+    def of(cls, source: str, watches_resets: bool = False) -> Script:
+        return cls(source, hashlib.sha1(source.encode()).hexdigest(), watches_resets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +87,17 @@ class ScriptRunner:
             for call in calls:
                 _fail(call.reply, exc)
             return
+        loaded: set[str] = set()
         for call, reply in zip(calls, replies, strict=True):
-            if isinstance(reply, NoScriptError):
+            if isinstance(reply, NoScriptError) and call.script.watches_resets:
+                try:  # every such call of the batch is told, none run before its caller knows
+                    if call.script.sha not in loaded:
+                        await self._redis.script_load(call.script.source)
+                        loaded.add(call.script.sha)
+                    reply = StoreReset("Redis did not know this process's scripts (restarted or flushed)")
+                except Exception as exc:
+                    reply = exc
+            elif isinstance(reply, NoScriptError):
                 try:
                     reply = await self._one(call)
                 except Exception as exc:
@@ -92,11 +109,14 @@ class ScriptRunner:
                 _settle(call.reply, reply)
 
     async def _one(self, call: _Call) -> Any:
-        keys, args = call.keys, call.args
+        keys, args, script = call.keys, call.args, call.script
         try:
-            return await self._redis.evalsha(call.script.sha, len(keys), *keys, *args)
-        except NoScriptError:  # EVAL also caches it for the next EVALSHA
-            return await self._redis.eval(call.script.source, len(keys), *keys, *args)
+            return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            if script.watches_resets:
+                await self._redis.script_load(script.source)
+                raise StoreReset("Redis did not know this process's scripts (restarted or flushed)") from None
+            return await self._redis.eval(script.source, len(keys), *keys, *args)  # also caches it
 
     async def close(self) -> None:
         """Wait for the batches on their way (their callers are waiting for them)."""

@@ -1,6 +1,7 @@
 """The scripts of one loop turn go to Redis together (edge/redis_scripts.py), against a real Redis: each
 caller gets its own reply, in order; a script Redis forgot is sent again with its source; one script's
-error fails only its caller; a Redis gone fails every caller of the batch; a cancelled caller leaves the
+error fails only its caller; a script that watches for resets is not run where Redis forgot it (its
+caller is told); a Redis gone fails every caller of the batch; a cancelled caller leaves the
 others their replies."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from edge.redis_scripts import Script, ScriptRunner
+from edge.redis_scripts import Script, ScriptRunner, StoreReset
 from tests.redis_server import RedisServer
 
 INCR = Script.of("return redis.call('INCRBY', KEYS[1], ARGV[1])")
@@ -66,3 +67,28 @@ async def test_a_redis_gone_fails_every_caller_of_the_batch(tmp_path: Path):
         await runner.close()
         await redis.aclose()
         server.stop()
+
+
+async def test_a_script_that_watches_for_resets_is_not_run_where_redis_forgot_it(tmp_path: Path):
+    watching = Script.of("return redis.call('INCRBY', KEYS[1], ARGV[1]) -- watching", watches_resets=True)
+    with RedisServer(tmp_path / "redis") as server:
+        redis = Redis.from_url(server.url)
+        runner = ScriptRunner(redis)
+        try:
+            batch = [
+                runner.run(watching, ["w"], [1]),
+                runner.run(watching, ["w"], [1]),
+                runner.run(INCR, ["n"], [1]),
+            ]
+            replies = await asyncio.gather(*batch, return_exceptions=True)
+            # Every watching call of the batch is told, none ran; the other script runs as before.
+            assert [type(r) for r in replies[:2]] == [StoreReset, StoreReset] and replies[2] == 1
+            assert await redis.get("w") is None
+            assert await runner.run(watching, ["w"], [1]) == 1  # loaded again for the next call
+            await redis.script_flush()
+            with pytest.raises(StoreReset):  # a call alone, the same
+                await runner.run(watching, ["w"], [1])
+            assert await redis.get("w") == b"1"
+        finally:
+            await runner.close()
+            await redis.aclose()
