@@ -1,12 +1,15 @@
 """``bench faults``' cases and its verdict on each answer: pure, no I/O (bench/faults/run.py runs them).
 
 Three replicas of ``nearshore hostile`` stand behind the gateway: ``a`` and ``b`` serve MODEL, ``c`` serves
-FALLBACK, MODEL's fallback (for any failure and for a context-length refusal). A case shows its fault on both
-primaries, per request through the body's ``user`` (``mode:a=503,b=503,c=ok``) or for a while through
-``POST /_control``, so that whichever replica a gateway asks first, it meets the fault; ``c`` answers
-correctly, so a rescue is always possible except where the right answer is the error (the content filter).
-A fault in the middle of a stream is on ``a`` alone (``met_on``): what is measured is whether the answer
-survives it, so an answer counts only when ``a`` was asked.
+FALLBACK, MODEL's fallback (for any failure and for a context-length refusal). A few cases need another
+layout of regions over the replicas (:data:`LAYOUTS`: four replicas of MODEL, one server under two names,
+a second model beside MODEL on the primaries); each layout is a gateway of its own, configured alike.
+A case shows its fault on both primaries, per request through the body's ``user``
+(``mode:a=503,b=503,c=ok``) or for a while through ``POST /_control``, so that whichever replica a
+gateway asks first, it meets the fault; ``c`` answers correctly, so a rescue is always possible except
+where the right answer is the error (the content filter). A fault in the middle of a stream is on ``a``
+alone (``met_on``): what is measured is whether the answer survives it, so an answer counts only when
+``a`` was asked.
 
 Every correct answer is TOKENS tokens of the hostile's WORD. A verdict is one of three outcomes:
 
@@ -31,10 +34,46 @@ from nearshore.protocol import sse
 
 MODEL = "gemma-3-270m"
 FALLBACK = "long-context-model"
+SECOND = "second-model"  # beside MODEL on the primaries (the per-model circuits case); FALLBACK its fallback
 TOKENS = 60
 EXPECTED_TEXT = WORD * TOKENS
 PRIMARIES = ("a", "b")
-REPLICAS = ("a", "b", "c")
+REPLICAS = ("a", "b", "c", "d", "e")  # d and e: MODEL's third and fourth replicas (layout "four")
+
+
+@dataclass(frozen=True)
+class Region:
+    """One region entry of a gateway's config: its name, the replica it points at, the models it serves."""
+
+    name: str
+    replica: str
+    models: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    regions: tuple[Region, ...]
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(region.replica for region in self.regions))
+
+
+def _layout(name: str, *regions: tuple[str, str, tuple[str, ...]]) -> Layout:
+    return Layout(name, tuple(Region(*region) for region in regions))
+
+
+_ON_C = ("c", "c", (FALLBACK,))
+LAYOUTS = {
+    layout.name: layout
+    for layout in (
+        _layout("three", ("a", "a", (MODEL,)), ("b", "b", (MODEL,)), _ON_C),
+        _layout("four", *((r, r, (MODEL,)) for r in ("a", "b", "d", "e")), _ON_C),
+        _layout("one-url", ("a", "a", (MODEL,)), ("a-again", "a", (MODEL,)), _ON_C),
+        _layout("two-models", ("a", "a", (MODEL, SECOND)), ("b", "b", (MODEL, SECOND)), _ON_C),
+    )
+}
 MAX_HONOURED_RETRY_S = 60.0  # a Retry-After longer than this is no advice a client can act on
 DEADLINE_GRACE_S = 2.0  # an answer this long past the request deadline was not bounded by it
 
@@ -60,6 +99,11 @@ class Case:
     # One faulty replica beside a healthy one: answers go one at a time, and one counts only when this
     # replica received an attempt (the gateway met the fault; else its first pick was the healthy one)
     met_on: str = ""
+    layout: str = "three"  # the regions over the replicas (LAYOUTS)
+    model: str = MODEL  # what the case's requests ask for
+    # A model whose healthy requests (no fault) alternate with the case's, on a time line: they must not
+    # hide the case's failures from the circuits (per model), and they must be served too
+    interleave: str = ""
 
     def body_spec(self, tag: str) -> str:
         return self.spec.replace("{tag}", tag)
@@ -99,6 +143,30 @@ CASES: tuple[Case, ...] = (
     Case("no-done", "no [DONE]", spec="*=no-done", unary=False),
     Case("context", "context length 400", spec=_both("context-length")),
     Case("filter", "content filter 400", spec=_both("content-filter"), expect="advise", advisory=(400,)),
+    # Four replicas of MODEL all failing: the attempts must leave the fallback its turn.
+    Case("four", "4 replicas all 503", spec="a=503,b=503,d=503,e=503,c=ok", layout="four"),
+    # One server under two region names, asking not to be asked for 2 s: not asked again under the other.
+    Case(
+        "one-url",
+        "one URL twice: 429 2s",
+        control="429:2",
+        control_on=("a",),
+        control_s=2.5,
+        layout="one-url",
+        advisory=(429,),
+    ),
+    # SECOND dead on both primaries while MODEL is healthy there: its failures open its own circuits.
+    Case(
+        "per-model",
+        "2nd model dead, 1st ok",
+        spec="a=503,b=503,c=ok",
+        layout="two-models",
+        model=SECOND,
+        interleave=MODEL,
+        unary=False,
+        requests=12,
+        spacing_s=0.25,
+    ),
     Case(
         "down",
         "primary a down 20s",

@@ -1,9 +1,10 @@
-"""``bench faults``' gateways, configured alike over the same three hostile replicas: our edge and LiteLLM's
+"""``bench faults``' gateways, configured alike over the same hostile replicas: our edge and LiteLLM's
 proxy, with the run's limits (first token, stall, deadline, attempts, circuit) in each one's own terms.
 
-Replicas ``a`` and ``b`` serve MODEL (one group for LiteLLM, two regions for the edge), ``c`` serves
-FALLBACK, MODEL's fallback for any failure and for a context-length refusal. Neither gateway caches
-answers. LiteLLM's config is written as JSON, which is YAML, so no YAML writer is needed.
+A layout (bench/faults/cases.py) names the region entries: in the usual one, replicas ``a`` and ``b`` serve
+MODEL (one group for LiteLLM, two regions for the edge) and ``c`` serves FALLBACK, the fallback of MODEL
+(and of SECOND) for any failure and for a context-length refusal. Neither gateway caches answers.
+LiteLLM's config is written as JSON, which is YAML, so no YAML writer is needed.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.faults.cases import FALLBACK, MODEL, PRIMARIES
+from bench.faults.cases import FALLBACK, MODEL, SECOND, Layout
 from bench.peers import JSON, LITELLM_ENV, Endpoint, started
 from edge.keys import KeyStore
 from harness.procs import ManagedProcess, free_port
@@ -22,7 +23,12 @@ from nearshore.children import nearshore_argv
 from nearshore.tls import ensure_dev_certificate
 from nearshore.tomlw import dumps
 
-PRICES = {MODEL: {"input": 1.0, "output": 2.0}, FALLBACK: {"input": 2.0, "output": 4.0}}
+PRICES = {
+    MODEL: {"input": 1.0, "output": 2.0},
+    SECOND: {"input": 1.0, "output": 2.0},
+    FALLBACK: {"input": 2.0, "output": 4.0},
+}
+FALLBACKS = {MODEL: [FALLBACK], SECOND: [FALLBACK]}
 
 
 @dataclass(frozen=True)
@@ -37,10 +43,11 @@ class Limits:
     ejection_s: float = 3.0  # ... then out for this long, every time (LiteLLM: cooldown_time)
 
 
-def start_edge(logs: Path, replicas: dict[str, str], limits: Limits) -> Endpoint:
-    """Our edge over the replicas (name -> URL): TLS on (its development certificate), a key that no
-    limit stops, the response cache off, MODEL's fallback FALLBACK for failures and for long contexts."""
-    folder = logs / "edge"
+def start_edge(logs: Path, replicas: dict[str, str], layout: Layout, limits: Limits) -> Endpoint:
+    """Our edge over the replicas (name -> URL) as ``layout`` names them: TLS on (its development
+    certificate), a key that no limit stops, the response cache off, FALLBACK the fallback for failures
+    and for long contexts."""
+    folder = logs / f"edge-{layout.name}"
     folder.mkdir(parents=True, exist_ok=True)
     store = KeyStore(folder / "keys.sqlite3")
     try:
@@ -51,14 +58,14 @@ def start_edge(logs: Path, replicas: dict[str, str], limits: Limits) -> Endpoint
     context = ssl.create_default_context(cafile=str(cert))
     port = free_port()
     regions = [
-        {"name": name, "url": url, "models": [MODEL if name in PRIMARIES else FALLBACK]}
-        for name, url in replicas.items()
+        {"name": region.name, "url": replicas[region.replica], "models": list(region.models)}
+        for region in layout.regions
     ]
     config: dict[str, object] = {
         "name": "edge-faults",
         "keys_db": folder / "keys.sqlite3",
         "ledger_db": folder / "ledger.sqlite3",
-        "models": [MODEL, FALLBACK],
+        "models": list(PRICES),
         "prices": PRICES,
         "server": {"port": port},
         "tls": {"enabled": True, "dev_cert_dir": folder / "tls"},
@@ -79,33 +86,37 @@ def start_edge(logs: Path, replicas: dict[str, str], limits: Limits) -> Endpoint
                 "max_ejection_s": limits.ejection_s,  # no growth: each case starts with the circuit closed
             }
         },
-        "fallbacks": {"models": {MODEL: [FALLBACK]}, "context": {MODEL: [FALLBACK]}},
+        "fallbacks": {"models": FALLBACKS, "context": FALLBACKS},
         "regions": regions,
     }
     (folder / "edge.toml").write_text(dumps(config))
     url = f"https://127.0.0.1:{port}"
     argv = nearshore_argv("edge", "--config", str(folder / "edge.toml"))
-    process = ManagedProcess("edge", argv, logs / "edge.log")
+    process = ManagedProcess("edge", argv, logs / f"edge-{layout.name}.log")
     started(process, url + "/health", 60, context)
     headers = {**JSON, "Authorization": f"Bearer {api_key}"}
     return Endpoint("nearshore edge", url, headers, process, context, folder)
 
 
-def litellm_config(replicas: dict[str, str], limits: Limits, master_key: str) -> dict[str, object]:
-    """LiteLLM's proxy config: MODEL as one group over a and b, FALLBACK on c, the same limits."""
+def litellm_config(
+    replicas: dict[str, str], layout: Layout, limits: Limits, master_key: str
+) -> dict[str, object]:
+    """LiteLLM's proxy config: a deployment per region entry and model (MODEL one group over its
+    replicas), FALLBACK on c, the same limits."""
     deployments = [
         {
-            "model_name": MODEL if name in PRIMARIES else FALLBACK,
+            "model_name": model,
             "litellm_params": {
-                "model": f"openai/{MODEL if name in PRIMARIES else FALLBACK}",
-                "api_base": f"{url}/v1",
+                "model": f"openai/{model}",
+                "api_base": f"{replicas[region.replica]}/v1",
                 "api_key": "x",
                 # the fault rides in the body's `user`, which LiteLLM sends only to models in its OpenAI
                 # catalog unless allowed by name
                 "allowed_openai_params": ["user"],
             },
         }
-        for name, url in replicas.items()
+        for region in layout.regions
+        for model in region.models
     ]
     return {
         "model_list": deployments,
@@ -113,8 +124,8 @@ def litellm_config(replicas: dict[str, str], limits: Limits, master_key: str) ->
             "num_retries": limits.max_attempts - 1,
             "timeout": limits.deadline_s,
             "stream_timeout": limits.ttft_s,
-            "fallbacks": [{MODEL: [FALLBACK]}],
-            "context_window_fallbacks": [{MODEL: [FALLBACK]}],
+            "fallbacks": [{model: chain} for model, chain in FALLBACKS.items()],
+            "context_window_fallbacks": [{model: chain} for model, chain in FALLBACKS.items()],
             "allowed_fails": limits.failures_to_eject,
             "cooldown_time": limits.ejection_s,
         },
@@ -123,18 +134,20 @@ def litellm_config(replicas: dict[str, str], limits: Limits, master_key: str) ->
     }
 
 
-def start_litellm(logs: Path, litellm: Path, replicas: dict[str, str], limits: Limits) -> Endpoint:
+def start_litellm(
+    logs: Path, litellm: Path, replicas: dict[str, str], layout: Layout, limits: Limits
+) -> Endpoint:
     """LiteLLM's proxy from its own virtualenv, one worker, offline (peers.LITELLM_ENV)."""
-    folder = logs / "litellm"
+    folder = logs / f"litellm-{layout.name}"
     folder.mkdir(parents=True, exist_ok=True)
     master_key = "sk-" + secrets.token_hex(32)
     conf = folder / "config.yaml"
-    conf.write_text(json.dumps(litellm_config(replicas, limits, master_key), indent=2))
+    conf.write_text(json.dumps(litellm_config(replicas, layout, limits, master_key), indent=2))
     port = free_port()
     argv = [str(litellm), "--config", str(conf), "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--num_workers", "1"]
     url = f"http://127.0.0.1:{port}"
-    process = ManagedProcess("litellm", argv, logs / "litellm.log", env=LITELLM_ENV)
+    process = ManagedProcess("litellm", argv, logs / f"litellm-{layout.name}.log", env=LITELLM_ENV)
     started(process, url + "/health/liveliness", 180, None)
     headers = {**JSON, "Authorization": f"Bearer {master_key}"}
     return Endpoint("LiteLLM proxy", url, headers, process, folder=folder)

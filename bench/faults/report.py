@@ -9,7 +9,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bench.faults.cases import OUTCOMES, REPLICAS, Case, Verdict
+from bench.faults.cases import LAYOUTS, OUTCOMES, Case, Verdict
 
 
 @dataclass
@@ -35,7 +35,7 @@ class GatewayRun:
     error: str = ""  # why it did not run, when it did not
 
 
-_CASE_W, _KIND_W, _CELL_W = 24, 7, 34
+_CASE_W, _KIND_W, _CELL_W = 24, 7, 42
 _LETTER = {"rescued": "R", "advisory": "A", "failed": "F"}
 
 
@@ -60,13 +60,14 @@ def _seconds(value: float) -> str:
 
 
 def _attempts(result: VariantResult) -> str:
-    return "/".join(str(result.attempts.get(name, 0)) for name in REPLICAS)
+    """Each replica of the case's layout and the attempts it received: ``a3 b3 c6``."""
+    return " ".join(f"{name}{result.attempts.get(name, 0)}" for name in LAYOUTS[result.case.layout].replicas)
 
 
 def _cell(result: VariantResult | None) -> str:
     if result is None:
         return f"{'(not run)':<{_CELL_W}}"
-    return f"{outcome_cell(result):<14}{_seconds(result.median_s):>8}  {_attempts(result):<10}"
+    return f"{outcome_cell(result):<14}{_seconds(result.median_s):>8}  {_attempts(result):<18}"
 
 
 def progress(gateway: str, result: VariantResult) -> str:
@@ -101,7 +102,7 @@ def _all_rescued(result: VariantResult | None) -> bool:
 
 def tables(runs: list[GatewayRun]) -> str:
     lines = ["", f"{'':<{_CASE_W + _KIND_W}}" + "".join(f"| {run.name:<{_CELL_W}}" for run in runs)]
-    head = f"{'outcome':<14}{'median':>8}  {'a/b/c':<10}"
+    head = f"{'outcome':<14}{'median':>8}  {'attempts':<18}"
     lines.append(f"{'case':<{_CASE_W}}{'kind':<{_KIND_W}}" + f"| {head:<{_CELL_W}}" * len(runs))
     rows = _rows(runs)
     for title, kind, results in rows:
@@ -109,8 +110,9 @@ def tables(runs: list[GatewayRun]) -> str:
     lines.append("")
     lines.append(
         "outcome: R rescued (200, all tokens, [DONE], no error event), A advisory (a typed error that is the "
-        "right answer), F failed; median: time to the answer's end; a/b/c: completions requests each "
-        "replica received (all answers of the row)"
+        "right answer), F failed; median: time to the answer's end; attempts: completions requests each "
+        "replica received (all answers of the row; d and e: MODEL's 3rd and 4th replicas, where a case has "
+        "four)"
     )
     for run in runs:
         if run.error:

@@ -6,8 +6,8 @@ bench/faults/cases.py is sent ``--repeats`` times at once (a fault on one replic
 until that many met it), streamed and (where it has a unary form) not; each answer is classified rescued,
 advisory or failed; the replicas' /_log counts the attempts they received. Between cases the overrides are
 cleared and the run waits out the circuit (``Limits.ejection_s``), so that one case's ejections do not
-decide the next. The gateways run one after the other, each stopped in a ``finally``; every request has a
-client timeout.
+decide the next. The gateways run one after the other, each stopped in a ``finally`` (a gateway per
+layout of regions the cases need: cases.LAYOUTS); every request has a client timeout.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import aiohttp
 
 from bench import peers
 from bench.faults import report as faults_report
-from bench.faults.cases import MODEL, REPLICAS, TOKENS, Case, Observation, classify, pick
+from bench.faults.cases import LAYOUTS, TOKENS, Case, Layout, Observation, classify, pick
 from bench.faults.gateways import Limits, start_edge, start_litellm
 from bench.faults.report import GatewayRun, VariantResult
 from bench.peers import Endpoint
@@ -60,11 +60,13 @@ class Plan:
 # --- one request ------------------------------------------------------------------------------------------
 
 
-async def ask(s: aiohttp.ClientSession, gateway: Endpoint, spec: str, stream: bool) -> Observation:
+async def ask(
+    s: aiohttp.ClientSession, gateway: Endpoint, spec: str, stream: bool, model: str
+) -> Observation:
     """One chat completion through the gateway, read to its end or to the client's timeout."""
     client_id = uuid.uuid4().hex
     body: dict[str, object] = {
-        "model": MODEL,
+        "model": model,
         "messages": [{"role": "user", "content": f"say it {client_id}"}],  # never two alike: no cache hit
         "max_tokens": TOKENS,
         "stream": stream,
@@ -138,7 +140,10 @@ async def run_variant(
         if case.requests:  # one after another, spaced: a time line (the outage)
             observations = await _time_line(client, gateway, case, stream, tag)
         else:
-            asked = [ask(client, gateway, case.body_spec(f"{tag}{i}"), stream) for i in range(plan.repeats)]
+            asked = [
+                ask(client, gateway, case.body_spec(f"{tag}{i}"), stream, case.model)
+                for i in range(plan.repeats)
+            ]
             observations = list(await asyncio.gather(*asked))
         for obs in observations:
             _record(result, obs, plan)
@@ -155,7 +160,9 @@ async def _time_line(
     observations = []
     for i in range(case.requests):
         await asyncio.sleep(max(0.0, started + i * case.spacing_s - time.monotonic()))
-        observations.append(await ask(client, gateway, case.body_spec(f"{tag}{i}"), stream))
+        if case.interleave:  # a healthy request of another model between each two of the case's
+            observations.append(await ask(client, gateway, "", stream, case.interleave))
+        observations.append(await ask(client, gateway, case.body_spec(f"{tag}{i}"), stream, case.model))
     return observations
 
 
@@ -181,7 +188,7 @@ async def _until_met(
         for url in replicas.values():
             async with control.delete(url + "/_log") as r:
                 r.raise_for_status()
-        obs = await ask(client, gateway, case.body_spec(f"{tag}{i}"), result.stream)
+        obs = await ask(client, gateway, case.body_spec(f"{tag}{i}"), result.stream, case.model)
         await asyncio.sleep(LOG_SETTLE_S)
         seen = await _attempts(control, replicas)
         if not seen[case.met_on]:  # the faulty replica was out (its circuit open): let it come back
@@ -215,19 +222,23 @@ async def run_cases(name: str, gateway: Endpoint, plan: Plan) -> list[VariantRes
 # --- the run ----------------------------------------------------------------------------------------------
 
 
-def _through(name: str, start: Callable[[], Endpoint], plan: Plan) -> GatewayRun:
-    """Start one gateway, run every case through it, stop it (whatever happens)."""
+def _through(name: str, start: Callable[[Layout], Endpoint], plan: Plan) -> GatewayRun:
+    """Run every case through one kind of gateway: one started per layout the cases need, in the cases'
+    order, each stopped whatever happens."""
     run = GatewayRun(name)
-    gateway: Endpoint | None = None
-    try:
-        gateway = start()
-        run.results = asyncio.run(run_cases(name, gateway, plan))
-    except Exception as exc:  # one gateway's failure is reported beside the other's figures
-        run.error = f"{type(exc).__name__}: {exc}"
-        print(f"{name}: did not run: {run.error}", flush=True)
-    finally:
-        if gateway is not None:
-            gateway.stop()
+    for layout_name in dict.fromkeys(case.layout for case in plan.cases):
+        cases = [case for case in plan.cases if case.layout == layout_name]
+        gateway: Endpoint | None = None
+        try:
+            gateway = start(LAYOUTS[layout_name])
+            run.results += asyncio.run(run_cases(name, gateway, replace(plan, cases=cases)))
+        except Exception as exc:  # one gateway's failure is reported beside the other's figures
+            run.error = f"{type(exc).__name__}: {exc}"
+            print(f"{name}: did not run: {run.error}", flush=True)
+            break
+        finally:
+            if gateway is not None:
+                gateway.stop()
     return run
 
 
@@ -252,18 +263,21 @@ def run(bench: FaultsBench, limits: Limits | None = None) -> list[GatewayRun]:
     runs: list[GatewayRun] = []
     with contextlib.ExitStack() as stack:
         replicas: dict[str, str] = {}
-        for name in REPLICAS:
+        for name in dict.fromkeys(r for case in cases for r in LAYOUTS[case.layout].replicas):
             replica = peers.start_stand_in(
                 logs, "hostile", name, tokens=TOKENS, limit_s=HOSTILE_LIMIT_S, max_connections=4000
             )
             stack.callback(replica.stop)
             replicas[name] = replica.url
         plan = Plan(replicas, cases, bench.repeats, limits)
-        runs.append(_through("nearshore edge", lambda: start_edge(logs, replicas, limits), plan))
+        runs.append(
+            _through("nearshore edge", lambda layout: start_edge(logs, replicas, layout, limits), plan)
+        )
         if litellm is not None:
             version = peers.versions(None, litellm).get("litellm", "?")
+            gateway = f"LiteLLM {version}"
             runs.append(
-                _through(f"LiteLLM {version}", lambda: start_litellm(logs, litellm, replicas, limits), plan)
+                _through(gateway, lambda layout: start_litellm(logs, litellm, replicas, layout, limits), plan)
             )
     print(faults_report.tables(runs), flush=True)
     return runs

@@ -138,7 +138,8 @@ def test_a_few_cases_through_our_edge(tmp_path: Path):
 
     parser = argparse.ArgumentParser()
     add_faults_arguments(parser)
-    args = parser.parse_args(["--cases", "503,no-done,filter", "--repeats", "2", "--logs", str(tmp_path)])
+    cases = "503,no-done,filter,four,per-model"  # (the last two: a gateway each, of another layout)
+    args = parser.parse_args(["--cases", cases, "--repeats", "2", "--logs", str(tmp_path)])
     (edge,) = faults.run(faults.FaultsBench(args.litellm, args.cases, args.repeats, args.logs))
     assert not edge.error
     outcomes = {(r.case.name, r.stream): {v.outcome for v in r.verdicts} for r in edge.results}
@@ -148,7 +149,16 @@ def test_a_few_cases_through_our_edge(tmp_path: Path):
         ("no-done", True): {"rescued"},
         ("filter", True): {"advisory"},
         ("filter", False): {"advisory"},
+        ("four", True): {"rescued"},
+        ("four", False): {"rescued"},
+        ("per-model", True): {"rescued"},
     }
     by_case = {(r.case.name, r.stream): r for r in edge.results}
     assert by_case[("503", True)].attempts["c"] == 2  # each answer came from the fallback
     assert by_case[("filter", True)].attempts["c"] == 0  # the filter's refusal never went to the fallback
+    # Four replicas of the model failing leave the fallback its turn; the second model's failures on the
+    # primaries open its own circuits though the first model is served there between them (its 12
+    # answers): 3 failures each, and a probe or two once the circuits half-open.
+    assert by_case[("four", True)].attempts["c"] == 2
+    per_model = by_case[("per-model", True)].attempts
+    assert per_model["c"] == 12 and per_model["a"] + per_model["b"] <= 12 + 2 * 3 + 4, per_model
