@@ -145,6 +145,7 @@ async def guarded_metrics(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state = request.app[EDGE]
     state.metrics.limiter_up.set(1 if state.limiter.backend_up() else 0)
+    state.metrics.limiter_resets.set(state.limiter.store_resets())
     state.metrics.keys_store_up.set(0 if state.keys.out_of_reach() else 1)
     state.metrics.keys_active.set(state.keys.active_keys())
     state.metrics.ledger_fleet_behind.set(state.fleet_ledger.behind if state.fleet_ledger else 0)

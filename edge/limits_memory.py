@@ -148,6 +148,9 @@ class MemoryLimiter:
     def backend_up(self) -> bool:
         return True
 
+    def store_resets(self) -> int:
+        return 0  # nothing shared to lose
+
     async def close(self) -> None:
         self._logs.clear()
 

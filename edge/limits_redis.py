@@ -300,6 +300,9 @@ class RedisLimiter:
     def backend_up(self) -> bool:
         return self._up
 
+    def store_resets(self) -> int:
+        return self.resets
+
     def settling(self) -> bool:
         """Within a reset's grace: admissions wait while the processes put their parts of the window back."""
         return self._settling_until > time.monotonic()

@@ -49,6 +49,13 @@ EDGE_FAMILIES: dict[str, MetricSpec] = {
     "limiter_up": MetricSpec(
         P + "ratelimit_backend_up", "gauge", (), "1 while the shared limit store answers."
     ),
+    "limiter_resets": MetricSpec(
+        P + "ratelimit_store_resets",
+        "gauge",
+        (),
+        "Times since start the shared limit store was found to have lost its state (restarted empty, "
+        "flushed); each time, this process put its part of every key's window back.",
+    ),
     "ledger_fleet_behind": MetricSpec(
         P + "ledger_fleet_behind",
         "gauge",

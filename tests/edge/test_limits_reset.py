@@ -43,7 +43,7 @@ async def test_after_an_empty_restart_an_edge_with_none_of_a_keys_requests_does_
         after = [await first.admit(key, spec, 1) for _ in range(2)]
         assert [d.allowed for d in after] == [True, False]  # the 4th, then the limit (not 4 more)
         assert not any(d.degraded for d in after)  # decided by Redis, with the whole window
-        assert first.resets == 1 and second.resets == 1  # the second noticed without a request
+        assert first.store_resets() == 1 and second.store_resets() == 1  # the second noticed, unasked
         refused = await second.admit(key, spec, 1)
         assert not refused.allowed and refused.refused_by == "requests"
     finally:
