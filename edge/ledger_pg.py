@@ -54,6 +54,9 @@ BATCH_ROWS = 1000
 SHIP_EVERY_S = 0.5
 _BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 FINAL_SHIP_S = 10.0  # at shutdown, the most time spent on one last attempt
+# One batch's insert; past it PostgreSQL is not answering on this connection (a server stopped mid-batch
+# once held a shipper here for a minute, unaware): out of reach, the connection cut, the rows wait.
+BATCH_TIMEOUT_S = 15.0
 
 
 class Mark:
@@ -113,7 +116,8 @@ class FleetLedger:
 
     async def _connect(self) -> asyncpg.Connection:
         if self._conn is None or self._conn.is_closed():
-            self._conn = await connect(self.url, _TABLE, SETTING)
+            async with asyncio.timeout(BATCH_TIMEOUT_S):  # connecting, then the table checked
+                self._conn = await connect(self.url, _TABLE, SETTING)
         return self._conn
 
     async def run(self) -> None:
@@ -152,7 +156,7 @@ class FleetLedger:
                     await (await self._connect()).fetchval("SELECT 1", timeout=CONNECT_TIMEOUT_S)
                 return shipped
             conn = await self._connect()
-            async with conn.transaction():
+            async with asyncio.timeout(BATCH_TIMEOUT_S), conn.transaction():
                 await conn.executemany(_INSERT, [(self.edge, *row[1:]) for row in rows])
             self.mark.advance(rows[-1][0])
             shipped += len(rows)
@@ -168,10 +172,11 @@ class FleetLedger:
 
     async def close(self) -> None:
         """One last attempt, bounded: rows still in the ledger go at the next start on this volume."""
+        self._cut()  # the shipping task was cancelled, perhaps mid-batch: a connection of its own
         try:
             async with asyncio.timeout(FINAL_SHIP_S):
                 await self.ship_all()
-        except (*PG_ERRORS, StoreError, sqlite3.Error, TimeoutError) as exc:
+        except Exception as exc:  # whatever it is, the process is stopping: the rows wait for the next start
             log.warning(
                 "%s: %d rows not yet shipped at shutdown (%s); they go at the next start",
                 SETTING,
@@ -184,8 +189,15 @@ class FleetLedger:
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            with contextlib.suppress(*PG_ERRORS):
+            try:
                 await asyncio.wait_for(conn.close(), CONNECT_TIMEOUT_S)
+            except Exception:  # one that will not close cleanly (mid-operation, server gone) is cut
+                conn.terminate()
+
+    def _cut(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.terminate()
 
 
 def open_fleet_ledger(ledger_db: str, url: str, edge: str) -> FleetLedger:
