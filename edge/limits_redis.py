@@ -351,10 +351,12 @@ class RedisLimiter:
                 kept = await self._redis.set(self._marker, b"1", px=self._marker_ms, xx=not first)
                 if not kept:
                     await self._redis.set(self._marker, b"1", px=self._marker_ms)
-                if not kept and not first:
+                reset = not kept and not first
+                if reset:  # (its put-back covers what was admitted locally while Redis was away)
                     await self._after_reset("a marker this process keeps there was gone")
                 if not self._up:  # what was admitted locally while it was away goes in first
-                    await self._put_back()
+                    if not reset:
+                        await self._put_back()
                     self._up = True
                     log.info("rate-limit store reachable again")
                 first = False

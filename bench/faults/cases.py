@@ -38,7 +38,6 @@ SECOND = "second-model"  # beside MODEL on the primaries (the per-model circuits
 TOKENS = 60
 EXPECTED_TEXT = WORD * TOKENS
 PRIMARIES = ("a", "b")
-REPLICAS = ("a", "b", "c", "d", "e")  # d and e: MODEL's third and fourth replicas (layout "four")
 
 
 @dataclass(frozen=True)
