@@ -143,6 +143,8 @@ class LagosTtft:
                 "region_ttft_ms": region_ttft,
                 "cache_hit_ms": hit_ttft,
                 "cache_hit_after_handshakes_ms": hit_after_handshakes,
+                "hits_from_cache": sum("cache" in p.server_timing for p in hits),
+                "repeats": ctx.repeats,
             },
         )
 

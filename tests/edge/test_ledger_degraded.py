@@ -112,7 +112,9 @@ async def test_a_locked_ledger_spools_without_blocking_and_replays_every_row_onc
                 await ledger.record(usage(f"locked-{i:02d}"))
 
         lag_ms, _ = await loop_lag_ms(write_all())
-        assert lag_ms < 50, f"the loop stalled {lag_ms:.0f} ms behind a locked ledger"
+        # A write waiting on the lock from the loop holds it for sqlite's wait (5 s); a busy machine's own
+        # hiccups stay far below the bound.
+        assert lag_ms < 1000, f"the loop stalled {lag_ms:.0f} ms behind a locked ledger"
         assert ledger.health() == "spooling" and ledger.accepting()
         assert spool_path(path, os.getpid()).exists()
         await asyncio.sleep(0.6)  # the replayer tries meanwhile, and is refused: nothing lost, nothing twice
