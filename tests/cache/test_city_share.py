@@ -53,7 +53,8 @@ async def test_changes_reach_the_other_stores_and_bad_ones_are_skipped(tmp_path:
         tasks = [asyncio.create_task(s.run()) for s in (share_a, share_b)]
         try:
             share_a.stored(KEY["k1"], entry("first"), unit(1), replace=False)
-            await until(lambda: store_b.peek(KEY["k1"]) is not None)
+            # The entry lands before its index row (a worker thread writes both): wait for the row.
+            await until(lambda: bool(store_b.nearest("p1", unit(1), 1, 0.99)))
             assert store_b.peek(KEY["k1"]).text == "first"
             assert store_b.nearest("p1", unit(1), 1, 0.99)[0][1] == KEY["k1"]  # the vector came with it
 
@@ -70,7 +71,7 @@ async def test_changes_reach_the_other_stores_and_bad_ones_are_skipped(tmp_path:
             share_a.stored(KEY["k2"], entry("wrong size"), np.ones(DIM + 1, np.float32), replace=False)
             share_a.stored(KEY["k3"], entry("gone", ttl_s=-1), unit(3), replace=False)
             share_a.stored(KEY["k4"], entry("last"), unit(4), replace=False)
-            await until(lambda: store_b.peek(KEY["k4"]) is not None)
+            await until(lambda: bool(store_b.nearest("p1", unit(4), 1, 0.99)))
             assert store_b.peek("ab" * 16) is None and store_b.peek(KEY["k3"]) is None
             assert store_b.peek(KEY["k2"]).text == "wrong size"  # an exact hit only
             assert [k for _, k in store_b.nearest("p1", unit(4), 5, 0.5)] == [KEY["k4"]]

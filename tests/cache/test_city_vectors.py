@@ -64,6 +64,8 @@ async def test_an_edge_uses_its_own_models_vectors_and_embeds_the_rest_within_th
             # Embedded through A for a request that may be embedded only in eu-west.
             a.stored(exact_key(1), entry("q1"), unit(1), False, regions=frozenset({"eu-west"}))
             await until(lambda: c.peek(exact_key(1)) is not None and b.peek(exact_key(1)) is not None)
+            # The entry lands before its index row (a worker thread writes both): wait for the row too.
+            await until(lambda: bool(b.nearest(PARTITION, unit(1), 1, 0.99)))
             assert b.nearest(PARTITION, unit(1), 1, 0.99)[0][1] == exact_key(1)
             assert c.vectors(PARTITION) is None  # another model's vector: not used
             await until(lambda: len(asked["c"]) == 1)
