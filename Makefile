@@ -24,6 +24,11 @@ ifneq ($(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes),)
 LLAMA_CMAKE_ARGS += -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON
 endif
 
+# Test workers: serial, the suite waits on real processes and emulated links half its time; three workers
+# fill those waits on two cores (tests/conftest.py gives each worker's engines one thread, so that they
+# share the cores instead of spinning against each other).
+TEST_WORKERS ?= 3
+
 .PHONY: demo test lint bench venv clean system-deps
 
 demo: $(VENV)/.installed
@@ -32,7 +37,7 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed $(LITELLM_VENV)/.installed system-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check --fix .

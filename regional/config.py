@@ -58,7 +58,7 @@ class EngineConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     )
     # Where the torch engine keeps its converted weights ("": ~/.cache/nearshore/torch-weights).
     weights_cache_dir: str = ""
-    # 0: one thread per core.
+    # 0: OMP_NUM_THREADS where set, else one thread per core this process may run on.
     n_threads: Annotated[int, Meta(ge=0, le=1024)] = 0
     # Sequences decoded together in one batch (llama.cpp's n_seq_max).
     max_sequences: Annotated[int, Meta(ge=1, le=256)] = 16

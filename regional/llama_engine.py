@@ -9,6 +9,7 @@ makes room (dropping idle caches, or preempting) in the next plan.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -31,11 +32,21 @@ log = logging.getLogger("nearshore.engine")
 CONTEXT_FAILED = "llama.cpp could not create a context"
 
 
+def default_threads() -> int:
+    """``n_threads = 0``: ``OMP_NUM_THREADS`` where the operator set it (the convention torch and BLAS follow
+    too, so one variable sizes every engine of a process sharing its cores), else the cores this process may
+    run on (a cpuset or ``taskset`` counts, not the whole machine)."""
+    with contextlib.suppress(ValueError):
+        if (omp := int(os.environ.get("OMP_NUM_THREADS", "") or 0)) > 0:
+            return omp
+    return len(os.sched_getaffinity(0)) or os.cpu_count() or 1
+
+
 class LlamaCppEngine(StepEngine):
     kind = "llama.cpp"
 
     def __init__(self, model_name: str, model_path: str, config: EngineConfig) -> None:
-        threads = config.n_threads or os.cpu_count() or 1
+        threads = config.n_threads or default_threads()
         self._settings = ContextSettings(
             n_ctx=config.kv_cache_tokens,
             n_batch=config.batch_tokens,

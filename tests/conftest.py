@@ -15,6 +15,12 @@ from harness.procs import ManagedProcess, free_port
 from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps
 
+# Under pytest-xdist the workers share the cores: each worker's engines (torch here, llama.cpp and torch in
+# the nodes it starts: regional/llama_engine.py default_threads) take one thread, not one per core, or their
+# threads spin against each other's at every step's barrier.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 MODEL = "gemma-3-270m"
 # The second embedded model, instruction-tuned (one node per model: configs/region-small.toml).
 SMALL_MODEL = "smollm2-135m"

@@ -111,6 +111,9 @@ async def test_a_client_may_opt_out_and_gets_the_error_event(breaking_pair: Edge
 # --- with the real model -----------------------------------------------------------------------------
 
 
+ANSWER_TOKENS = 160
+
+
 @pytest.fixture(scope="module")
 def doomed(tmp_path_factory: pytest.TempPathFactory):
     node = start_region(tmp_path_factory.mktemp("doomed"), engine=SHARED_ENGINE)
@@ -123,14 +126,16 @@ async def test_a_region_killed_mid_stream_leaves_one_complete_answer(tmp_path, r
     question = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Write three sentences about the city of Lagos."}],
-        "max_tokens": 32,
+        # Long enough that the killed region cannot have sent the whole answer before the fifth token reaches
+        # the test (on a busy machine the region ran 27 tokens ahead of the client, and finished 32 unkilled).
+        "max_tokens": ANSWER_TOKENS,
         "temperature": 0,
         "seed": 7,
     }
     async with aiohttp.ClientSession() as s, s.post(region.url + "/v1/chat/completions", json=question) as r:
         reference = await r.json()
     expected = reference["choices"][0]["message"]["content"]
-    assert reference["usage"]["completion_tokens"] == 32 and len(expected) > 40
+    assert reference["usage"]["completion_tokens"] == ANSWER_TOKENS and len(expected) > 40
 
     edge = start_edge(
         tmp_path / "edge",
@@ -155,7 +160,7 @@ async def test_a_region_killed_mid_stream_leaves_one_complete_answer(tmp_path, r
         assert content(events) == expected
         row = edge.ledger_rows()[-1]
         assert (row["region"], row["continued_from"], row["status"]) == ("virginia", "london", "ok")
-        assert row["completion_tokens"] == 32
+        assert row["completion_tokens"] == ANSWER_TOKENS
         assert row["prompt_tokens"] == reference["usage"]["prompt_tokens"]
     finally:
         edge.stop()
