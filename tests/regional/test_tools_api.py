@@ -150,9 +150,13 @@ def test_auto_answers_text_or_a_valid_call_and_a_history_with_calls_renders(regi
             max_tokens=40,
         )
         choice = answer.choices[0]
-        if choice.message.tool_calls:
+        if choice.message.tool_calls and choice.finish_reason == "length":  # cut by max_tokens mid-call
+            (call,) = choice.message.tool_calls
+            assert call.function.name in {"get_weather", "convert"}
+            assert call.function.arguments.startswith("{")
+        elif choice.message.tool_calls:
             valid_calls(choice.message, {"get_weather", "convert"})
-            assert choice.finish_reason in ("tool_calls", "length")
+            assert choice.finish_reason == "tool_calls"
         else:
             assert choice.message.content and choice.finish_reason in ("stop", "length")
     history = [
