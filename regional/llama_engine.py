@@ -39,7 +39,7 @@ def default_threads() -> int:
     with contextlib.suppress(ValueError):
         if (omp := int(os.environ.get("OMP_NUM_THREADS", "") or 0)) > 0:
             return omp
-    return len(os.sched_getaffinity(0)) or os.cpu_count() or 1
+    return len(os.sched_getaffinity(0))  # never empty: the process runs somewhere
 
 
 class LlamaCppEngine(StepEngine):
