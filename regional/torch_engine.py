@@ -25,6 +25,7 @@ import numpy as np
 from gpu.sampling_rows import SamplingRow
 from regional.config import EngineConfig
 from regional.engine import Logprobs
+from regional.gpu_probe import cuda_available
 from regional.grammar import GrammarError
 from regional.kv_memory import KvMemory
 from regional.kv_paged import PagedMemory
@@ -38,18 +39,6 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("nearshore.engine")
-
-
-def cuda_available() -> bool:
-    """True when torch is installed and sees a CUDA device (never raises)."""
-    try:
-        import torch
-    except ImportError:
-        return False
-    try:
-        return bool(torch.cuda.is_available())
-    except Exception:  # a broken driver is no GPU
-        return False
 
 
 class TorchEngine(StepEngine):
