@@ -130,18 +130,23 @@ class FleetLedger:
                     log.warning("%s: PostgreSQL is back; the bill is caught up", SETTING)
                 self.reachable, failures = True, 0
                 await asyncio.sleep(SHIP_EVERY_S)
-            except (*PG_ERRORS, StoreError) as exc:  # StoreError: the table was replaced meanwhile
-                if self.reachable:
-                    log.warning("%s: PostgreSQL out of reach (%s): rows wait in the ledger", SETTING, exc)
-                self.reachable = False
-                await self._drop()
-                await asyncio.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
-                failures += 1
             except sqlite3.Error as exc:  # the ledger file could not be read this time: the rows stay in it
                 if not failures:
                     log.warning(
                         "%s: reading the ledger %s failed (%s); retrying", SETTING, self.ledger_path, exc
                     )
+                await asyncio.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
+                failures += 1
+            except Exception as exc:  # the shipper outlives any failure of its connection
+                # PostgreSQL out of reach, the table replaced meanwhile (StoreError), or a connection left
+                # mid-operation by a batch cut at its timeout (asyncpg's InternalClientError, "another
+                # operation is in progress"): the connection goes, the rows wait in the ledger, the shipper
+                # tries again. Before, anything but the first two ended the shipper for the edge's life.
+                if self.reachable:
+                    why = exc if isinstance(exc, (*PG_ERRORS, StoreError)) else f"{type(exc).__name__}: {exc}"
+                    log.warning("%s: PostgreSQL out of reach (%s): rows wait in the ledger", SETTING, why)
+                self.reachable = False
+                self._cut()
                 await asyncio.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
                 failures += 1
 

@@ -43,3 +43,45 @@ async def test_a_shutdown_that_cancels_a_batch_midway_still_ships_every_row(
         assert shipped == 3000
     finally:
         await ledger.close()
+
+
+async def test_a_connection_left_mid_operation_does_not_end_the_shipper(postgres: Postgres, tmp_path: Path):
+    """A batch cut at its timeout can leave the connection mid-operation, and the next batch's BEGIN then
+    fails with asyncpg's InternalClientError (seen under load): the shipper drops that connection and goes
+    on, where it used to end for the edge's life with every later row left behind."""
+    ledger = Ledger(tmp_path / "ledger.sqlite3")
+    fleet = FleetLedger(tmp_path / "ledger.sqlite3", postgres.url, "lagos")
+    real_connect = fleet._connect
+    broken: list[object] = []
+
+    class MidOperation:
+        """A connection whose last operation never finished."""
+
+        def transaction(self):
+            raise asyncpg.InternalClientError(
+                "cannot switch to state 15; another operation (2) is in progress"
+            )
+
+        def terminate(self) -> None:
+            broken.append(self)
+
+    async def first_connection_broken():
+        if not broken:
+            fleet._conn = MidOperation()  # type: ignore[assignment]
+            return fleet._conn
+        return await real_connect()
+
+    fleet._connect = first_connection_broken  # type: ignore[method-assign]
+    shipping = asyncio.ensure_future(fleet.run())
+    try:
+        for i in range(20):
+            await ledger.record(usage(f"r-{i}", ts=time.time()))
+        while fleet.shipped_rows < 20:
+            assert not shipping.done(), shipping.exception()
+            await asyncio.sleep(0.02)
+        assert len(broken) == 1 and fleet.reachable  # the broken connection cut, then a good one shipped
+    finally:
+        shipping.cancel()
+        await asyncio.gather(shipping, return_exceptions=True)
+        await fleet.close()
+        await ledger.close()
