@@ -28,7 +28,6 @@ endif
 # timing under a saturated machine can still fail with three (README); `make test TEST_WORKERS=3` fills the
 # suite's waits on two cores, twice as fast here, each worker's engines on one thread (tests/conftest.py).
 TEST_WORKERS ?= 0
-SOURCES := bench cache cli edge geo gpu harness nearshore netem regional tests
 
 .PHONY: demo test lint bench venv clean system-deps
 
@@ -38,10 +37,9 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed $(LITELLM_VENV)/.installed system-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	@# Bytecode once, for the hundreds of processes the tests start: where PYTHONDONTWRITEBYTECODE is set,
-	@# each would compile the project's sources again (0.4 s of CPU a start), and pytest would rewrite
-	@# every test file's asserts again in each worker (half its collection).
-	$(BIN)/python -m compileall -q -j 0 $(SOURCES) >/dev/null
+	@# Bytecode written and kept for the hundreds of processes the tests start: where PYTHONDONTWRITEBYTECODE
+	@# is set, each would compile the project's sources again (0.4 s of CPU a start), and pytest would
+	@# rewrite every test file's asserts again in each worker (half its collection).
 	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(VENV)/.installed

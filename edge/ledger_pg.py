@@ -28,7 +28,7 @@ import asyncpg
 import msgspec
 
 from edge.ledger import ReportRow, UsageRecord
-from edge.pg_schema import CONNECT_TIMEOUT_S, PG_ERRORS, StoreError, Table, connect, explain
+from edge.pg_schema import CONNECT_TIMEOUT_S, PG_ERRORS, Table, connect, explain
 
 log = logging.getLogger("nearshore.ledger")
 
@@ -143,8 +143,12 @@ class FleetLedger:
                 # operation is in progress"): the connection goes, the rows wait in the ledger, the shipper
                 # tries again. Before, anything but the first two ended the shipper for the edge's life.
                 if self.reachable:
-                    why = exc if isinstance(exc, (*PG_ERRORS, StoreError)) else f"{type(exc).__name__}: {exc}"
-                    log.warning("%s: PostgreSQL out of reach (%s): rows wait in the ledger", SETTING, why)
+                    log.warning(
+                        "%s: PostgreSQL out of reach (%s: %s): rows wait in the ledger",
+                        SETTING,
+                        type(exc).__name__,
+                        exc,
+                    )
                 self.reachable = False
                 self._cut()
                 await asyncio.sleep(_BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)])
