@@ -155,14 +155,17 @@ def draw(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     vocab = logits.shape[1]
     temperature = torch.tensor([r.params.temperature for r in rows], device=device, dtype=torch.float32)
     probs = torch.softmax(logits.float() / temperature[:, None], dim=-1)
-    # Only the head of the sorted row can be kept when every row has a top-k: sort that much.
+    # Only the head of the sorted row can be kept when every row has a top-k, and never a token of
+    # probability 0 (a grammar's mask forbids most of the vocabulary): sort only that much. A full sort of
+    # [25, 262144] costs 0.56 s on one CPU thread; the head of a masked row a few milliseconds.
     ks = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
-    width = max(ks)
-    if width < vocab:
+    width = min(max(ks), max(1, int((probs > 0).sum(dim=-1).max())))
+    if width <= vocab // 8:
         sorted_probs, sorted_ids = torch.topk(probs, width, dim=-1)
     else:
         sorted_probs, sorted_ids = torch.sort(probs, dim=-1, descending=True)
-    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+        sorted_probs, sorted_ids = sorted_probs[:, :width], sorted_ids[:, :width]
+    keep = sorted_probs > 0
     positions = torch.arange(width, device=device)[None, :]
     keep &= positions < torch.tensor(ks, device=device)[:, None]
     top_p = torch.tensor([r.params.top_p for r in rows], device=device, dtype=torch.float32)

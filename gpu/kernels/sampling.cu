@@ -218,6 +218,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS, 1) sample_from_logi
     }
     if (min_p[r] > 0.f) tau = max(tau, __float_as_uint(min_p[r]));
     tau = min(tau, __float_as_uint(1.f));  // e_max == 1: the most likely token stays
+    tau = max(tau, 1u);  // a token of weight 0 (a grammar forbids it, or it underflowed) is never kept
 
     unsigned long long kept = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {

@@ -131,6 +131,24 @@ def test_sampling_kernel_keeps_what_the_filters_keep() -> None:
     assert got == want.tolist()
 
 
+def test_sampling_kernel_never_draws_a_forbidden_token_at_the_top_of_the_uniforms_range() -> None:
+    # A grammar's mask leaves a few tokens; a draw whose u rounds to 1 takes the least likely allowed one,
+    # never a forbidden token of weight 0 (draw() the same).
+    torch.manual_seed(7)
+    vocab = 900
+    rows = [SamplingRow(SamplingParams(temperature=t), seed=s) for s, t in enumerate((0.5, 1.0, 2.0))]
+    logits = torch.full((len(rows), vocab), float("-inf"))
+    allowed = torch.randperm(vocab)[:5]
+    logits[:, allowed] = torch.randn(len(rows), 5)
+    arrays = ck.sampling_arrays(rows)
+    arrays["uniform"] = torch.full_like(arrays["uniform"], 1.0)
+
+    got = emulated.sample_from_logits(logits, arrays)
+
+    least_likely = [int(allowed[logits[i, allowed].argmin()]) for i in range(len(rows))]
+    assert got == least_likely
+
+
 def test_the_device_checks_pass_through_the_emulation() -> None:
     """bench/gpu/kernels.py's checks, with the emulation standing in for the device: the script's own
     inputs, references and verdicts run here, and fail as they would on a GPU when a kernel is wrong."""

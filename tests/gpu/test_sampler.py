@@ -91,6 +91,33 @@ def test_a_seeded_row_draws_the_same_tokens_in_any_batch():
     assert len(set(alone)) > 1  # and it is a draw, not an argmax
 
 
+def test_a_masked_row_draws_the_same_whether_its_batch_is_sorted_whole_or_only_its_allowed_head():
+    # Only the tokens of nonzero probability are sorted (under a grammar, few of a large vocabulary); beside
+    # an unmasked row the whole vocabulary is. The masked row's draws must not tell the two apart.
+    torch.manual_seed(1)
+    vocab = 4096
+    masked = torch.full((vocab,), float("-inf"))
+    masked[torch.randperm(vocab)[:37]] = torch.randn(37) * 2
+    unmasked = torch.randn(vocab)
+    for params in (SamplingParams(temperature=0.8), SamplingParams(top_p=0.9), SamplingParams(top_k=5)):
+        for i in range(200):
+            mine = SamplingRow(params, seed=11, index=i)
+            alone = draw(masked[None], [mine])
+            beside = draw(torch.stack([masked, unmasked]), [mine, row(seed=5, index=i)])
+            assert alone.item() == beside[0].item()
+            assert masked[alone.item()] > float("-inf")
+
+
+def test_a_draw_at_the_top_of_the_uniforms_range_never_takes_a_forbidden_token(monkeypatch):
+    # u just below 1 is 1.0 in float32: the target is the whole mass, past the last allowed token. The
+    # draw falls back to the last token of nonzero probability, never to one the mask forbids.
+    monkeypatch.setattr("gpu.sampler.uniform", lambda seed, index: 1.0 - 2.0**-53)
+    logits = logits_of([0.5, 0.3, 0.2], vocab=64)
+    logits[3:] = float("-inf")
+    tokens = draw(logits.repeat(4, 1), [row(temperature=t) for t in (0.5, 1.0, 1.5, 3.0)])
+    assert set(tokens.tolist()) <= {0, 1, 2}
+
+
 def test_penalties_follow_their_definitions():
     logits = torch.tensor([[2.0, -1.0, 0.5, 0.0]])
     penalised = SamplingRow(
