@@ -27,7 +27,6 @@ from edge.keys_admin import admin_token
 from edge.ledger import Ledger
 from edge.limits import RateLimiter
 from edge.limits_memory import MemoryLimiter
-from edge.limits_redis import RedisLimiter
 from edge.metrics import EdgeMetrics
 from edge.pipeline import Pipeline
 from edge.pool_gate import make_gates
@@ -159,6 +158,8 @@ def _open_sqlite(path: Path) -> sqlite3.Connection:
 
 def make_limiter(config: EdgeConfig) -> RateLimiter:
     if config.limits.backend == "redis":
+        from edge.limits_redis import RedisLimiter  # redis-py: loaded only by an edge that uses it
+
         # Each process falls back alone while Redis is away: to its share of every key's limits.
         processes = config.limits.edges * config.server.workers
         return RedisLimiter(config.limits.redis_url, fail_mode=config.limits.fail_mode, workers=processes)
@@ -182,9 +183,12 @@ def build_edge_app(
     )
     warn_without_keys(keys)
     # Edges (and workers) that share limits through Redis share budgets there too.
-    budget = (
-        SharedBudgets(limiter, BudgetBook(ledger.spent_usd)) if isinstance(limiter, RedisLimiter) else None
-    )
+    budget = None
+    if config.limits.backend == "redis":
+        from edge.limits_redis import RedisLimiter
+
+        assert isinstance(limiter, RedisLimiter)
+        budget = SharedBudgets(limiter, BudgetBook(ledger.spent_usd))
     state = EdgeState(
         config=config,
         keys=keys,

@@ -15,7 +15,6 @@ the script runs: a Redis that lost its scripts may have lost its data too.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,21 +22,12 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
+from edge.lua_script import Script
+
 
 class StoreReset(Exception):
     """Redis did not know a script that watches for resets: it restarted (or its scripts were flushed) since
     this process last ran it. The script was not run; it is loaded again for the next call."""
-
-
-@dataclass(frozen=True, slots=True)
-class Script:
-    source: str
-    sha: str
-    watches_resets: bool = False
-
-    @classmethod
-    def of(cls, source: str, watches_resets: bool = False) -> Script:
-        return cls(source, hashlib.sha1(source.encode()).hexdigest(), watches_resets)
 
 
 @dataclass(frozen=True, slots=True)

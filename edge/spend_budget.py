@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from edge.keys import ApiKey
 from edge.limits import LimiterUnavailable
-from edge.limits_redis import RedisLimiter, Script
+from edge.lua_script import Script
 from nearshore.protocol.errors import EXCEEDS_LIMIT, QUOTA_EXCEEDED, ApiError
+
+if TYPE_CHECKING:  # redis-py is loaded only by an edge that shares its limits
+    from edge.limits_redis import RedisLimiter
 
 _ALLOWED, _SPENT, _TOO_LARGE, _NOT_NOW, _UNSEEDED = 0, 1, 2, 3, -1
 
