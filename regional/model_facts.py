@@ -14,10 +14,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from regional.model_store import default_cache_dir
+
 
 def facts_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "nearshore" / "model-facts"
+    return default_cache_dir().parent / "model-facts"  # beside the embedded models' folder
 
 
 def remembered(model_path: str, fact: str, work_out: Callable[[], int], folder: Path | None = None) -> int:
