@@ -1,7 +1,8 @@
 """The region's load as it tells edges: ``x-nearshore-load`` on every response and ``load`` in /health.
 
 Every response carries the report, so it is made at most once per ``max_age_s`` from one engine snapshot
-and reused by every response sent meanwhile: a burst of requests does not queue on the engine's lock.
+and reused by every response sent meanwhile: a burst of requests does not queue on the engine's lock. The
+engine's lifecycle state (loading, ready, failed) is read on every response and a change makes a new report.
 """
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ class LoadReporter:
 
     def current(self) -> tuple[LoadReport, str]:
         now_s = time.monotonic()
-        if now_s - self._made_at_s >= self.max_age_s:
+        # A lifecycle change (loaded, failed) is told at once, not max_age_s later: a readiness probe that
+        # answers "ready" must not carry "loading" in its own head (the state needs no lock to read).
+        moved = _LOAD_STATE.get(self.engine.state, "failed") != self._report.state
+        if moved or now_s - self._made_at_s >= self.max_age_s:
             self._report = load_of(self.engine.stats())
             self._header = format_load(self._report)
             self._made_at_s = now_s
