@@ -38,6 +38,7 @@ from edge.upstream import UpstreamPool
 from geo.catalog import GeoConfig, check_catalog, edge_place
 from geo.locate import GeoDatabaseError, Location, Locator
 from geo.rightsize import check_aliases
+from nearshore.gc_settle import settle_after_start
 from nearshore.httpkit import install_uvloop
 from nearshore.listen import Address, Listener, inherit, listen, serve, server_address, start_sites
 from nearshore.tls import ensure_dev_certificate, server_context
@@ -320,6 +321,7 @@ def run_edge(app: web.Application, config: EdgeConfig, listener: Listener, worke
     )
 
     def announce(actual: int) -> None:
+        settle_after_start()  # serving now: start-up's objects leave the collector's scans
         log.info(
             "edge %s%s serving on %s://%s:%d -> %s",
             config.name,
