@@ -24,6 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nearshore.cache_home import cache_home
+
 log = logging.getLogger("nearshore.cache")
 LANGUAGES = ("en", "fr")
 SOURCES_VERSION = "pyspellchecker-0.9.1+minilm"  # a new name when the sources change: the file is rebuilt
@@ -50,8 +52,7 @@ EMPTY = Dictionary(np.zeros(0, dtype=np.uint64))
 
 
 def default_path() -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nearshore"
-    return root / f"words-{SOURCES_VERSION}.npy"
+    return cache_home() / f"words-{SOURCES_VERSION}.npy"
 
 
 class _Words:

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nearshore.cache_home import cache_home
+
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT = "1"  # bump when the stored layout changes: old entries are then rebuilt
@@ -38,8 +40,7 @@ class LoadedWeights:
 
 
 def default_cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "nearshore" / "torch-weights"
+    return cache_home() / "torch-weights"
 
 
 def cache_entry(gguf_path: str | Path, cache_root: str | Path | None = None) -> Path:

@@ -14,11 +14,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from regional.model_store import default_cache_dir
+from nearshore.cache_home import cache_home
 
 
 def facts_dir() -> Path:
-    return default_cache_dir().parent / "model-facts"  # beside the embedded models' folder
+    return cache_home() / "model-facts"
 
 
 def remembered(model_path: str, fact: str, work_out: Callable[[], int], folder: Path | None = None) -> int:

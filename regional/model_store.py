@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nearshore.cache_home import cache_home
+
 EMBEDDED_PREFIX = "embedded:"
 EMBEDDED_FILE = "gemma-3-270m-q4_k_m.gguf"  # Gemma's file in the cache folder
 GEMMA = "gemma-3-270m"
@@ -110,8 +112,7 @@ EMBEDDED: dict[str, EmbeddedModel] = {
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "nearshore" / "models"
+    return cache_home() / "models"
 
 
 def embedded_model(path: str) -> EmbeddedModel | None:
