@@ -13,15 +13,15 @@ figures in cache/embedder.py's docstring).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from nearshore.cache_home import cache_home
+from nearshore.cache_home import cache_home, write_whole
 
 
 class OrtLayers:
@@ -159,13 +159,8 @@ def quantized(graph: bytes, folder: Path | None = None) -> bytes:
     except OSError:
         pass
     made = _quantize(graph)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")  # renamed whole: a reader never sees half
-        temporary.write_bytes(hashlib.sha256(made).digest() + made)
-        os.replace(temporary, path)
-    except OSError:
-        pass  # a folder that cannot be written costs the next load the 1.8 s again, nothing else
+    with contextlib.suppress(OSError):  # a folder that cannot be written costs the next load the 1.8 s
+        write_whole(path, lambda temporary: temporary.write_bytes(hashlib.sha256(made).digest() + made))
     return made
 
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nearshore.cache_home import cache_home
+from nearshore.cache_home import cache_home, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +87,7 @@ def read_entry_json(entry: Path, name: str) -> dict[str, Any] | None:
 
 def write_entry_json(entry: Path, name: str, data: dict[str, Any]) -> None:
     try:
-        _atomic_write(entry / name, lambda tmp: tmp.write_text(json.dumps(data, indent=1)))
+        write_whole(entry / name, lambda tmp: tmp.write_text(json.dumps(data, indent=1)))
     except OSError as exc:
         log.warning("could not write %s: %s", entry / name, exc)
 
@@ -126,7 +124,7 @@ def gguf_sha256(path: Path, cache_root: Path) -> str:
         while chunk := handle.read(HASH_CHUNK_BYTES):
             hasher.update(chunk)
     digest = hasher.hexdigest()
-    _atomic_write(sidecar, lambda tmp: tmp.write_text(digest + "\n"))
+    write_whole(sidecar, lambda tmp: tmp.write_text(digest + "\n"))
     return digest
 
 
@@ -153,21 +151,9 @@ def _write_cache(cache_file: Path, tensors: dict[str, torch.Tensor], digest: str
 
     metadata = {"gguf_sha256": digest, "format": CACHE_FORMAT}
     try:
-        _atomic_write(cache_file, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+        write_whole(cache_file, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
     except OSError as exc:  # a full or read-only disk costs the next start time, not this one
         log.warning("could not write the converted-weights cache %s: %s", cache_file, exc)
-
-
-def _atomic_write(target: Path, write: Callable[[Path], object]) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.part")
-    try:
-        write(tmp)
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        tmp.replace(target)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _to_device(tensors: dict[str, torch.Tensor], device: str | torch.device) -> dict[str, torch.Tensor]:

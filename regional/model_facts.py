@@ -8,13 +8,14 @@ else."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from nearshore.cache_home import cache_home
+from nearshore.cache_home import cache_home, write_whole
 
 
 def facts_dir() -> Path:
@@ -36,12 +37,7 @@ def remembered(model_path: str, fact: str, work_out: Callable[[], int], folder: 
     except (OSError, ValueError, AttributeError):
         kept = {}
     value = work_out()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Written whole under a temporary name and renamed: two nodes starting at once never read half a file.
-        temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({**kept, fact: value, "model": os.path.realpath(model_path)}))
-        os.replace(temporary, path)
-    except OSError:
-        pass
+    facts = json.dumps({**kept, fact: value, "model": os.path.realpath(model_path)})
+    with contextlib.suppress(OSError):  # a folder that cannot be written costs the next start the scan
+        write_whole(path, lambda temporary: temporary.write_text(facts))
     return value
