@@ -119,6 +119,7 @@ def test_an_index_of_a_replaced_vector_file_is_dropped_and_rebuilt_for_the_new_o
     matrix, identity = partition
     indexes = PartitionIndexes(tmp_path, DIM, min_rows=MIN_ROWS)
     ready(indexes, "p", matrix, identity)
+    idle()  # the first build's thread ends (it answers before it is done); a build of the new file would wait
     compacted = matrix[::-1].copy()  # rows renumbered
     new_identity = vec_file(tmp_path, "p", compacted)
     assert new_identity != identity
