@@ -69,9 +69,10 @@ class ParityReport:
     def mean_kl(self) -> float:
         return self.kl_sum / max(self.positions, 1)
 
-    def add(self, reference: np.ndarray, logits: np.ndarray) -> None:
-        """Count one sequence's positions: reference (llama.cpp) and torch logits, both [n, vocab]."""
-        agree, kl = compare_logits(reference, logits)
+    def add(self, reference: torch.Tensor, other: torch.Tensor) -> None:
+        """Count one sequence's positions: the log-probabilities (:func:`log_probs`) of the reference
+        (llama.cpp) and of the other, both [n, vocab]."""
+        agree, kl = compare_log_probs(reference, other)
         self.positions += len(kl)
         self.top1_agree += int(agree.sum())
         self.kl_sum += float(kl.sum())
@@ -85,13 +86,22 @@ class ParityReport:
         )
 
 
-def compare_logits(reference: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: does the top-1 token agree, and KL(reference || logits) in nats (float64)."""
-    ref = torch.log_softmax(torch.as_tensor(reference, dtype=torch.float64), dim=-1)
-    got = torch.log_softmax(torch.as_tensor(logits, dtype=torch.float64), dim=-1)
+def log_probs(logits: np.ndarray) -> torch.Tensor:
+    """Log-probabilities [n, vocab] in float64, the form every comparison reads (made once per array: a
+    262k vocabulary makes this most of a comparison's cost)."""
+    return torch.log_softmax(torch.as_tensor(logits, dtype=torch.float64), dim=-1)
+
+
+def compare_log_probs(ref: torch.Tensor, got: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: does the top-1 token agree, and KL(ref || got) in nats."""
     kl = (ref.exp() * (ref - got)).sum(-1)
     agree = ref.argmax(-1) == got.argmax(-1)
     return agree.numpy(), kl.clamp_min(0.0).numpy()
+
+
+def compare_logits(reference: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: does the top-1 token agree, and KL(reference || logits) in nats (float64)."""
+    return compare_log_probs(log_probs(reference), log_probs(logits))
 
 
 def torch_logits(
@@ -145,10 +155,11 @@ def open_llama(gguf_path: str | Path, n_ctx: int, f32_kv: bool = False) -> Any:
 
 
 def llama_cpp_logits(llm: Any, tokens: Sequence[int]) -> np.ndarray:
-    """llama.cpp's logits [n, vocab] at every position (the Llama must have logits_all=True)."""
+    """llama.cpp's logits [n, vocab] at every position (the Llama must have logits_all=True): a view of its
+    own float32 buffer, valid until its next eval (a copy of 700 rows of a 262k vocabulary is 0.7 GB)."""
     llm.reset()
     llm.eval(list(tokens))
-    return np.array(llm.scores[: len(tokens)], dtype=np.float32)
+    return np.asarray(llm.scores[: len(tokens)], dtype=np.float32)
 
 
 def sample_continuation(llm: Any, prompt: Sequence[int], max_tokens: int, seed: int) -> list[int]:
@@ -230,12 +241,12 @@ def compare_sequences(
     started = time.perf_counter()
     for i, tokens in enumerate(sequences):
         first = logit_from[i] if logit_from else 0
-        mine = torch_logits(model, tokens, first)
-        reference = llama_cpp_logits(served, tokens)[first:]
+        mine = log_probs(torch_logits(model, tokens, first))
+        reference = log_probs(llama_cpp_logits(served, tokens)[first:])
         result.served.add(reference, mine)
-        result.llama_self.add(reference, llama_cpp_logits(served_f32_kv, tokens)[first:])
+        result.llama_self.add(reference, log_probs(llama_cpp_logits(served_f32_kv, tokens)[first:]))
         if exact is not None and result.exact is not None:
-            result.exact.add(llama_cpp_logits(exact, tokens)[first:], mine)
+            result.exact.add(log_probs(llama_cpp_logits(exact, tokens)[first:]), mine)
         length, top1, kl = result.served.sequences[-1]
         log(f"  {len(tokens):4d} tokens, {length} positions: top-1 {100 * top1:.1f}%, mean KL {kl:.2e}")
     for report in (result.served, result.llama_self, result.exact):

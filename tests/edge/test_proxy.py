@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -89,13 +88,12 @@ def ledger_rows(edge: Edge) -> list[dict]:
 
 async def test_stream_is_relayed_chunk_by_chunk_with_usage_only_when_asked(edge: Edge):
     key = edge.new_key()
-    events, times, headers = await stream(edge, key, CHAT)
+    events, _, headers = await stream(edge, key, CHAT)
     assert events[-1] == b"[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(c["choices"] for c in chunks)  # no usage chunk: the client did not ask
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == " token" * 12
-    gaps = [b - a for a, b in itertools.pairwise(times[1:13])]  # between the 12 token events
-    assert min(gaps) > 0.008, gaps  # the pacer's 20 ms gaps survive: nothing bunched up
+    # That each event goes out as it comes, nothing bunched: tests/edge/test_relay_lockstep.py (no clock).
     assert headers["x-nearshore-region"] == "london" and headers["x-request-id"]
     assert "upstream-ttfb;dur=" in headers["Server-Timing"] and "edge;dur=" in headers["Server-Timing"]
     # The edge's first request found a warm connection: no handshake on the user's time.

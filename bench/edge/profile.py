@@ -1,0 +1,138 @@
+"""Where an edge's CPU goes under ``bench edge``'s stream load: py-spy samples the edge while
+``--concurrency`` streams run through it to a pacer, and the report lists the functions that hold the most
+samples, by their own time and with what they call.
+
+    .venv/bin/python -m bench.edge.profile --concurrency 50 --streams 2000 [--out DIR]
+
+The raw stacks (``edge.stacks``, py-spy's collapsed form, one stack and its count a line) stay in the output
+folder for a flame graph (``flamegraph.pl``, speedscope). py-spy samples only threads that run, so the shares
+are of the edge's CPU, not of its wall time. The load is ``bench edge``'s: the same request, pacer and client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from bench import peers
+from bench.edge.request import chat_body, session_for
+from bench.edge.run import _drive
+
+_LOCATION = re.compile(r"^(?P<function>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
+
+
+def frame_name(frame: str) -> str:
+    """``function (path/to/file.py:12)`` -> ``function (to/file.py)``: lines merged, the path shortened."""
+    match = _LOCATION.match(frame)
+    if match is None:
+        return frame
+    parts = match["file"].split("/")
+    tail = (
+        "/".join(parts[-2:])
+        if "site-packages" not in parts
+        else "/".join(parts[parts.index("site-packages") + 1 :])
+    )
+    return f"{match['function']} ({tail})"
+
+
+def tally(stacks: list[str]) -> tuple[Counter, Counter, int]:
+    """Samples per function: where the sample was (own), anywhere on its stack (inclusive); the total."""
+    own: Counter = Counter()
+    inclusive: Counter = Counter()
+    total = 0
+    for line in stacks:
+        stack, _, count_text = line.rstrip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [frame_name(f) for f in stack.split(";") if f]
+        if not frames:
+            continue
+        total += count
+        own[frames[-1]] += count
+        for name in set(frames):
+            inclusive[name] += count
+    return own, inclusive, total
+
+
+def print_table(title: str, counts: Counter, total: int, top: int) -> None:
+    print(f"{title}:")
+    for name, count in counts.most_common(top):
+        print(f"  {100 * count / total:5.1f}%  {name}")
+
+
+def _py_spy() -> str:
+    beside = Path(sys.executable).with_name("py-spy")  # the project's environment has it
+    return str(beside) if beside.exists() else "py-spy"
+
+
+async def _load(edge: peers.Endpoint, concurrency: int, streams: int, tokens: int) -> None:
+    body = chat_body(tokens)
+    async with session_for(edge) as session:
+        await _drive(session, edge, body, tokens, concurrency, streams, deadline_s=600)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.edge.profile", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--concurrency", type=int, default=50, help="streams at once (default 50)")
+    parser.add_argument("--streams", type=int, default=2000, help="streams sampled (default 2000)")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per stream (default 16)")
+    parser.add_argument("--interval-ms", type=float, default=20.0, help="the pacer's gap (default 20)")
+    parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second (default 250)")
+    parser.add_argument(
+        "--native", action="store_true", help="also sample C frames (uvloop, the kernel's calls)"
+    )
+    parser.add_argument("--top", type=int, default=40, help="functions listed per table (default 40)")
+    parser.add_argument("--out", default="", help="folder for the logs and stacks (default: a temp folder)")
+    args = parser.parse_args(argv)
+    out = Path(args.out or tempfile.mkdtemp(prefix="nearshore-edge-profile-"))
+    out.mkdir(parents=True, exist_ok=True)
+    stacks = out / "edge.stacks"
+    pacer = peers.start_stand_in(out, "pacer", "pacer", tokens=args.tokens, interval_ms=args.interval_ms)
+    try:
+        edge = peers.start_edge(out, "edge", pacer.url, tls=False)
+        try:
+            # One unsampled wave opens the connections, as in bench edge.
+            asyncio.run(_load(edge, args.concurrency, args.concurrency, args.tokens))
+            assert edge.process is not None and edge.process.proc is not None
+            pid = str(edge.process.proc.pid)
+            spy_argv = [_py_spy(), "record", "--pid", pid, "--subprocesses", "--rate", str(args.rate)]
+            spy_argv += ["--format", "raw", "--output", str(stacks)]
+            spy_argv += ["--native"] if args.native else ["--nonblocking"]
+            spy = subprocess.Popen(
+                spy_argv,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            cpu0 = edge.cpu_s()
+            asyncio.run(_load(edge, args.concurrency, args.streams, args.tokens))
+            cpu_ms = (edge.cpu_s() - cpu0) * 1000 / args.streams
+            spy.send_signal(2)  # py-spy writes its stacks on SIGINT
+            _, err = spy.communicate(timeout=60)
+        finally:
+            edge.stop()
+    finally:
+        pacer.stop()
+    if not stacks.exists():
+        print(f"py-spy wrote nothing: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
+        return 1
+    own, inclusive, total = tally(stacks.read_text().splitlines())
+    print(
+        f"edge CPU per stream {cpu_ms:.2f} ms ({args.streams} streams at {args.concurrency}); {total} samples"
+    )
+    print_table("own time", own, total, args.top)
+    print_table("inclusive time", inclusive, total, args.top)
+    print(f"stacks: {stacks}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
