@@ -245,6 +245,16 @@ def start_nginx(logs: Path, nginx: str, upstream_url: str) -> Endpoint:
     return Endpoint("nginx", url, dict(JSON), process, folder=folder)
 
 
+def start_floor(logs: Path, upstream_url: str) -> Endpoint:
+    """The bare byte relay in Python on uvloop (bench/edge/floor.py): the runtime's cost, nothing else."""
+    logs.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.edge.floor", "--port", str(port), "--upstream", upstream_url]
+    url = f"http://127.0.0.1:{port}"
+    process = started(ManagedProcess("floor", argv, logs / "floor.log"), url + "/health", 30)
+    return Endpoint("floor", url, dict(JSON), process)
+
+
 LITELLM_MODEL = """  - model_name: {model}
     litellm_params:
       model: openai/{upstream_model}

@@ -61,6 +61,11 @@ def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nginx", default="", help="nginx binary (default: nginx on PATH, else /usr/sbin/nginx)"
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also a bare byte relay in Python on uvloop (bench/edge/floor.py): the runtime's own cost",
+    )
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
     parser.add_argument(
         "--litellm",

@@ -19,6 +19,7 @@ from typing import Protocol
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CHUNK_LINE = 1024
 _STATUS_LINE_PREFIX = (b"HTTP/1.1 ", b"HTTP/1.0 ")
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 
 
 class UpstreamClosed(ConnectionError):
@@ -203,6 +204,10 @@ class H1Connection(asyncio.Protocol):
         if self._state == "idle":
             self.close()  # bytes nobody asked for: this connection cannot be trusted with the next request
             return
+        if self._state == "chunk-size" and not self._buffer:
+            data = self._whole_chunks(data)
+            if not data:
+                return
         self._buffer += data
         try:
             self._parse()
@@ -328,6 +333,27 @@ class H1Connection(asyncio.Protocol):
         if self._state == "length" and self._remaining == 0:
             self._finish()
         return True
+
+    def _whole_chunks(self, data: bytes) -> bytes:
+        """A stream's common case, read straight from ``data`` (no round trip through the buffer): whole
+        chunks at its front, each with a plain size line, are delivered; the rest (a chunk cut short, the
+        last chunk, anything unusual) is returned for the parser, which checks it strictly."""
+        pos, n = 0, len(data)
+        while self._state == "chunk-size" and not self.closed:
+            end = data.find(b"\r\n", pos, pos + 18)
+            if end <= pos:
+                break
+            line = data[pos:end]
+            if line.strip(_HEX_DIGITS):  # an extension, a bad digit: the parser's to judge
+                break
+            size = int(line, 16)
+            stop = end + 2 + size
+            if size == 0 or stop + 2 > n or data[stop : stop + 2] != b"\r\n":
+                break
+            pos = stop + 2
+            if self._response is not None:
+                self._response._feed(data[end + 2 : stop])
+        return data[pos:] if pos else data
 
     def _parse_chunk_size(self) -> bool:
         end = self._buffer.find(b"\r\n")

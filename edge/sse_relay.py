@@ -161,6 +161,7 @@ class SseRelay:
         self.outcome = StreamOutcome()  # updated as events pass, so a stream cut short knows what it relayed
         self._echo_pending = echo  # /v1/completions with echo: the first text event is the prompt
         self._upstream: Response | None = None
+        self._transport: asyncio.Transport | None = None  # the client's, from relay() on
         self._events = sse.SseParser()
         self._total = 0
         self._chunked = True
@@ -212,6 +213,7 @@ class SseRelay:
 
     async def relay(self, upstream: Response) -> StreamOutcome:
         self._upstream = upstream
+        self._transport = self.request.transport  # one connection's for its life: read once a stream
         self._body_ended = False
         self.last_event_at = time.monotonic()
         self._ended = asyncio.get_running_loop().create_future()
@@ -242,12 +244,16 @@ class SseRelay:
         outcome, limits = self.outcome, self.limits
         if outcome.done or outcome.fault or self._broken:
             return
-        self.read_started = time.monotonic()
         self._total += len(chunk)
         if self._total > limits.max_stream_bytes:
             return self._stop(f"the region's stream passed {limits.max_stream_bytes} bytes")
         events = self._events.blocks(chunk)
-        if events:
+        if len(events) == 1:  # the common case: one event a piece
+            kept = self._keep(events[0])
+            if kept is not None:
+                out = kept + b"\n\n"
+                self._send(named(out, self.model_name) if self.model_name else out)
+        elif events:
             forward = [kept for e in events if (kept := self._keep(e)) is not None]
             if forward:
                 out = b"\n\n".join(forward) + b"\n\n"
@@ -313,7 +319,7 @@ class SseRelay:
 
     def _send(self, data: bytes) -> None:
         """Write to the client's transport now, framed as aiohttp's chunked writer would."""
-        transport = self.request.transport
+        transport = self._transport
         if transport is None or transport.is_closing():
             self._broken = ConnectionResetError("the client went away")
             return self._finish()

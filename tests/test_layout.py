@@ -366,6 +366,7 @@ FLAGS = {
         "--interval-ms",
         "--no-nginx",
         "--nginx",
+        "--floor",
         "--no-litellm",
         "--litellm",
         "--rps-rates",

@@ -31,11 +31,15 @@ def _ratio(a: float, b: float) -> float:
 def ratios(rows: list[dict]) -> list[dict]:
     out = []
     for level in sorted({r["concurrency"] for r in rows}):
-        edge, nginx, litellm = (_row(rows, p, level) for p in ("edge", "nginx", "litellm"))
+        edge, nginx, litellm, floor = (_row(rows, p, level) for p in ("edge", "nginx", "litellm", "floor"))
         if edge is None:
             continue
         entry: dict = {"concurrency": level}
-        for name, peer in (("nginx", nginx), ("litellm", litellm)):
+        if floor is not None and nginx is not None:  # the runtime's own share of the gap to nginx
+            entry["floor_over_nginx_cpu_ms_per_stream"] = _ratio(
+                floor["cpu_ms_per_stream"], nginx["cpu_ms_per_stream"]
+            )
+        for name, peer in (("nginx", nginx), ("litellm", litellm), ("floor", floor)):
             if peer is None:
                 continue
             for metric in (
@@ -115,7 +119,7 @@ def print_report(report: dict) -> None:
     for entry in report["ratios"]:
         level = entry["concurrency"]
         edge = _row(rows, "edge", level)
-        for peer in ("nginx", "litellm"):
+        for peer in ("nginx", "litellm", "floor"):
             other = _row(rows, peer, level)
             if other is None:
                 continue
@@ -177,6 +181,8 @@ def print_report(report: dict) -> None:
                 f"; nginx {nginx['rps']:.0f} req/s, {nginx['cpu_ms_per_request']:.3f} ms"
                 f" -> edge at {edge['rps'] / nginx['rps']:.2f}x nginx's rate"
             )
+        if floor := throughput.get("floor"):
+            line += f"; the bare Python relay {floor['rps']:.0f} req/s, {floor['cpu_ms_per_request']:.3f} ms"
         print(line + f" (the direct path: {throughput['direct']['rps']:.0f} req/s, the client's ceiling)")
     edge_routing.print_summary(report.get("routing", []))
     paired.print_comparison(

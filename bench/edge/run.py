@@ -64,6 +64,7 @@ class EdgeBench:
     interval_ms: float  # the pacer's gap between tokens
     no_nginx: bool
     nginx: str  # nginx binary ("": on PATH, else /usr/sbin/nginx)
+    floor: bool  # also the bare byte relay (bench/edge/floor.py): what the runtime alone costs
     no_litellm: bool
     litellm: str  # LiteLLM's CLI, in its own venv
     rps_rates: str  # request rates for the max-RPS part, comma-separated; empty skips it
@@ -236,6 +237,7 @@ def _start_proxies(
     city: edge_fleet.CityStores | None,
     notes: list[str],
     stack: contextlib.ExitStack,
+    floor: bool = False,
 ) -> list[Endpoint]:
     """The edge (once per routing mode, and in fleet mode with ``city``), then nginx and LiteLLM where
     found; a peer that fails to start is a note, an edge's failure is the run's. Each is stopped with
@@ -247,6 +249,8 @@ def _start_proxies(
         starters.append(("edge", lambda: [edge_fleet.start_edge(logs, "edge", pacer.url, city, tls=False)]))
     if nginx:
         starters.append(("nginx", lambda: [peers.start_nginx(logs, nginx, pacer.url)]))
+    if floor:
+        starters.append(("floor", lambda: [peers.start_floor(logs, pacer.url)]))
     if litellm:
         starters.append(("litellm", lambda: [peers.start_litellm(logs, litellm, pacer.url)]))
     started: list[Endpoint] = []
@@ -322,7 +326,7 @@ def _run_parts(
         )
         stack.callback(pacer.stop)
         targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
-        targets += _start_proxies(logs, pacer, nginx, litellm, routing, city, notes, stack)
+        targets += _start_proxies(logs, pacer, nginx, litellm, routing, city, notes, stack, bench.floor)
         idle = {t.name: t.process for t in (pacer, *targets) if t.process is not None}
         report["idle_cpu_ms_per_s"] = idle_cpu(idle)
         report["streams"] = run_levels(runner, targets, pacer, bench)
@@ -338,5 +342,13 @@ def _run_parts(
                 flush=True,
             )
             report["throughput"] = edge_throughput.run_throughput(
-                runner, logs, nginx, bench.unary_concurrency, bench.unary_seconds, stack, routing, city
+                runner,
+                logs,
+                nginx,
+                bench.unary_concurrency,
+                bench.unary_seconds,
+                stack,
+                routing,
+                city,
+                bench.floor,
             )

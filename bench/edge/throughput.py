@@ -80,9 +80,10 @@ def run_throughput(
     stack: contextlib.ExitStack,
     routing: list[bool] | None = None,
     city: edge_fleet.CityStores | None = None,
+    floor: bool = False,
 ) -> list[dict]:
     """``routing``: the edge's route stage on, off, or both side by side (edge_routing.py); ``city``: also
-    the edge in fleet mode (edge_fleet.py)."""
+    the edge in fleet mode (edge_fleet.py); ``floor``: also the bare byte relay (floor.py)."""
     pacer = peers.start_stand_in(logs, "pacer", "pacer-instant", tokens=1, interval_ms=0)
     stack.callback(pacer.stop)
     targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
@@ -96,6 +97,9 @@ def run_throughput(
         proxy = peers.start_nginx(logs / "unary", nginx, pacer.url)
         stack.callback(proxy.stop)
         targets.append(proxy)
+    if floor:
+        targets.append(peers.start_floor(logs / "unary", pacer.url))
+        stack.callback(targets[-1].stop)
     # With two edges compared, the paths alternate over rounds, so that drift on a busy machine hits both.
     rounds = 4 if (routing and len(routing) > 1) or city is not None else 1
     parts: dict[str, list[dict]] = {t.name: [] for t in targets}

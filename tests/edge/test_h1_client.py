@@ -170,3 +170,80 @@ async def test_a_connection_the_region_broke_is_not_replaced_in_the_background()
             await body(pool)
         await asyncio.sleep(0.1)
         assert pool.idle_connections == 0 and len(connections) == 1  # the probes judge a broken region
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.back: list[object] = []
+
+    def put_back(self, connection: object) -> None:
+        self.back.append(connection)
+
+    def forget(self, connection: object) -> None:
+        pass
+
+    def refill(self) -> None:
+        pass
+
+
+class _Transport:
+    def write(self, data: bytes) -> None:
+        pass
+
+    def abort(self) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self.ended = False
+        self.failed: BaseException | None = None
+
+    def data(self, chunk: bytes) -> None:
+        self.pieces.append(chunk)
+
+    def end(self) -> None:
+        self.ended = True
+
+    def error(self, exc: BaseException) -> None:
+        self.failed = exc
+
+
+async def streamed(pieces: list[bytes]) -> tuple[_Sink, _Pool]:
+    """A chunked response fed to one connection piece by piece, as a region's stream arrives."""
+    from edge.h1 import H1Connection
+
+    pool = _Pool()
+    connection = H1Connection(pool)  # type: ignore[arg-type]
+    connection.connection_made(_Transport())  # type: ignore[arg-type]
+    waiter = connection.send(b"POST / HTTP/1.1\r\n\r\n", b"")
+    connection.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    sink = _Sink()
+    (await waiter).push_to(sink)
+    for piece in pieces:
+        connection.data_received(piece)
+    return sink, pool
+
+
+async def test_whole_chunks_in_a_piece_are_delivered_one_by_one_and_cut_ones_wait_for_the_rest():
+    sink, pool = await streamed(
+        [b"5\r\nhello\r\n", b"1\r\n \r\n5\r\nworld\r\n3\r\nab", b"c\r\n2;x=1\r\nde\r\n", b"0\r\n\r\n"]
+    )
+    assert sink.pieces == [b"hello", b" ", b"world", b"ab", b"c", b"de"] and sink.failed is None
+    assert sink.ended and len(pool.back) == 1  # the terminator read: the connection is reusable
+
+
+@pytest.mark.parametrize(
+    "piece",
+    [b"5\r\nhelloXX", b"0x5\r\nhello\r\n", b"5\r\nhello\r\n\r\n", b"1_0\r\n" + b"x" * 16 + b"\r\n"],
+)
+async def test_a_bad_chunk_in_a_piece_fails_the_response(piece: bytes):
+    sink, pool = await streamed([piece])
+    assert isinstance(sink.failed, MalformedResponse) and not pool.back
