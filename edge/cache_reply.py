@@ -100,6 +100,5 @@ class CachedReply:
         for i in range(0, len(events), _CHUNKS_PER_WRITE):
             await client.write(recode(b"".join(events[i : i + _CHUNKS_PER_WRITE])))
         await dialect.ending(audited)
-        await client.write(recode(sse.DONE))
-        await client.write_eof()
+        await client.write_eof(recode(sse.DONE))  # the end in the same write
         return client

@@ -206,6 +206,17 @@ class SseRelay:
         if content and not self.first_write_at:
             self.first_write_at = time.perf_counter()
 
+    async def write_last(self, data: bytes) -> None:
+        """The stream's last bytes and its end (the chunked terminator) in one write, not two."""
+        if self.recode is not None:
+            data = self.recode(data)
+        self.write_started = time.monotonic()
+        await self.client.write_eof(data)
+        self.last_write = time.monotonic()
+        self.write_started = 0.0
+        if not self.first_write_at:
+            self.first_write_at = time.perf_counter()
+
     def stall(self, why: str, expired: bool = False) -> None:
         """Called by the watchdog: the region is late (``why``); end the relay with that error."""
         if self._upstream is not None and self.read_started:

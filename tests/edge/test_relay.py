@@ -143,7 +143,9 @@ class ClientResponse:
             raise ConnectionResetError("the client went away")
         self.socket.write(data)
 
-    async def write_eof(self) -> None:
+    async def write_eof(self, data: bytes = b"") -> None:
+        if data:
+            await self.write(data)
         self.ended = True
 
 
