@@ -58,7 +58,7 @@ class _Upstream(asyncio.Protocol):
             self._left = _length(self._head[:end])
             data = self._head[end + 4 :]
             self._head = b""
-        if self._left is None:
+        if self._left is None:  # the last chunk ends it (the pacer never sends data that ends so)
             self._tail = (self._tail + data)[-len(CHUNKED_END) - 2 :]
             done = self._tail.endswith(CHUNKED_END)
         else:
