@@ -3,7 +3,7 @@ in bound order (geo/route.py builds and reads them); and the replicas' places as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,13 @@ class Order:
     index: np.ndarray  # each one's place in Router.replicas (to gather client terms)
     position: dict[str, int]  # replica id -> its place in ``replicas``
     by_region: dict[str, list[int]]  # region -> its replicas' places
+    # The two arrays as lists, for the scan of a few replicas (geo/scan_bounds.py).
+    rtt_list: list[float] = field(init=False)
+    index_list: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rtt_list = self.rtt_ms.tolist()
+        self.index_list = self.index.tolist()
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from geo import scan_bounds
 from geo.affinity import AffinityTable
 from geo.catalog import GeoConfig, Place, RegionSpec, edge_place, region_place
 from geo.decision import NoRoute, Replica, Route, Scored, Where
@@ -171,9 +172,8 @@ class Router:
         holder = self.affinity.lookup(prefix) if prefix else None
         group_key = (model, where.country if where.located else "", allowed.policies, share_local)
         group = self._groups.get(group_key)
-        measured = self._measured_ms[static.index]
         baseline = min(
-            float(measured.min()) if len(measured) else math.inf, self.config.routing.baseline_first_token_ms
+            scan_bounds.least_measured(static, self._measured_ms), self.config.routing.baseline_first_token_ms
         )
         scored, rest, balanced = self._scan(
             static, where, prompt_tokens, holder, group.region if group is not None else "", baseline, now
@@ -276,13 +276,12 @@ class Router:
         whether the holder's load is in balance with the best others (SGLang's rule)."""
         prefill_ms = 1000.0 * prompt_tokens / self.config.routing.prefill_tokens_per_s
         replicas = static.replicas
-        near = static.rtt_ms + self._client_terms(where)[static.index] if where.located else static.rtt_ms
-        near = np.maximum(near, 0.0)
-        observed = np.maximum(self._observed_ms[static.index] - baseline_ms, 0.0)
-        fresh = now - self._observed_at[static.index] < self.config.routing.explore_after_s
-        bounds = near + np.where(fresh, observed, 0.0)
         # Within a millisecond, the catalog's order decides (``replicas`` is in it): a stable sort.
-        ranked = np.argsort(np.round(bounds), kind="stable").tolist()
+        client_ms = self._client_terms(where) if where.located else None
+        explore_s = self.config.routing.explore_after_s
+        near, bounds, ranked = scan_bounds.bounds(
+            static, client_ms, self._observed_ms, self._observed_at, baseline_ms, now, explore_s
+        )
         good: list[int] = []
         deferred: list[int] = []
         best = runner_up = math.inf
