@@ -14,6 +14,7 @@ exist. Keys created or revoked by another process (``nearshore keys``) reach the
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import json
@@ -162,6 +163,7 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+@functools.lru_cache(maxsize=65536)  # one hash a key, not one a request
 def share_key(key_id: str) -> str:
     """The opaque id a region's scheduler shares its queue by (x-nearshore-share-key): a hash of the key
     id, the same from every edge, that names neither the key nor its id."""
