@@ -110,7 +110,9 @@ class PartitionIndexes:
             self.forget(partition)  # the vector file was replaced (compacted): rows renumbered
             index = None
         if index is None or index.stale(len(matrix)):
-            found = self._from_disk(partition, identity, len(matrix))
+            # Not while this process's own build runs: it installs what it saves (reading its file the
+            # moment it lands loaded a second copy of the index just built).
+            found = None if partition in self._busy else self._from_disk(partition, identity, len(matrix))
             if found is not None and not found.stale(len(matrix)):
                 return found
             self._start(partition, self._build, matrix, identity)
