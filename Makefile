@@ -24,8 +24,8 @@ ifneq ($(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo yes),)
 LLAMA_CMAKE_ARGS += -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON
 endif
 
-# Test workers (pytest-xdist): 0 runs the suite in one process, the default while two failures seen on
-# three workers are not explained (README; the last three clean runs passed, in 823-906 s);
+# Test workers (pytest-xdist): 0 runs the suite in one process, the default while a failure seen on three
+# workers is not explained (README; four clean runs in a row passed, in 823-906 s);
 # `make test TEST_WORKERS=3` fills the suite's waits on two cores, twice as fast here, each worker's
 # engines on one thread (tests/conftest.py).
 TEST_WORKERS ?= 0
