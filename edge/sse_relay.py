@@ -195,26 +195,18 @@ class SseRelay:
             return "", False
         return self.clock.overdue(now, self.outcome.content_events, self.last_event_at)
 
-    async def write(self, data: bytes, *, content: bool = True) -> None:
-        """Write through aiohttp (heartbeats, the end of the stream), waiting for the client to take it."""
-        if self.recode is not None and not (data := self.recode(data)):
-            return
+    async def write(self, data: bytes, *, content: bool = True, last: bool = False) -> None:
+        """Write through aiohttp (heartbeats, the end of the stream), waiting for the client to take it;
+        ``last``: the stream's end (the chunked terminator) goes in the same write."""
+        if self.recode is not None:
+            data = self.recode(data)
+            if not data and not last:
+                return
         self.write_started = time.monotonic()
-        await self.client.write(data)
+        await (self.client.write_eof(data) if last else self.client.write(data))
         self.last_write = time.monotonic()
         self.write_started = 0.0
         if content and not self.first_write_at:
-            self.first_write_at = time.perf_counter()
-
-    async def write_last(self, data: bytes) -> None:
-        """The stream's last bytes and its end (the chunked terminator) in one write, not two."""
-        if self.recode is not None:
-            data = self.recode(data)
-        self.write_started = time.monotonic()
-        await self.client.write_eof(data)
-        self.last_write = time.monotonic()
-        self.write_started = 0.0
-        if not self.first_write_at:
             self.first_write_at = time.perf_counter()
 
     def stall(self, why: str, expired: bool = False) -> None:
@@ -259,16 +251,16 @@ class SseRelay:
         if self._total > limits.max_stream_bytes:
             return self._stop(f"the region's stream passed {limits.max_stream_bytes} bytes")
         events = self._events.blocks(chunk)
-        if len(events) == 1:  # the common case: one event a piece
-            kept = self._keep(events[0])
-            if kept is not None:
+        out = b""
+        if len(events) == 1:  # the common case, one event a piece: no list, no join
+            if (kept := self._keep(events[0])) is not None:
                 out = kept + b"\n\n"
-                self._send(named(out, self.model_name) if self.model_name else out)
         elif events:
             forward = [kept for e in events if (kept := self._keep(e)) is not None]
             if forward:
                 out = b"\n\n".join(forward) + b"\n\n"
-                self._send(named(out, self.model_name) if self.model_name else out)
+        if out:
+            self._send(named(out, self.model_name) if self.model_name else out)
         if self._events.pending > limits.max_event_bytes:
             return self._stop(self._oversized())
         if outcome.done or outcome.fault:

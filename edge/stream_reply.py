@@ -204,7 +204,7 @@ class StreamReply:
             elif self.keep_usage and audited is not None and not audited.reported:
                 await self.relay.write(self._counted_usage_event(audited))
             await self.journey.dialect.ending(audited)  # a stored response is kept before its end
-            await self.relay.write_last(sse.DONE)
+            await self.relay.write(sse.DONE, last=True)  # with the chunked terminator: one write
         except (ConnectionError, RuntimeError):
             self.cut_off()  # the client left after its row was committed: nothing more to send
         self.journey.state.metrics.e2e.observe(time.perf_counter() - self.journey.started)
