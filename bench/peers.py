@@ -247,12 +247,21 @@ def start_nginx(logs: Path, nginx: str, upstream_url: str) -> Endpoint:
 
 def start_floor(logs: Path, upstream_url: str) -> Endpoint:
     """The bare byte relay in Python on uvloop (bench/edge/floor.py): the runtime's cost, nothing else."""
+    return _start_relay(logs, "floor", "bench.edge.floor", upstream_url)
+
+
+def start_frame(logs: Path, upstream_url: str) -> Endpoint:
+    """The edge's serving parts without its stages (bench/edge/frame.py): aiohttp, the pool, the relay."""
+    return _start_relay(logs, "frame", "bench.edge.frame", upstream_url)
+
+
+def _start_relay(logs: Path, name: str, module: str, upstream_url: str) -> Endpoint:
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    argv = [sys.executable, "-m", "bench.edge.floor", "--port", str(port), "--upstream", upstream_url]
+    argv = [sys.executable, "-m", module, "--port", str(port), "--upstream", upstream_url]
     url = f"http://127.0.0.1:{port}"
-    process = started(ManagedProcess("floor", argv, logs / "floor.log"), url + "/health", 30)
-    return Endpoint("floor", url, dict(JSON), process)
+    process = started(ManagedProcess(name, argv, logs / f"{name}.log"), url + "/health", 30)
+    return Endpoint(name, url, dict(JSON), process)
 
 
 LITELLM_MODEL = """  - model_name: {model}

@@ -64,7 +64,8 @@ def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--floor",
         action="store_true",
-        help="also a bare byte relay in Python on uvloop (bench/edge/floor.py): the runtime's own cost",
+        help="also a bare byte relay in Python on uvloop (bench/edge/floor.py), the runtime's own cost, and "
+        "the edge's frame without its stages (bench/edge/frame.py: aiohttp, the pool, the SSE relay)",
     )
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
     parser.add_argument(

@@ -64,7 +64,9 @@ class EdgeBench:
     interval_ms: float  # the pacer's gap between tokens
     no_nginx: bool
     nginx: str  # nginx binary ("": on PATH, else /usr/sbin/nginx)
-    floor: bool  # also the bare byte relay (bench/edge/floor.py): what the runtime alone costs
+    # also the bare byte relay (bench/edge/floor.py), what the runtime alone costs, and the edge's frame
+    # without its stages (bench/edge/frame.py)
+    floor: bool
     no_litellm: bool
     litellm: str  # LiteLLM's CLI, in its own venv
     rps_rates: str  # request rates for the max-RPS part, comma-separated; empty skips it
@@ -251,6 +253,7 @@ def _start_proxies(
         starters.append(("nginx", lambda: [peers.start_nginx(logs, nginx, pacer.url)]))
     if floor:
         starters.append(("floor", lambda: [peers.start_floor(logs, pacer.url)]))
+        starters.append(("frame", lambda: [peers.start_frame(logs, pacer.url)]))
     if litellm:
         starters.append(("litellm", lambda: [peers.start_litellm(logs, litellm, pacer.url)]))
     started: list[Endpoint] = []

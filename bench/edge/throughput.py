@@ -83,7 +83,8 @@ def run_throughput(
     floor: bool = False,
 ) -> list[dict]:
     """``routing``: the edge's route stage on, off, or both side by side (edge_routing.py); ``city``: also
-    the edge in fleet mode (edge_fleet.py); ``floor``: also the bare byte relay (floor.py)."""
+    the edge in fleet mode (edge_fleet.py); ``floor``: also the bare byte relay (floor.py) and the edge's
+    frame without its stages (frame.py)."""
     pacer = peers.start_stand_in(logs, "pacer", "pacer-instant", tokens=1, interval_ms=0)
     stack.callback(pacer.stop)
     targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
@@ -98,8 +99,9 @@ def run_throughput(
         stack.callback(proxy.stop)
         targets.append(proxy)
     if floor:
-        targets.append(peers.start_floor(logs / "unary", pacer.url))
-        stack.callback(targets[-1].stop)
+        for start in (peers.start_floor, peers.start_frame):
+            targets.append(start(logs / "unary", pacer.url))
+            stack.callback(targets[-1].stop)
     # With two edges compared, the paths alternate over rounds, so that drift on a busy machine hits both.
     rounds = 4 if (routing and len(routing) > 1) or city is not None else 1
     parts: dict[str, list[dict]] = {t.name: [] for t in targets}

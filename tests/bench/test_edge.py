@@ -1,6 +1,6 @@
 """``nearshore bench edge`` keeps working: a tiny run, direct and through the edge (plain and TLS), with
-its route stage off beside it, an edge in fleet mode (a real PostgreSQL and Redis) beside it, and the bare
-Python relay (the runtime's floor)."""
+its route stage off beside it, an edge in fleet mode (a real PostgreSQL and Redis) beside it, the bare
+Python relay (the runtime's floor) and the edge's frame without its stages."""
 
 from __future__ import annotations
 
@@ -44,12 +44,13 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
 
     rows = {row["path"]: row for row in report["streams"]}
     # the edge with its route stage, without, and in fleet mode
-    assert set(rows) == {"direct", "edge", "edge-off", "edge-fleet", "floor"}  # floor: the bare relay
+    # floor: the bare relay; frame: aiohttp, the edge's pool and SSE relay, no stages
+    assert set(rows) == {"direct", "edge", "edge-off", "edge-fleet", "floor", "frame"}
     for row in rows.values():
         assert row["errors"] == 0, row["first_error"]
         assert row["streams"] == 4
         assert row["ttft_p50_ms"] >= 10  # the pacer's first token takes one interval
-    assert rows["edge"]["cpu_ms_per_stream"] > 0 and rows["floor"]["cpu_ms_per_stream"] > 0
+    assert all(rows[path]["cpu_ms_per_stream"] > 0 for path in ("edge", "floor", "frame"))
     assert any(t["target"].startswith("no bunching") for t in report["targets"])
     throughput = {row["path"]: row for row in report["throughput"]}
     assert set(throughput) == {
@@ -58,8 +59,9 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
         "edge-unary-off",
         "edge-unary-fleet",
         "floor",
+        "frame",
     }  # no nginx
-    for path in ("edge-unary", "edge-unary-off", "edge-unary-fleet", "floor"):
+    for path in ("edge-unary", "edge-unary-off", "edge-unary-fleet", "floor", "frame"):
         assert throughput[path]["rps"] > 0 and throughput[path]["errors"] == 0
     routing = {entry["part"]: entry for entry in report["routing"]}
     assert set(routing) == {"streams x2", "non-streamed"}
