@@ -70,6 +70,9 @@ class LimiterUnavailable(Exception):
 
 
 class RateLimiter(Protocol):
+    # settle() does no I/O (it cannot suspend): the settle stage awaits it in place, with no task.
+    settles_in_memory: bool
+
     async def admit(self, key_id: str, spec: LimitSpec, tokens: int) -> Decision: ...
 
     async def settle(self, key_id: str, reservation: str, actual_tokens: int) -> None: ...

@@ -63,6 +63,8 @@ class _Log:
 class MemoryLimiter:
     """Limits kept in this process: one edge on its own, or the fallback while Redis is unreachable."""
 
+    settles_in_memory = True
+
     def __init__(self, *, window_s: float = WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.window_s = window_s
         self._clock = clock

@@ -177,6 +177,8 @@ class RedisLimiter:
     of in the window.
     """
 
+    settles_in_memory = False
+
     def __init__(
         self,
         url: str,

@@ -7,6 +7,12 @@ samples, by their own time and with what they call.
 The raw stacks (``edge.stacks``, py-spy's collapsed form, one stack and its count a line) stay in the output
 folder for a flame graph (``flamegraph.pl``, speedscope). py-spy samples only threads that run, so the shares
 are of the edge's CPU, not of its wall time. The load is ``bench edge``'s: the same request, pacer and client.
+
+The report starts with the edge's CPU per stream split by part: each stage of the journey (a stage's
+samples are those with its function on the stack; a suspended stage is on no stack, so what it waits for
+is not counted), the journey around its stages, the region's answers as they arrive (the socket's callback
+that relays each event) and the rest (aiohttp's server, the event loop, background work). A sample in a
+system call counts for the Python function that made it, so the parts are of user and system time.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from pathlib import Path
 from bench import peers
 from bench.edge.request import chat_body, session_for
 from bench.edge.run import _drive
+from edge.pipeline import Pipeline
+from edge.stages import default_pipeline
 
 _LOCATION = re.compile(r"^(?P<function>.*?) \((?P<file>[^():]+)(?::\d+)?\)$")
 
@@ -59,6 +67,41 @@ def tally(stacks: list[str]) -> tuple[Counter, Counter, int]:
         for name in set(frames):
             inclusive[name] += count
     return own, inclusive, total
+
+
+JOURNEY = "_proxy (edge/app.py)"  # a request's journey, from its arrival to its last byte
+UPSTREAM_READS = "H1Connection.data_received (edge/h1.py)"  # the region's bytes, relayed as they arrive
+
+
+def stage_frames(pipeline: Pipeline) -> list[tuple[str, str]]:
+    """Each stage's name and its function as the stacks name it, in the journey's order."""
+    frames = []
+    for stage in (*pipeline.stages, *pipeline.closing):
+        code = stage.run.__code__
+        frames.append(
+            (stage.name, f"{stage.run.__qualname__} ({'/'.join(Path(code.co_filename).parts[-2:])})")
+        )
+    return frames
+
+
+def by_part(inclusive: Counter, total: int, stages: list[tuple[str, str]]) -> list[tuple[str, float]]:
+    """Each part's share of the samples: the stages, the journey outside them, the region's answers as
+    they arrive, and the rest. The stages run one after the other, so no sample is in two of them."""
+    if total <= 0:
+        return []
+    parts = [(f"stage {name}", inclusive[frame] / total) for name, frame in stages]
+    journey = inclusive[JOURNEY] / total
+    reads = inclusive[UPSTREAM_READS] / total
+    parts.append(("the journey outside its stages", max(0.0, journey - sum(share for _, share in parts))))
+    parts.append(("the region's answers as they arrive", reads))
+    parts.append(("aiohttp's server, the event loop, the rest", max(0.0, 1.0 - journey - reads)))
+    return parts
+
+
+def print_parts(parts: list[tuple[str, float]], cpu_ms: float) -> None:
+    print("by part (share of the samples, and of the CPU per stream):")
+    for name, share in parts:
+        print(f"  {100 * share:5.1f}%  {share * cpu_ms:6.3f} ms  {name}")
 
 
 def print_table(title: str, counts: Counter, total: int, top: int) -> None:
@@ -128,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"edge CPU per stream {cpu_ms:.2f} ms ({args.streams} streams at {args.concurrency}); {total} samples"
     )
+    print_parts(by_part(inclusive, total, stage_frames(default_pipeline())), cpu_ms)
     print_table("own time", own, total, args.top)
     print_table("inclusive time", inclusive, total, args.top)
     print(f"stacks: {stacks}")

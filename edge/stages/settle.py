@@ -41,7 +41,11 @@ async def settle_journey(journey: Journey) -> AuditedUsage | None:
     # A prompt the region refused (too long, ...) still cost it work: it keeps its share of the TPM window.
     tpm_tokens = admission.prompt_estimate if outcome.refused else usage.total_tokens
     if admission.decision.reservation is not None:
-        state.in_background(_settle_limit(journey, admission.decision.reservation, tpm_tokens))
+        settling = _settle_limit(journey, admission.decision.reservation, tpm_tokens)
+        if state.limiter.settles_in_memory:
+            await settling  # never suspends: a task of its own would cost more than the refund
+        else:
+            state.in_background(settling)  # a round trip to Redis: not before the answer's end
     await state.budget.settle(admission.hold, key.key_id, cost)
     record = UsageRecord(
         request_id=journey.request_id,

@@ -53,8 +53,9 @@ def books() -> Books:
     return Books()
 
 
-def journey(books: Books) -> Journey:
-    """A streamed chat request, admitted (reserved and held), forwarded to london."""
+def journey(books: Books, limits_in_memory: bool = False) -> Journey:
+    """A streamed chat request, admitted (reserved and held), forwarded to london; its limits shared
+    (settled in the background, as with Redis) unless ``limits_in_memory``."""
     background: list[asyncio.Task] = []
 
     def in_background(coro: Coroutine[Any, Any, Any]) -> asyncio.Task:
@@ -66,7 +67,7 @@ def journey(books: Books) -> Journey:
         config=EdgeConfig(),
         metrics=EdgeMetrics(),
         prices=PriceTable({MODEL: PRICE}),
-        limiter=SimpleNamespace(settle=books.settle_limit),
+        limiter=SimpleNamespace(settle=books.settle_limit, settles_in_memory=limits_in_memory),
         budget=SimpleNamespace(settle=books.settle_budget),
         ledger=SimpleNamespace(record=books.record),
         in_background=in_background,
@@ -132,6 +133,18 @@ async def test_an_answered_request_is_billed_its_usage_at_its_price_once(books: 
     assert j.billed is not None and j.billed.total_tokens == 13
     assert sample(j, "nearshore_edge:requests_total", status="ok", region="london") == 1
     assert sample(j, "nearshore_edge:generation_tokens_total", model=MODEL) == 3
+
+
+async def test_limits_kept_in_memory_are_settled_in_place_not_in_a_task(books: Books):
+    """An in-memory limiter's refund cannot wait on anything: it is done when the bill is, with no task."""
+    j = journey(books, limits_in_memory=True)
+    j.answered()
+    j.relayed = Relayed(events=3, usage=usage(10, 3), produced=True)
+
+    await settle_journey(j)
+
+    assert books.limits == [("k1", "res-1", 13)] and not j.state.background
+    assert len(books.rows) == 1
 
     assert await settled(j) is None  # billed once: a second exit writes nothing
     assert len(books.rows) == 1 and len(books.limits) == 1 and len(books.budgets) == 1
