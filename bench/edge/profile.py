@@ -11,8 +11,8 @@ are of the edge's CPU, not of its wall time. The load is ``bench edge``'s: the s
 The report starts with the edge's CPU per stream split by part: each stage of the journey (a stage's
 samples are those with its function on the stack; a suspended stage is on no stack, so what it waits for
 is not counted), the journey around its stages, the region's answers as they arrive (the socket's callback
-that relays each event) and the rest (aiohttp's server, the event loop, background work). A sample in a
-system call counts for the Python function that made it, so the parts are of user and system time.
+that relays each event) and the rest (aiohttp's server, the event loop in C, background work). A sample in
+a system call counts for the function that made it, so the parts are of user and system time.
 """
 
 from __future__ import annotations
@@ -69,33 +69,51 @@ def tally(stacks: list[str]) -> tuple[Counter, Counter, int]:
     return own, inclusive, total
 
 
-JOURNEY = "_proxy (edge/app.py)"  # a request's journey, from its arrival to its last byte
+# The journey's own frames around its stages, from its arrival to its last byte.
+JOURNEY = frozenset(
+    {
+        "_proxy (edge/app.py)",
+        "run_journey (edge/pipeline.py)",
+        "_run_stoppable (edge/pipeline.py)",
+        "_run_stages (edge/pipeline.py)",
+        "_close (edge/pipeline.py)",
+        "_clean_up (edge/pipeline.py)",
+    }
+)
 UPSTREAM_READS = "H1Connection.data_received (edge/h1.py)"  # the region's bytes, relayed as they arrive
+OUTSIDE = "the journey outside its stages"
+READS = "the region's answers as they arrive"
+REST = "aiohttp's server, the event loop, the rest"
 
 
 def stage_frames(pipeline: Pipeline) -> list[tuple[str, str]]:
     """Each stage's name and its function as the stacks name it, in the journey's order."""
     frames = []
     for stage in (*pipeline.stages, *pipeline.closing):
-        code = stage.run.__code__
-        frames.append(
-            (stage.name, f"{stage.run.__qualname__} ({'/'.join(Path(code.co_filename).parts[-2:])})")
-        )
+        where = "/".join(Path(stage.run.__code__.co_filename).parts[-2:])
+        frames.append((stage.name, f"{stage.run.__qualname__} ({where})"))
     return frames
 
 
-def by_part(inclusive: Counter, total: int, stages: list[tuple[str, str]]) -> list[tuple[str, float]]:
+def by_part(stacks: list[str], stages: list[tuple[str, str]]) -> list[tuple[str, float]]:
     """Each part's share of the samples: the stages, the journey outside them, the region's answers as
-    they arrive, and the rest. The stages run one after the other, so no sample is in two of them."""
-    if total <= 0:
+    they arrive, and the rest. A sample is the part of the frame nearest its leaf that names one: py-spy
+    reading a running process may cut a stack short at its root, never at its leaf."""
+    part_of = {frame: f"stage {name}" for name, frame in stages}
+    part_of |= {frame: OUTSIDE for frame in JOURNEY}
+    part_of[UPSTREAM_READS] = READS
+    counts: Counter = Counter()
+    for line in stacks:
+        stack, _, count_text = line.rstrip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        frames = [frame_name(f) for f in stack.split(";") if f]
+        counts[next((part_of[f] for f in reversed(frames) if f in part_of), REST)] += int(count_text)
+    total = sum(counts.values())
+    if total == 0:
         return []
-    parts = [(f"stage {name}", inclusive[frame] / total) for name, frame in stages]
-    journey = inclusive[JOURNEY] / total
-    reads = inclusive[UPSTREAM_READS] / total
-    parts.append(("the journey outside its stages", max(0.0, journey - sum(share for _, share in parts))))
-    parts.append(("the region's answers as they arrive", reads))
-    parts.append(("aiohttp's server, the event loop, the rest", max(0.0, 1.0 - journey - reads)))
-    return parts
+    names = [f"stage {name}" for name, _ in stages] + [OUTSIDE, READS, REST]
+    return [(name, counts[name] / total) for name in names]
 
 
 def print_parts(parts: list[tuple[str, float]], cpu_ms: float) -> None:
@@ -167,11 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     if not stacks.exists():
         print(f"py-spy wrote nothing: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
         return 1
-    own, inclusive, total = tally(stacks.read_text().splitlines())
+    lines = stacks.read_text().splitlines()
+    own, inclusive, total = tally(lines)
     print(
         f"edge CPU per stream {cpu_ms:.2f} ms ({args.streams} streams at {args.concurrency}); {total} samples"
     )
-    print_parts(by_part(inclusive, total, stage_frames(default_pipeline())), cpu_ms)
+    print_parts(by_part(lines, stage_frames(default_pipeline())), cpu_ms)
     print_table("own time", own, total, args.top)
     print_table("inclusive time", inclusive, total, args.top)
     print(f"stacks: {stacks}")
