@@ -228,6 +228,9 @@ class RedisLimiter:
         self._settling_until = 0.0  # admissions wait until then: the other processes put their parts back
         self._up = True
         self._watcher: asyncio.Task[None] | None = None
+        # This process's marker is known to be in Redis (the watcher set it): from then on a Redis that
+        # loses it is noticed; a loss before the first set cannot be told from a first start.
+        self.marked = False
         self._loading: asyncio.Future[Any] | None = None  # this process's admission script, once
         self._admission_loaded = False
 
@@ -354,6 +357,7 @@ class RedisLimiter:
                 if not kept:
                     await self._redis.set(self._marker, b"1", px=self._marker_ms)
                 reset = not kept and not first
+                self.marked = True
                 if reset:  # (its put-back covers what was admitted locally while Redis was away)
                     await self._after_reset("a marker this process keeps there was gone")
                 if not self._up:  # what was admitted locally while it was away goes in first
