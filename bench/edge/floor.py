@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 HEAD_END = b"\r\n\r\n"
@@ -137,14 +138,21 @@ async def serve(port: int, upstream_url: str) -> None:
         await server.serve_forever()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.edge.floor", description=__doc__.split("\n\n")[0])
+def run(
+    prog: str, description: str, serve: Callable[[int, str], Awaitable[None]], argv: list[str] | None
+) -> None:
+    """The command line of a relay the bench runs beside the edge: --port, --upstream; served on uvloop."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="the upstream's base URL (http://host:port)")
     args = parser.parse_args(argv)
     import uvloop
 
     uvloop.run(serve(args.port, args.upstream))
+
+
+def main(argv: list[str] | None = None) -> None:
+    run("python -m bench.edge.floor", __doc__.split("\n\n")[0], serve, argv)
 
 
 if __name__ == "__main__":

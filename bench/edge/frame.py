@@ -12,12 +12,12 @@ checks cost.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from bench.edge.floor import run
 from edge.h1_pool import H1Pool
 from edge.sse_relay import SseRelay, StreamLimits
 from nearshore.protocol import sse
@@ -76,13 +76,7 @@ async def serve(port: int, upstream_url: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.edge.frame", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True, help="the upstream's base URL (http://host:port)")
-    args = parser.parse_args(argv)
-    import uvloop
-
-    uvloop.run(serve(args.port, args.upstream))
+    run("python -m bench.edge.frame", __doc__.split("\n\n")[0], serve, argv)
 
 
 if __name__ == "__main__":
