@@ -5,14 +5,13 @@ without cross-talk, and its metrics."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
-from tests.conftest import MODEL, TORCH_ENGINE, Node, start_region
+from tests.conftest import MODEL, SHARED_ENGINE, TORCH_ENGINE, Node, start_region
 from tests.regional.test_api import post, stream
 
 pytestmark = pytest.mark.slow
@@ -87,22 +86,22 @@ async def scored_prompt(node: Node) -> list[tuple[str, float, str]]:
     ]
 
 
-async def until_idle(node: Node, timeout_s: float = 30.0) -> None:
-    """Nothing running or waiting on the node: llama.cpp's numbers depend on what shares its batch (an
-    earlier test's stream still decoding would change them), and parity compares each engine alone."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        text = await get_text(node.url + "/metrics")
-        busy = metric(text, "nearshore:num_requests_running") + metric(text, "nearshore:num_requests_waiting")
-        if busy == 0:
-            return
-        assert time.monotonic() < deadline, f"{node.url} still busy with {busy} requests"
-        await asyncio.sleep(0.05)
-
-
-async def test_teacher_forced_the_engines_agree_through_the_api(torch_region: Node, region: Node):
-    await asyncio.gather(until_idle(torch_region), until_idle(region))
-    torch_scores, llama_scores = await asyncio.gather(scored_prompt(torch_region), scored_prompt(region))
+async def test_teacher_forced_the_engines_agree_through_the_api(tmp_path: Path):
+    """Each engine on a node of its own that nothing else asks: what shares a batch changes llama.cpp's
+    numbers (on the shared nodes, an earlier test's stream still decoding, or a request of one arriving
+    after the nodes were seen idle, gave 61 of 65 top-1 agreements; the engines alone give 63)."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "llama").mkdir()
+    torch_node = start_region(tmp_path / "torch", engine=TORCH_ENGINE)
+    try:
+        llama_node = start_region(tmp_path / "llama", engine=SHARED_ENGINE)
+        try:
+            scores = await asyncio.gather(scored_prompt(torch_node), scored_prompt(llama_node))
+        finally:
+            llama_node.process.stop()
+    finally:
+        torch_node.process.stop()
+    torch_scores, llama_scores = scores
     assert [t for t, _, _ in torch_scores] == [t for t, _, _ in llama_scores]  # one tokenizer
     agree = sum(a[2] == b[2] for a, b in zip(torch_scores, llama_scores, strict=True))
     assert agree / len(torch_scores) >= 0.95, (agree, len(torch_scores))
