@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -75,8 +74,9 @@ def test_every_scenario_says_how_often_the_edge_probes():
     assert SCENARIOS["region-outage"].health_interval_s <= 1.0
 
 
-def _scenario(name: str, out: Path, *args: str, timeout_s: float) -> tuple[dict, float]:
-    started = time.monotonic()
+def _scenario(name: str, out: Path, *args: str, timeout_s: float) -> dict:
+    """The scenario's figures; one that hangs fails at ``timeout_s`` (no bound on how long it takes: a busy
+    machine stretches every phase)."""
     result = subprocess.run(
         [sys.executable, "-m", "nearshore", "scenario", name, "--out", str(out), *args],
         cwd=ROOT,
@@ -86,7 +86,7 @@ def _scenario(name: str, out: Path, *args: str, timeout_s: float) -> tuple[dict,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert (out / f"{name}.png").stat().st_size > 10_000
-    return json.loads((out / f"{name}.json").read_text())["data"], time.monotonic() - started
+    return json.loads((out / f"{name}.json").read_text())["data"]
 
 
 def test_an_unknown_phase_is_refused_naming_the_flag(tmp_path):
@@ -105,7 +105,7 @@ def test_an_unknown_phase_is_refused_naming_the_flag(tmp_path):
 def test_degraded_link_moves_traffic_away_from_london_and_back(tmp_path):
     """A +200 ms spike on Lagos-London sends new requests elsewhere within seconds; once the link is itself
     again they come back; nothing fails before its first byte and nothing flaps."""
-    data, took_s = _scenario(
+    data = _scenario(
         "degraded-link", tmp_path, "--phase-s", "3", "--phases", "baseline,spike,calm", timeout_s=150
     )
     baseline, spike, calm = data["phases"]
@@ -121,14 +121,13 @@ def test_degraded_link_moves_traffic_away_from_london_and_back(tmp_path):
     assert data["failed_before_first_byte"] == 0, data["phases"]
     # Each request as it went (when, where, its TTFT, the route's reason), so that a flap says why.
     assert data["flaps"] == 0, (data["phases"], data["attempts"])
-    assert took_s < 90, f"took {took_s:.0f}s"
 
 
 @pytest.mark.slow
 def test_region_outage_takes_the_dead_region_out_and_lets_it_back_in(tmp_path):
     """London is killed under load and restarted: the edge takes it out within seconds, no request that had
     not started fails, and once the node is back the edge routes to it again."""
-    data, took_s = _scenario("region-outage", tmp_path, "--phase-s", "2", timeout_s=150)
+    data = _scenario("region-outage", tmp_path, "--phase-s", "2", timeout_s=150)
     assert data["victim"] == "london"
     assert data["failed_before_first_byte"] == 0, data["phases"]
     assert data["ejected_after_s"] is not None and data["ejected_after_s"] < 5, data
@@ -139,7 +138,6 @@ def test_region_outage_takes_the_dead_region_out_and_lets_it_back_in(tmp_path):
     assert data["traffic_back_after_s"] is not None, data
     # Every stream under way at the kill either finished (continued elsewhere) or was counted as cut.
     assert data["continued"] + data["cut_mid_stream"] == data["in_flight_at_kill"]
-    assert took_s < 90, f"took {took_s:.0f}s"
 
 
 @pytest.mark.slow
@@ -147,7 +145,7 @@ def test_cable_cut_answers_from_lagos_and_goes_back_across_the_ocean(tmp_path):
     """Every ocean link down under load: the chat (the small model) answered by the Lagos-local region, the
     repeated questions by the cache, a new question for the large model refused at once with a 503; the
     links back: the chat on London's small node again; a ledger row for every request."""
-    data, took_s = _scenario("cable-cut", tmp_path, "--phase-s", "3", timeout_s=300)
+    data = _scenario("cable-cut", tmp_path, "--phase-s", "3", timeout_s=300)
     baseline, cut, restore = data["phases"]
     assert (data["home"], data["local"]) == ("london-small", ["lagos-local"])
     chat, repeat, large = (baseline["by_kind"][k] for k in ("chat", "repeat", "large"))
@@ -163,4 +161,3 @@ def test_cable_cut_answers_from_lagos_and_goes_back_across_the_ocean(tmp_path):
     # The chat streaming when the cables went (the scenario starts one) finished on the local model.
     assert 1 <= data["continued_on_local"] <= data["in_flight_at_cut"], data
     assert data["ledger_rows"] == data["sent"], data
-    assert took_s < 240, f"took {took_s:.0f}s"
