@@ -49,19 +49,28 @@ def frame_name(frame: str) -> str:
     return f"{match['function']} ({tail})"
 
 
-def tally(stacks: list[str]) -> tuple[Counter, Counter, int]:
-    """Samples per function: where the sample was (own), anywhere on its stack (inclusive); the total."""
-    own: Counter = Counter()
-    inclusive: Counter = Counter()
-    total = 0
+Sample = tuple[list[str], int]  # one stack's frames (root first, named by frame_name) and its count
+
+
+def samples(stacks: list[str]) -> list[Sample]:
+    """py-spy's collapsed lines (``frame;frame;... count``) read once; a line that is not one is skipped."""
+    out = []
     for line in stacks:
         stack, _, count_text = line.rstrip().rpartition(" ")
         if not stack or not count_text.isdigit():
             continue
-        count = int(count_text)
         frames = [frame_name(f) for f in stack.split(";") if f]
-        if not frames:
-            continue
+        if frames:
+            out.append((frames, int(count_text)))
+    return out
+
+
+def tally(read: list[Sample]) -> tuple[Counter, Counter, int]:
+    """Samples per function: where the sample was (own), anywhere on its stack (inclusive); the total."""
+    own: Counter = Counter()
+    inclusive: Counter = Counter()
+    total = 0
+    for frames, count in read:
         total += count
         own[frames[-1]] += count
         for name in set(frames):
@@ -95,7 +104,7 @@ def stage_frames(pipeline: Pipeline) -> list[tuple[str, str]]:
     return frames
 
 
-def by_part(stacks: list[str], stages: list[tuple[str, str]]) -> list[tuple[str, float]]:
+def by_part(read: list[Sample], stages: list[tuple[str, str]]) -> list[tuple[str, float]]:
     """Each part's share of the samples: the stages, the journey outside them, the region's answers as
     they arrive, and the rest. A sample is the part of the frame nearest its leaf that names one: py-spy
     reading a running process may cut a stack short at its root, never at its leaf."""
@@ -103,12 +112,8 @@ def by_part(stacks: list[str], stages: list[tuple[str, str]]) -> list[tuple[str,
     part_of |= {frame: OUTSIDE for frame in JOURNEY}
     part_of[UPSTREAM_READS] = READS
     counts: Counter = Counter()
-    for line in stacks:
-        stack, _, count_text = line.rstrip().rpartition(" ")
-        if not stack or not count_text.isdigit():
-            continue
-        frames = [frame_name(f) for f in stack.split(";") if f]
-        counts[next((part_of[f] for f in reversed(frames) if f in part_of), REST)] += int(count_text)
+    for frames, count in read:
+        counts[next((part_of[f] for f in reversed(frames) if f in part_of), REST)] += count
     total = sum(counts.values())
     if total == 0:
         return []
@@ -185,12 +190,12 @@ def main(argv: list[str] | None = None) -> int:
     if not stacks.exists():
         print(f"py-spy wrote nothing: {err.decode(errors='replace')[-500:]}", file=sys.stderr)
         return 1
-    lines = stacks.read_text().splitlines()
-    own, inclusive, total = tally(lines)
+    read = samples(stacks.read_text().splitlines())
+    own, inclusive, total = tally(read)
     print(
         f"edge CPU per stream {cpu_ms:.2f} ms ({args.streams} streams at {args.concurrency}); {total} samples"
     )
-    print_parts(by_part(lines, stage_frames(default_pipeline())), cpu_ms)
+    print_parts(by_part(read, stage_frames(default_pipeline())), cpu_ms)
     print_table("own time", own, total, args.top)
     print_table("inclusive time", inclusive, total, args.top)
     print(f"stacks: {stacks}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.edge.profile import UPSTREAM_READS, by_part, stage_frames, tally
+from bench.edge.profile import UPSTREAM_READS, by_part, samples, stage_frames, tally
 from edge.stages import default_pipeline
 
 LOOP = "process 1:edge;run (asyncio/runners.py:190);Runner.run (asyncio/runners.py:118)"
@@ -13,7 +13,7 @@ PROXY = f"{LOOP};_handle_request (aiohttp/web_protocol.py:577);_proxy (edge/app.
 STAGES = f"{PROXY};run_journey (edge/pipeline.py:75);_run_stages (edge/pipeline.py:127)"
 
 
-def stacks() -> list[str]:
+def stacks() -> list[str]:  # py-spy's collapsed lines
     cut_at_its_root = "_run_stages (edge/pipeline.py:124);route_stage (edge/stages/route.py:30)"
     return [
         f"{STAGES};authenticate_stage (edge/stages/authenticate.py:20);lookup (edge/keys.py:10) 3",
@@ -27,7 +27,7 @@ def stacks() -> list[str]:
 
 
 def test_tally_counts_each_function_once_a_sample_with_lines_merged():
-    own, inclusive, total = tally(stacks())
+    own, inclusive, total = tally(samples(stacks()))
     assert total == 20
     assert inclusive["route_stage (stages/route.py)"] == 6  # two lines of one function
     assert own["route_stage (stages/route.py)"] == 2 and own["route (geo/route.py)"] == 4
@@ -36,7 +36,7 @@ def test_tally_counts_each_function_once_a_sample_with_lines_merged():
 
 
 def test_the_parts_are_the_stages_the_journey_around_them_the_answers_and_the_rest():
-    parts = dict(by_part(stacks(), stage_frames(default_pipeline())))
+    parts = dict(by_part(samples(stacks()), stage_frames(default_pipeline())))
     assert parts["stage authenticate"] == pytest.approx(3 / 20)
     assert parts["stage route"] == pytest.approx(6 / 20)
     assert parts["stage forward"] == 0
