@@ -250,9 +250,19 @@ class SseRelay:
         self._total += len(chunk)
         if self._total > limits.max_stream_bytes:
             return self._stop(f"the region's stream passed {limits.max_stream_bytes} bytes")
+        if self._events.idle and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n"):
+            # Nearly every piece: one whole event of one line, nothing before it unfinished: the event the
+            # parser would cut, checked, goes on as it came (its blank line included) unless it was rebuilt.
+            event = chunk[:-2]
+            if (kept := self._keep(event)) is not None:
+                out = chunk if kept is event else kept + b"\n\n"
+                self._send(named(out, self.model_name) if self.model_name else out)
+            if outcome.done or outcome.fault:
+                self._finish()
+            return
         events = self._events.blocks(chunk)
         out = b""
-        if len(events) == 1:  # the common case, one event a piece: no list, no join
+        if len(events) == 1:  # one event, not on one line or after an unfinished one: no list, no join
             if (kept := self._keep(events[0])) is not None:
                 out = kept + b"\n\n"
         elif events:
@@ -396,7 +406,8 @@ class SseRelay:
         if chunk.error is not None:
             outcome.failure = passed_on(chunk.error, 502)
             return None
-        if (usage := usage_bytes(chunk.usage)) is not None:
+        # (a chunk without usage holds the default itself: most events skip the copy that tests for null)
+        if chunk.usage is not NO_USAGE and (usage := usage_bytes(chunk.usage)) is not None:
             outcome.usage = usage
             if not chunk.choices:
                 outcome.usage_event = payload

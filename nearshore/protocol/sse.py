@@ -78,6 +78,11 @@ class SseParser:
         """Bytes of the unfinished event (for a reader that bounds an event's size)."""
         return len(self._buffer)
 
+    @property
+    def idle(self) -> bool:
+        """Nothing unfinished is held: the next piece starts a new event (its lines need no earlier bytes)."""
+        return not self._buffer and not self._cr
+
     def blocks(self, piece: bytes) -> list[bytes]:
         """The events ``piece`` completed, each as its lines (``\\n``-ended, the blank line left off)."""
         if self._cr:
