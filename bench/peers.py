@@ -218,7 +218,7 @@ http {{
         keepalive_requests 1000000;
     }}
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{tls};
         location / {{
             proxy_pass http://pacer;
             proxy_http_version 1.1;
@@ -231,18 +231,25 @@ http {{
 """
 
 
-def start_nginx(logs: Path, nginx: str, upstream_url: str) -> Endpoint:
-    """nginx as a plain reverse proxy, one worker, no buffering: the floor for a proxy on this machine."""
-    folder = logs / "nginx"
+def start_nginx(logs: Path, nginx: str, upstream_url: str, *, tls: bool = False) -> Endpoint:
+    """nginx as a plain reverse proxy, one worker, no buffering: the floor for a proxy on this machine;
+    with ``tls``, terminating TLS with the edge's development certificate ("nginx-https")."""
+    name = "nginx-https" if tls else "nginx"
+    folder = logs / name
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     conf = folder / "nginx.conf"
     upstream = upstream_url.removeprefix("http://")
-    conf.write_text(NGINX_CONF.format(dir=folder, upstream=upstream, port=port))
+    listen, context = "", None
+    if tls:
+        cert, key = ensure_dev_certificate(folder / "tls")
+        listen = f" ssl;\n        ssl_certificate {cert};\n        ssl_certificate_key {key}"
+        context = ssl.create_default_context(cafile=str(cert))
+    conf.write_text(NGINX_CONF.format(dir=folder, upstream=upstream, port=port, tls=listen))
     argv = [nginx, "-c", str(conf), "-p", str(folder), "-e", str(folder / "nginx-error.log")]
-    url = f"http://127.0.0.1:{port}"
-    process = started(ManagedProcess("nginx", argv, logs / "nginx.log"), url + "/health", 30)
-    return Endpoint("nginx", url, dict(JSON), process, folder=folder)
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    process = started(ManagedProcess(name, argv, logs / f"{name}.log"), url + "/health", 30, context)
+    return Endpoint(name, url, dict(JSON), process, context, folder)
 
 
 def start_floor(logs: Path, upstream_url: str) -> Endpoint:

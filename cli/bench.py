@@ -104,6 +104,11 @@ def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
         help="also an edge in fleet mode (keys and ledger in PostgreSQL, limits and cache through Redis, "
         "both started for the run) beside the edge alone, and what it adds",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="also the edge with TLS on (its default) beside the edge with it off, and what TLS adds",
+    )
     parser.add_argument("--json", metavar="FILE", help="also write every number as JSON")
     parser.add_argument(
         "--logs", default="", help="folder for process logs and configs (default: a temp folder)"

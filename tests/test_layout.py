@@ -376,6 +376,7 @@ FLAGS = {
         "--unary-seconds",
         "--routing",
         "--fleet",
+        "--tls",
         "--json",
         "--logs",
     ],

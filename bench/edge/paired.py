@@ -1,6 +1,6 @@
-"""``bench edge``: one edge beside the same edge with one thing changed (its route stage off, or the city's
-fleet stores on), run side by side in one run: CPU and TTFT per stream at each level, CPU and rate of the
-non-streamed requests."""
+"""``bench edge``: one edge beside the same edge with one thing changed (its route stage off, the city's
+fleet stores on, or TLS on), run side by side in one run: CPU and TTFT per stream at each level, CPU and
+rate of the non-streamed requests."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import math
 
 STREAM_EDGE = "edge"  # the stream part's edge, the name every variant's path starts with
 UNARY_EDGE = "edge-unary"  # the non-streamed part's
+HTTPS_SUFFIX = "-https"  # the edge with TLS on (``--tls``), beside the edge with it off
 
 
 def unary_path(path: str) -> str:
-    """The non-streamed part's name for a stream part's edge path (``edge-fleet`` -> ``edge-unary-fleet``)."""
-    return UNARY_EDGE + path.removeprefix(STREAM_EDGE)
+    """The non-streamed part's name for a stream part's path: an edge's is its own (``edge-fleet`` ->
+    ``edge-unary-fleet``), a peer's the same (``nginx-https``)."""
+    return UNARY_EDGE + path.removeprefix(STREAM_EDGE) if path.startswith(STREAM_EDGE) else path
 
 
 def compare(rows: list[dict], throughput: list[dict] | None, on: str, off: str) -> list[dict]:

@@ -8,11 +8,18 @@ The raw stacks (``edge.stacks``, py-spy's collapsed form, one stack and its coun
 folder for a flame graph (``flamegraph.pl``, speedscope). py-spy samples only threads that run, so the shares
 are of the edge's CPU, not of its wall time. The load is ``bench edge``'s: the same request, pacer and client.
 
-The report starts with the edge's CPU per stream split by part: each stage of the journey (a stage's
-samples are those with its function on the stack; a suspended stage is on no stack, so what it waits for
-is not counted), the journey around its stages, the region's answers as they arrive (the socket's callback
-that relays each event) and the rest (aiohttp's server, the event loop in C, background work). A sample in
-a system call counts for the function that made it, so the parts are of user and system time.
+The report starts with the edge's CPU per stream split two ways.
+
+- By part: each stage of the journey (a stage's samples are those with its function on the stack; a
+  suspended stage is on no stack, so what it waits for is not counted), the journey around its stages, the
+  region's answers as they arrive (the socket's callback that relays each event) and the rest (aiohttp's
+  server, the event loop in C, background work).
+- By feature: what each thing the edge keeps on costs (keys, limits, the ledger, the cache, routing,
+  metrics, logging), a sample counted for the feature whose code is nearest its leaf, and the proxy itself
+  for the rest. TLS is not among them (its work is in C, under the proxy's frames): ``bench edge --tls``
+  runs an edge with TLS beside one without it.
+
+A sample in a system call counts for the function that made it, so the shares are of user and system time.
 """
 
 from __future__ import annotations
@@ -121,8 +128,80 @@ def by_part(read: list[Sample], stages: list[tuple[str, str]]) -> list[tuple[str
     return [(name, counts[name] / total) for name in names]
 
 
-def print_parts(parts: list[tuple[str, float]], cpu_ms: float) -> None:
-    print("by part (share of the samples, and of the CPU per stream):")
+# What each feature the edge keeps on costs: a sample is the feature of the frame nearest its leaf whose file
+# is one of the feature's (a counter bumped inside the admit stage is the metrics', a ledger commit run by
+# the loop is the ledger's). The files are matched as frame_name writes them: the last two path parts.
+FEATURES: dict[str, tuple[str, ...]] = {
+    "keys (API-key auth)": (
+        "edge/keys.py",
+        "edge/key_backend.py",
+        "edge/keys_pg.py",
+        "stages/authenticate.py",
+    ),
+    "limits (RPM/TPM, budgets, a key's share)": (
+        "edge/limits.py",
+        "edge/limits_memory.py",
+        "edge/limits_redis.py",
+        "edge/admission.py",
+        "edge/spend_budget.py",
+        "edge/key_share.py",
+        "edge/pool_gate.py",
+        "stages/admit.py",
+        "stages/gate.py",
+    ),
+    "ledger (usage records, billing)": (
+        "edge/ledger.py",
+        "edge/ledger_spool.py",
+        "edge/ledger_pg.py",
+        "edge/billing.py",
+        "edge/usage_audit.py",
+        "edge/token_count.py",
+        "stages/settle.py",
+    ),
+    "cache (response cache)": ("cache/", "diskcache/", "edge/cache_", "stages/cache.py", "stages/store.py"),
+    "routing (GeoIP, the router)": (
+        "geo/",
+        "geoip2/",
+        "maxminddb/",
+        "edge/client_route.py",
+        "stages/route.py",
+    ),
+    "metrics (Prometheus)": ("prometheus_client/", "edge/metrics.py", "edge/metric_labels.py"),
+    "logging": ("logging/", "edge/request_log.py"),
+}
+UNFEATURED = "the proxy itself (parse, forward, relay, aiohttp, the loop)"
+_FILE = re.compile(r"\((?P<file>[^()]+)\)$")
+
+
+def feature_of(frame: str) -> str | None:
+    """The feature whose file ``frame`` (as frame_name names it) is in, if any."""
+    match = _FILE.search(frame)
+    if match is None:
+        return None
+    file = match["file"]
+    return next((name for name, files in FEATURES.items() if file.startswith(files)), None)
+
+
+def by_feature(read: list[Sample]) -> list[tuple[str, float]]:
+    """Each feature's share of the samples, and the rest's (the proxy without them)."""
+    counts: Counter = Counter()
+    known: dict[str, str | None] = {}
+    for frames, count in read:
+        feature = None
+        for frame in reversed(frames):
+            if frame not in known:
+                known[frame] = feature_of(frame)
+            if (feature := known[frame]) is not None:
+                break
+        counts[feature or UNFEATURED] += count
+    total = sum(counts.values())
+    if total == 0:
+        return []
+    return [(name, counts[name] / total) for name in (*FEATURES, UNFEATURED)]
+
+
+def print_parts(title: str, parts: list[tuple[str, float]], cpu_ms: float) -> None:
+    print(f"{title} (share of the samples, and of the CPU per stream):")
     for name, share in parts:
         print(f"  {100 * share:5.1f}%  {share * cpu_ms:6.3f} ms  {name}")
 
@@ -195,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"edge CPU per stream {cpu_ms:.2f} ms ({args.streams} streams at {args.concurrency}); {total} samples"
     )
-    print_parts(by_part(read, stage_frames(default_pipeline())), cpu_ms)
+    print_parts("by part", by_part(read, stage_frames(default_pipeline())), cpu_ms)
+    print_parts("by feature", by_feature(read), cpu_ms)
     print_table("own time", own, total, args.top)
     print_table("inclusive time", inclusive, total, args.top)
     print(f"stacks: {stacks}")

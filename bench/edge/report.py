@@ -82,6 +82,21 @@ def targets(rows: list[dict], throughput: list[dict] | None = None) -> list[dict
     return out
 
 
+def print_tls_ratios(rows: list[dict], throughput: list[dict] | None) -> None:
+    """The edge against nginx with TLS on both, as a city's users reach them."""
+    parts = []
+    for level in sorted({r["concurrency"] for r in rows}):
+        edge, nginx = _row(rows, "edge-https", level), _row(rows, "nginx-https", level)
+        if edge and nginx:
+            parts.append(f"x{level} " + _vs(edge["cpu_ms_per_stream"], nginx["cpu_ms_per_stream"]))
+    by_path = {row["path"]: row for row in throughput or []}
+    if "edge-unary-https" in by_path and "nginx-https" in by_path:
+        ratio = by_path["edge-unary-https"]["rps"] / by_path["nginx-https"]["rps"]
+        parts.append(f"non-streamed requests/s {ratio:.2f}x nginx's")
+    if parts:
+        print("with TLS on both, the edge's CPU per stream vs nginx's: " + "; ".join(parts))
+
+
 def _vs(ours: float, theirs: float) -> str:
     ratio = _ratio(ours, theirs)
     return f"{ours:.2f} vs {theirs:.2f} ms ({'n/a' if math.isnan(ratio) else f'{ratio:.1f}x'})"
@@ -193,6 +208,11 @@ def print_report(report: dict) -> None:
         "fleet mode vs the edge alone (keys, ledger in PostgreSQL; limits, cache through Redis)",
         report.get("fleet", []),
     )
+    paired.print_comparison(
+        "TLS on vs off (the edge terminating TLS, as it does by default)", report.get("tls", [])
+    )
+    paired.print_comparison("TLS on vs off for nginx", report.get("tls_nginx", []))
+    print_tls_ratios(rows, report.get("throughput"))
     idle = ", ".join(f"{k} {v:.1f}" for k, v in report.get("idle_cpu_ms_per_s", {}).items())
     if idle:
         print(f"idle CPU, ms per second with no load: {idle}")

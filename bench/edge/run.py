@@ -18,7 +18,8 @@ until it is quiet again, so work it defers (logging, settling) counts too.
 A second part (bench/edge/rps.py) ramps an open-loop request rate at one edge process (plain and
 TLS) in front of a pacer that answers at once. With ``--routing on,off`` the edge runs with its route stage
 and without it, side by side in the stream and non-streamed parts (bench/edge/routing.py); with ``--fleet``
-an edge in a city's fleet mode runs beside the edge alone the same way (bench/edge/fleet.py).
+an edge in a city's fleet mode runs beside the edge alone the same way (bench/edge/fleet.py), and with
+``--tls`` the edge with TLS on (its default) beside it with TLS off.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from harness.client import Stream
 from harness.procs import ProcessFailed
 from harness.stats import percentile
 
+HTTPS_EDGE = paired.STREAM_EDGE + paired.HTTPS_SUFFIX
 BUNCHED = 0.25  # a gap shorter than this share of the pacer's interval: two chunks arrived together
 
 
@@ -76,6 +78,7 @@ class EdgeBench:
     unary_seconds: float  # its length per path; 0 skips it
     routing: str  # "on", "off" or "on,off": the edge with its route stage, without, or both side by side
     fleet: bool  # also the edge in fleet mode (PostgreSQL and Redis), beside the edge alone
+    tls: bool  # also the edge with TLS on (as it runs by default), beside the edge with it off
     json: str | None  # also write every number here
     logs: str  # folder for logs and configs ("": a temp folder)
 
@@ -240,17 +243,22 @@ def _start_proxies(
     notes: list[str],
     stack: contextlib.ExitStack,
     floor: bool = False,
+    tls: bool = False,
 ) -> list[Endpoint]:
-    """The edge (once per routing mode, and in fleet mode with ``city``), then nginx and LiteLLM where
-    found; a peer that fails to start is a note, an edge's failure is the run's. Each is stopped with
-    ``stack``."""
+    """The edge (once per routing mode, in fleet mode with ``city``, with TLS on with ``tls``), then nginx
+    and LiteLLM where found; a peer that fails to start is a note, an edge's failure is the run's. Each is
+    stopped with ``stack``."""
     starters: list[tuple[str, Callable[[], list[Endpoint]]]] = [
         ("edge", lambda: edge_routing.start_edges(logs, "edge", pacer.url, routing, tls=False))
     ]
     if city is not None:
         starters.append(("edge", lambda: [edge_fleet.start_edge(logs, "edge", pacer.url, city, tls=False)]))
+    if tls:
+        starters.append(("edge", lambda: [peers.start_edge(logs, HTTPS_EDGE, pacer.url, tls=True)]))
     if nginx:
         starters.append(("nginx", lambda: [peers.start_nginx(logs, nginx, pacer.url)]))
+        if tls:
+            starters.append(("nginx", lambda: [peers.start_nginx(logs, nginx, pacer.url, tls=True)]))
     if floor:
         starters.append(("floor", lambda: [peers.start_floor(logs, pacer.url)]))
         starters.append(("frame", lambda: [peers.start_frame(logs, pacer.url)]))
@@ -304,6 +312,8 @@ def run(bench: EdgeBench) -> dict:
     report["fleet"] = paired.compare(
         report["streams"], report.get("throughput"), "edge" + edge_fleet.SUFFIX, "edge"
     )
+    report["tls"] = paired.compare(report["streams"], report.get("throughput"), HTTPS_EDGE, "edge")
+    report["tls_nginx"] = paired.compare(report["streams"], report.get("throughput"), "nginx-https", "nginx")
     report["notes"], report["logs"] = notes, str(logs)
     report["elapsed_s"] = time.monotonic() - started
     edge_report.print_report(report)
@@ -329,7 +339,9 @@ def _run_parts(
         )
         stack.callback(pacer.stop)
         targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
-        targets += _start_proxies(logs, pacer, nginx, litellm, routing, city, notes, stack, bench.floor)
+        targets += _start_proxies(
+            logs, pacer, nginx, litellm, routing, city, notes, stack, bench.floor, bench.tls
+        )
         idle = {t.name: t.process for t in (pacer, *targets) if t.process is not None}
         report["idle_cpu_ms_per_s"] = idle_cpu(idle)
         report["streams"] = run_levels(runner, targets, pacer, bench)
@@ -354,4 +366,5 @@ def _run_parts(
                 routing,
                 city,
                 bench.floor,
+                bench.tls,
             )

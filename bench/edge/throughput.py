@@ -18,6 +18,7 @@ import aiohttp
 
 from bench import peers
 from bench.edge import fleet as edge_fleet
+from bench.edge import paired
 from bench.edge import routing as edge_routing
 from bench.peers import MODEL, Endpoint
 
@@ -81,10 +82,11 @@ def run_throughput(
     routing: list[bool] | None = None,
     city: edge_fleet.CityStores | None = None,
     floor: bool = False,
+    tls: bool = False,
 ) -> list[dict]:
     """``routing``: the edge's route stage on, off, or both side by side (edge_routing.py); ``city``: also
     the edge in fleet mode (edge_fleet.py); ``floor``: also the bare byte relay (floor.py) and the edge's
-    frame without its stages (frame.py)."""
+    frame without its stages (frame.py); ``tls``: also the edge with TLS on."""
     pacer = peers.start_stand_in(logs, "pacer", "pacer-instant", tokens=1, interval_ms=0)
     stack.callback(pacer.stop)
     targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
@@ -94,16 +96,19 @@ def run_throughput(
     if city is not None:
         targets.append(edge_fleet.start_edge(logs, "edge-unary", pacer.url, city, tls=False))
         stack.callback(targets[-1].stop)
+    if tls:
+        targets.append(peers.start_edge(logs, paired.UNARY_EDGE + paired.HTTPS_SUFFIX, pacer.url, tls=True))
+        stack.callback(targets[-1].stop)
     if nginx:
-        proxy = peers.start_nginx(logs / "unary", nginx, pacer.url)
-        stack.callback(proxy.stop)
-        targets.append(proxy)
+        for https in (False, True) if tls else (False,):
+            targets.append(peers.start_nginx(logs / "unary", nginx, pacer.url, tls=https))
+            stack.callback(targets[-1].stop)
     if floor:
         for start in (peers.start_floor, peers.start_frame):
             targets.append(start(logs / "unary", pacer.url))
             stack.callback(targets[-1].stop)
     # With two edges compared, the paths alternate over rounds, so that drift on a busy machine hits both.
-    rounds = 4 if (routing and len(routing) > 1) or city is not None else 1
+    rounds = 4 if (routing and len(routing) > 1) or city is not None or tls else 1
     parts: dict[str, list[dict]] = {t.name: [] for t in targets}
     for i in range(rounds):
         for target in targets if i % 2 == 0 else targets[::-1]:

@@ -1,6 +1,6 @@
 """``nearshore bench edge`` keeps working: a tiny run, direct and through the edge (plain and TLS), with
-its route stage off beside it, an edge in fleet mode (a real PostgreSQL and Redis) beside it, the bare
-Python relay (the runtime's floor) and the edge's frame without its stages."""
+its route stage off beside it, an edge in fleet mode (a real PostgreSQL and Redis) and an edge with TLS on
+beside it, the bare Python relay (the runtime's floor) and the edge's frame without its stages."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
             "--unary-seconds", "0.5",
             "--routing", "on,off",
             "--fleet",
+            "--tls",
             "--json", str(out),
             "--logs", str(tmp_path / "logs"),
         ]
@@ -43,9 +44,9 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
 
     rows = {row["path"]: row for row in report["streams"]}
-    # the edge with its route stage, without, and in fleet mode
+    # the edge with its route stage, without, in fleet mode, and with TLS on
     # floor: the bare relay; frame: aiohttp, the edge's pool and SSE relay, no stages
-    assert set(rows) == {"direct", "edge", "edge-off", "edge-fleet", "floor", "frame"}
+    assert set(rows) == {"direct", "edge", "edge-off", "edge-fleet", "edge-https", "floor", "frame"}
     for row in rows.values():
         assert row["errors"] == 0, row["first_error"]
         assert row["streams"] == 4
@@ -58,10 +59,11 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
         "edge-unary",
         "edge-unary-off",
         "edge-unary-fleet",
+        "edge-unary-https",
         "floor",
         "frame",
     }  # no nginx
-    for path in ("edge-unary", "edge-unary-off", "edge-unary-fleet", "floor", "frame"):
+    for path in ("edge-unary", "edge-unary-off", "edge-unary-fleet", "edge-unary-https", "floor", "frame"):
         assert throughput[path]["rps"] > 0 and throughput[path]["errors"] == 0
     routing = {entry["part"]: entry for entry in report["routing"]}
     assert set(routing) == {"streams x2", "non-streamed"}
@@ -69,6 +71,10 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
     fleet = {entry["part"]: entry for entry in report["fleet"]}
     assert set(fleet) == {"streams x2", "non-streamed"}
     assert all(e["cpu_ms_on"] > 0 and e["cpu_ms_off"] > 0 for e in fleet.values())
+    tls = {entry["part"]: entry for entry in report["tls"]}
+    assert set(tls) == {"streams x2", "non-streamed"}
+    assert all(e["cpu_ms_on"] > 0 and e["cpu_ms_off"] > 0 for e in tls.values())
+    assert "enabled = true" in (tmp_path / "logs" / "edge-https" / "edge.toml").read_text()
     config = (tmp_path / "logs" / "edge-fleet" / "edge.toml").read_text()
     assert 'backend = "postgres"' in config and "share_redis_url" in config  # its key lives in PostgreSQL
 

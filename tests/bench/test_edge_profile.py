@@ -1,11 +1,22 @@
 """``python -m bench.edge.profile``'s arithmetic: samples per function from py-spy's collapsed stacks, and the
-edge's CPU split by part (each stage, the journey around them, the region's answers, the rest)."""
+edge's CPU split by part (each stage, the journey around them, the region's answers, the rest) and by
+feature."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.edge.profile import UPSTREAM_READS, by_part, samples, stage_frames, tally
+from bench.edge.profile import (
+    FEATURES,
+    UNFEATURED,
+    UPSTREAM_READS,
+    by_feature,
+    by_part,
+    feature_of,
+    samples,
+    stage_frames,
+    tally,
+)
 from edge.stages import default_pipeline
 
 LOOP = "process 1:edge;run (asyncio/runners.py:190);Runner.run (asyncio/runners.py:118)"
@@ -52,3 +63,27 @@ def test_every_stage_of_the_journey_is_named_as_its_frame_in_order():
     assert ("forward", "forward (stages/forward.py)") in frames
     assert ("settle", "settle_stage (stages/settle.py)") in frames
     assert by_part([], frames) == []  # no samples: no parts
+
+
+def test_a_sample_is_the_feature_nearest_its_leaf_and_the_rest_is_the_proxy():
+    admit = f"{STAGES};admit_stage (edge/stages/admit.py:30)"
+    read = samples(
+        [
+            f"{admit};admit (edge/limits_memory.py:80) 2",
+            f"{admit};MutexValue.inc (prometheus_client/values.py:27) 3",  # a counter bumped while admitting
+            f"{LOOP};Ledger._flush (edge/ledger.py:280);_insert (edge/ledger.py:415) 4",  # the loop's commit
+            f"{STAGES};route_stage (edge/stages/route.py:31);route (geo/route.py:150) 1",
+            f"{STAGES};parse_stage (edge/stages/parse.py:20) 5",
+            f"{LOOP};H1Connection.data_received (edge/h1.py:203) 5",
+        ]
+    )
+    features = dict(by_feature(read))
+    assert list(features) == [*FEATURES, UNFEATURED]
+    assert features["limits (RPM/TPM, budgets, a key's share)"] == pytest.approx(2 / 20)
+    assert features["metrics (Prometheus)"] == pytest.approx(3 / 20)
+    assert features["ledger (usage records, billing)"] == pytest.approx(4 / 20)
+    assert features["routing (GeoIP, the router)"] == pytest.approx(1 / 20)
+    assert features[UNFEATURED] == pytest.approx(10 / 20)
+    assert features["keys (API-key auth)"] == 0 and sum(features.values()) == pytest.approx(1.0)
+    assert feature_of("CacheStore.get (cache/store.py)") == "cache (response cache)"
+    assert feature_of("a frame without a file") is None and by_feature([]) == []

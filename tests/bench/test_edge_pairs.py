@@ -1,0 +1,59 @@
+"""``bench edge``'s side-by-side arithmetic (bench/edge/paired.py, report.py): an edge beside the same edge
+with one thing changed, nginx with TLS beside nginx without, and the edge against nginx with TLS on both."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.edge import paired, report
+
+
+def row(path: str, level: int, cpu_ms: float, ttft_ms: float = 10.0) -> dict:
+    return {
+        "path": path,
+        "concurrency": level,
+        "cpu_ms_per_stream": cpu_ms,
+        "ttft_p50_ms": ttft_ms,
+        "ttft_p99_ms": ttft_ms + 1,
+        "e2e_p50_ms": ttft_ms + 20,
+    }
+
+
+ROWS = [
+    row("edge", 10, 2.0),
+    row("edge-https", 10, 3.0, 11.0),
+    row("nginx", 10, 0.5),
+    row("nginx-https", 10, 0.8),
+]
+THROUGHPUT = [
+    {"path": "edge-unary", "cpu_ms_per_request": 0.4, "rps": 2000.0},
+    {"path": "edge-unary-https", "cpu_ms_per_request": 0.5, "rps": 1600.0},
+    {"path": "nginx", "cpu_ms_per_request": 0.04, "rps": 8000.0},
+    {"path": "nginx-https", "cpu_ms_per_request": 0.05, "rps": 6400.0},
+]
+
+
+def test_an_edge_with_tls_is_compared_with_the_edge_without_per_stream_and_per_request():
+    entries = {e["part"]: e for e in paired.compare(ROWS, THROUGHPUT, "edge-https", "edge")}
+    assert set(entries) == {"streams x10", "non-streamed"}
+    assert entries["streams x10"]["added_us"] == pytest.approx(1000.0)
+    assert entries["streams x10"]["added_pct"] == pytest.approx(50.0)
+    assert entries["streams x10"]["ttft_p50_added_ms"] == pytest.approx(1.0)
+    assert entries["non-streamed"]["rps"] == [1600.0, 2000.0]
+
+
+def test_a_peer_keeps_its_name_in_the_non_streamed_part():
+    assert paired.unary_path("edge-fleet") == "edge-unary-fleet"
+    assert paired.unary_path("nginx-https") == "nginx-https"
+    entries = {e["part"]: e for e in paired.compare(ROWS, THROUGHPUT, "nginx-https", "nginx")}
+    assert entries["non-streamed"]["added_us"] == pytest.approx(10.0)
+    assert paired.compare(ROWS, None, "edge-off", "edge") == []  # a path that did not run: nothing
+
+
+def test_with_tls_on_both_the_edge_is_set_against_nginx(capsys: pytest.CaptureFixture[str]):
+    report.print_tls_ratios(ROWS, THROUGHPUT)
+    line = capsys.readouterr().out
+    assert "x10 3.00 vs 0.80 ms (3.8x)" in line
+    assert "non-streamed requests/s 0.25x nginx's" in line
+    report.print_tls_ratios(ROWS[:1], None)  # no TLS paths ran: no line
+    assert capsys.readouterr().out == ""
