@@ -231,10 +231,13 @@ http {{
 """
 
 
+NGINX_HTTPS = "nginx-https"  # nginx terminating TLS, beside nginx without
+
+
 def start_nginx(logs: Path, nginx: str, upstream_url: str, *, tls: bool = False) -> Endpoint:
     """nginx as a plain reverse proxy, one worker, no buffering: the floor for a proxy on this machine;
     with ``tls``, terminating TLS with the edge's development certificate ("nginx-https")."""
-    name = "nginx-https" if tls else "nginx"
+    name = NGINX_HTTPS if tls else "nginx"
     folder = logs / name
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()

@@ -8,7 +8,7 @@ import math
 
 STREAM_EDGE = "edge"  # the stream part's edge, the name every variant's path starts with
 UNARY_EDGE = "edge-unary"  # the non-streamed part's
-HTTPS_SUFFIX = "-https"  # the edge with TLS on (``--tls``), beside the edge with it off
+HTTPS_EDGE = STREAM_EDGE + "-https"  # the edge with TLS on (``--tls``), beside the edge with it off
 
 
 def unary_path(path: str) -> str:

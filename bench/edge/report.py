@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from bench import peers
 from bench.edge import paired
 from bench.edge import routing as edge_routing
 from bench.edge.rps import RPS_OVERHEAD_LIMIT_MS
@@ -86,12 +87,13 @@ def print_tls_ratios(rows: list[dict], throughput: list[dict] | None) -> None:
     """The edge against nginx with TLS on both, as a city's users reach them."""
     parts = []
     for level in sorted({r["concurrency"] for r in rows}):
-        edge, nginx = _row(rows, "edge-https", level), _row(rows, "nginx-https", level)
+        edge, nginx = _row(rows, paired.HTTPS_EDGE, level), _row(rows, peers.NGINX_HTTPS, level)
         if edge and nginx:
             parts.append(f"x{level} " + _vs(edge["cpu_ms_per_stream"], nginx["cpu_ms_per_stream"]))
     by_path = {row["path"]: row for row in throughput or []}
-    if "edge-unary-https" in by_path and "nginx-https" in by_path:
-        ratio = by_path["edge-unary-https"]["rps"] / by_path["nginx-https"]["rps"]
+    edge_unary = paired.unary_path(paired.HTTPS_EDGE)
+    if edge_unary in by_path and peers.NGINX_HTTPS in by_path:
+        ratio = by_path[edge_unary]["rps"] / by_path[peers.NGINX_HTTPS]["rps"]
         parts.append(f"non-streamed requests/s {ratio:.2f}x nginx's")
     if parts:
         print("with TLS on both, the edge's CPU per stream vs nginx's: " + "; ".join(parts))

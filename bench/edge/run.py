@@ -50,7 +50,6 @@ from harness.client import Stream
 from harness.procs import ProcessFailed
 from harness.stats import percentile
 
-HTTPS_EDGE = paired.STREAM_EDGE + paired.HTTPS_SUFFIX
 BUNCHED = 0.25  # a gap shorter than this share of the pacer's interval: two chunks arrived together
 
 
@@ -254,7 +253,7 @@ def _start_proxies(
     if city is not None:
         starters.append(("edge", lambda: [edge_fleet.start_edge(logs, "edge", pacer.url, city, tls=False)]))
     if tls:
-        starters.append(("edge", lambda: [peers.start_edge(logs, HTTPS_EDGE, pacer.url, tls=True)]))
+        starters.append(("edge", lambda: [peers.start_edge(logs, paired.HTTPS_EDGE, pacer.url, tls=True)]))
     if nginx:
         starters.append(("nginx", lambda: [peers.start_nginx(logs, nginx, pacer.url)]))
         if tls:
@@ -312,8 +311,10 @@ def run(bench: EdgeBench) -> dict:
     report["fleet"] = paired.compare(
         report["streams"], report.get("throughput"), "edge" + edge_fleet.SUFFIX, "edge"
     )
-    report["tls"] = paired.compare(report["streams"], report.get("throughput"), HTTPS_EDGE, "edge")
-    report["tls_nginx"] = paired.compare(report["streams"], report.get("throughput"), "nginx-https", "nginx")
+    report["tls"] = paired.compare(report["streams"], report.get("throughput"), paired.HTTPS_EDGE, "edge")
+    report["tls_nginx"] = paired.compare(
+        report["streams"], report.get("throughput"), peers.NGINX_HTTPS, "nginx"
+    )
     report["notes"], report["logs"] = notes, str(logs)
     report["elapsed_s"] = time.monotonic() - started
     edge_report.print_report(report)

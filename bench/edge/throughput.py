@@ -97,7 +97,7 @@ def run_throughput(
         targets.append(edge_fleet.start_edge(logs, "edge-unary", pacer.url, city, tls=False))
         stack.callback(targets[-1].stop)
     if tls:
-        targets.append(peers.start_edge(logs, paired.UNARY_EDGE + paired.HTTPS_SUFFIX, pacer.url, tls=True))
+        targets.append(peers.start_edge(logs, paired.unary_path(paired.HTTPS_EDGE), pacer.url, tls=True))
         stack.callback(targets[-1].stop)
     if nginx:
         for https in (False, True) if tls else (False,):
