@@ -272,11 +272,10 @@ class Launcher:
             )
         )
         self.progress("[3/4] edge: TLS, keys, limits, warm pools to every region ...")
+        # The edge's certificate is made here, before it starts (it takes the same one), so the client
+        # trusts it at once and no wait for the file depends on how fast the edge starts.
+        edge_ca, _ = tls.ensure_dev_certificate(self.run_dir / "tls")
         edge = self._spawn("edge", nearshore_argv("edge", "--config", str(edge_config)))
-        edge_ca = self.run_dir / "tls" / "dev-cert.pem"
-        deadline = time.monotonic() + 30
-        while not edge_ca.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
         edge_context = tls.client_context(ca=edge_ca)
         edge.wait_http(f"https://{HOST}:{edge_port}/health", timeout_s=30, context=edge_context)
 

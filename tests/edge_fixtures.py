@@ -19,6 +19,7 @@ from edge.key_backend import KEY_REFRESH_S
 from edge.keys import KeyStore
 from harness.procs import ManagedProcess, free_port
 from nearshore.children import nearshore_argv
+from nearshore.tls import ensure_dev_certificate
 from nearshore.tomlw import dumps
 
 
@@ -176,19 +177,16 @@ def start_edge(
             }
         )
     )
+    tls_on = tls.get("enabled", True)
+    ca = folder / "tls" / "dev-cert.pem"
+    context = None
+    if tls_on:  # made before the edge starts (it takes the same one): the client trusts it at once
+        ca, _ = ensure_dev_certificate(folder / "tls")
+        context = ssl.create_default_context(cafile=str(ca))
     process = ManagedProcess(
         "edge", nearshore_argv("edge", "--config", str(config)), folder / "edge.log"
     ).start()
-    tls_on = tls.get("enabled", True)
     url = f"{'https' if tls_on else 'http'}://127.0.0.1:{port}"
-    ca = folder / "tls" / "dev-cert.pem"
-    context = None
-    if tls_on:
-        for _ in range(300):  # the certificate appears once the edge has started
-            if ca.exists():
-                break
-            time.sleep(0.05)
-        context = ssl.create_default_context(cafile=str(ca))
     try:
         process.wait_http(url + "/health", timeout_s=30, context=context)
     except Exception:
