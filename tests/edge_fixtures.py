@@ -22,6 +22,10 @@ from nearshore.children import nearshore_argv
 from nearshore.tls import ensure_dev_certificate
 from nearshore.tomlw import dumps
 
+# How long a process may take to answer /health: a guard against a hang, not a measure of speed (three
+# workers on two cores have taken an edge past 15 s).
+START_TIMEOUT_S = 120
+
 
 @dataclass
 class Pacer:
@@ -140,7 +144,7 @@ def _stand_in(command: str, folder: Path, name: str, flags: dict[str, object]) -
         args += [f"--{flag.replace('_', '-')}", str(value)]
     process = ManagedProcess(name, nearshore_argv(*args), folder / f"{name}.log").start()
     url = f"http://127.0.0.1:{port}"
-    process.wait_http(url + "/health", timeout_s=30)
+    process.wait_http(url + "/health", timeout_s=START_TIMEOUT_S)
     return Pacer(url, process)
 
 
@@ -188,7 +192,7 @@ def start_edge(
     ).start()
     url = f"{'https' if tls_on else 'http'}://127.0.0.1:{port}"
     try:
-        process.wait_http(url + "/health", timeout_s=30, context=context)
+        process.wait_http(url + "/health", timeout_s=START_TIMEOUT_S, context=context)
     except Exception:
         process.stop()
         raise

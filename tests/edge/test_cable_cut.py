@@ -22,7 +22,7 @@ import pytest
 
 from harness.procs import ManagedProcess, free_port
 from nearshore.children import nearshore_argv
-from tests.edge_fixtures import Edge, start_edge, start_pacer
+from tests.edge_fixtures import START_TIMEOUT_S, Edge, start_edge, start_pacer
 
 pytestmark = pytest.mark.slow
 
@@ -150,7 +150,7 @@ def topology(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Topology]:
     links = ManagedProcess("links", nearshore_argv(*argv), folder / "links.log").start()
     processes = [links, *(p.process for p in pacers.values())]
     try:
-        links.wait_http(f"http://127.0.0.1:{control}/health", timeout_s=30)
+        links.wait_http(f"http://127.0.0.1:{control}/health", timeout_s=START_TIMEOUT_S)
         url = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         edge = start_edge(
             folder / "edge",

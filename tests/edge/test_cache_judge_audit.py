@@ -15,7 +15,7 @@ from nearshore.children import nearshore_argv
 from tests.conftest import Node
 from tests.edge.test_cache import ask, question, stored
 from tests.edge.test_cache_audit import health, plant, scrape
-from tests.edge_fixtures import start_edge
+from tests.edge_fixtures import START_TIMEOUT_S, start_edge
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def linked(region: Node, folder: Path, profile: str) -> Iterator[str]:
     ]
     link = ManagedProcess("link", nearshore_argv(*argv), folder / "link.log").start()
     try:
-        link.wait_http(f"http://127.0.0.1:{control}/health", timeout_s=30)
+        link.wait_http(f"http://127.0.0.1:{control}/health", timeout_s=START_TIMEOUT_S)
         yield f"http://127.0.0.1:{port}"
     finally:
         link.stop()

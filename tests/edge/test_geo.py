@@ -30,7 +30,7 @@ from geo.places import floor_rtt_ms
 from harness.procs import ManagedProcess, free_port
 from nearshore.children import nearshore_argv
 from nearshore.protocol.sse import iter_data
-from tests.edge_fixtures import Edge, Pacer, start_edge
+from tests.edge_fixtures import START_TIMEOUT_S, Edge, Pacer, start_edge
 from tests.geoip_db import write_test_db
 
 pytestmark = pytest.mark.slow
@@ -80,7 +80,7 @@ def start_pacers(folder: Path, **flags_by_name: dict[str, object]) -> dict[str, 
         started[name] = Pacer(f"http://127.0.0.1:{port}", process)
     try:
         for pacer in started.values():
-            pacer.process.wait_http(pacer.url + "/health", timeout_s=30)
+            pacer.process.wait_http(pacer.url + "/health", timeout_s=START_TIMEOUT_S)
     except BaseException:
         for pacer in started.values():
             pacer.process.stop()
@@ -99,7 +99,7 @@ def kill(pacer: Pacer) -> None:
 def restart(pacer: Pacer) -> None:
     """The same command again, so on the same port."""
     pacer.process.start()
-    pacer.process.wait_http(pacer.url + "/health", timeout_s=30)
+    pacer.process.wait_http(pacer.url + "/health", timeout_s=START_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
