@@ -127,6 +127,25 @@ def two_free_ports() -> int:
     raise RuntimeError("no two free ports side by side")
 
 
+def worker_metrics_urls(edge: Edge) -> list[str]:
+    """Each of a two-worker edge's metrics endpoints (worker i on metrics.port + i: two_free_ports)."""
+    base = int(edge.metrics_url.rsplit(":", 1)[1])
+    return [f"http://127.0.0.1:{port}/metrics" for port in (base, base + 1)]
+
+
+def wait_for_both_workers(edge: Edge, timeout_s: float = START_TIMEOUT_S) -> None:
+    """The public /health answers once one worker listens: wait for each one's metrics."""
+    deadline = time.monotonic() + timeout_s
+    for url in worker_metrics_urls(edge):
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                assert time.monotonic() < deadline, f"no worker answers at {url}"
+                time.sleep(0.1)
+
+
 def start_pacer(folder: Path, name: str = "pacer", **flags: object) -> Pacer:
     """A stand-in region that streams at a fixed pace (``nearshore pacer``), e.g. ``tokens=12``."""
     return _stand_in("pacer", folder, name, flags)

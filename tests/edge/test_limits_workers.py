@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -17,7 +16,14 @@ import pytest
 
 from edge.limits import LimiterUnavailable, LimitSpec, local_share
 from edge.limits_redis import RedisLimiter
-from tests.edge_fixtures import Edge, start_edge, start_pacer, two_free_ports
+from tests.edge_fixtures import (
+    Edge,
+    start_edge,
+    start_pacer,
+    two_free_ports,
+    wait_for_both_workers,
+    worker_metrics_urls,
+)
 from tests.redis_server import RedisServer
 
 CHAT = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -67,24 +73,6 @@ async def test_fail_closed_refuses_whatever_the_workers(own_redis: RedisServer):
         assert limiter.backend_up()
     finally:
         await limiter.close()
-
-
-def worker_metrics_urls(edge: Edge) -> list[str]:
-    base = int(edge.metrics_url.rsplit(":", 1)[1])
-    return [f"http://127.0.0.1:{port}/metrics" for port in (base, base + 1)]
-
-
-def wait_for_both_workers(edge: Edge, timeout_s: float = 120.0) -> None:
-    """The public /health answers once one worker listens: wait for each one's metrics."""
-    deadline = time.monotonic() + timeout_s
-    for url in worker_metrics_urls(edge):
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=2):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                assert time.monotonic() < deadline, f"no worker answers at {url}"
-                time.sleep(0.1)
 
 
 async def post_on_a_new_connection(edge: Edge, key: str) -> int:

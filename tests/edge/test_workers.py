@@ -17,7 +17,7 @@ import pytest
 
 from edge.config import EdgeConfig
 from edge.node import check_config
-from tests.edge_fixtures import Edge, start_edge, start_pacer, two_free_ports
+from tests.edge_fixtures import Edge, start_edge, start_pacer, two_free_ports, wait_for_both_workers
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -65,25 +65,6 @@ def served_by_each_worker(edge: Edge) -> list[float]:
     return counts
 
 
-def _wait_for_both_workers(edge: Edge, timeout_s: float = 30.0) -> None:
-    """/health on the shared port answers once one worker listens: wait for the second one's metrics too."""
-    import time
-    import urllib.error
-    import urllib.request
-
-    base = int(edge.metrics_url.rsplit(":", 1)[1])
-    deadline = time.monotonic() + timeout_s
-    for port in (base, base + 1):
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-
 @contextlib.contextmanager
 def two_workers(folder: Path, **pacer_flags: object) -> Iterator[Edge]:
     """An edge of two worker processes sharing limits through a real Redis, in front of a pacer."""
@@ -98,7 +79,7 @@ def two_workers(folder: Path, **pacer_flags: object) -> Iterator[Edge]:
             metrics={"port": two_free_ports()},  # worker i serves metrics on port + i
         )
         try:
-            _wait_for_both_workers(edge)
+            wait_for_both_workers(edge)
             yield edge
         finally:
             edge.stop()
