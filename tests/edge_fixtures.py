@@ -25,6 +25,9 @@ from nearshore.tomlw import dumps
 # How long a process may take to answer /health: a guard against a hang, not a measure of speed (three
 # workers on two cores have taken an edge past 15 s).
 START_TIMEOUT_S = 120
+# How long a test waits for what a process does on its own (a socket closed, a key revoked, a worker gone):
+# also a guard against a hang; the wait ends as soon as it happens.
+EVENTUALLY_S = 60
 
 
 @dataclass

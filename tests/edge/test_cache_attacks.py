@@ -16,7 +16,7 @@ import pytest
 from cache.store import CacheStore
 from tests.conftest import Node
 from tests.edge.test_cache import ask, question, stored
-from tests.edge_fixtures import Edge, edge_over_pacer, start_edge, start_pacer
+from tests.edge_fixtures import EVENTUALLY_S, Edge, edge_over_pacer, start_edge, start_pacer
 
 pytestmark = pytest.mark.slow
 MINILM_DIM = 384
@@ -174,7 +174,7 @@ async def test_a_question_is_embedded_only_where_its_tenants_data_may_go(tmp_pat
         assert refused() == 0
         anyone = edge.new_key(tenant="anyone")
         await ask(edge, anyone, question("How do I plant yams?", max_tokens=4))
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + EVENTUALLY_S
         while refused() == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert refused() >= 1  # without the policy, london (nearer in the catalog) is asked first

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.edge_fixtures import Edge, edge_over_pacer
+from tests.edge_fixtures import EVENTUALLY_S, Edge, edge_over_pacer
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +108,7 @@ def test_handshaking_sockets_count_against_max_connections(tmp_path: Path):
         assert health(edge) == -1  # a real client is refused too while the cap is taken
         for sock in silent:
             sock.close()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + EVENTUALLY_S
         while health(edge) != 200:  # the places come back as the sockets close
             assert time.monotonic() < deadline, "closed sockets still counted"
             time.sleep(0.1)

@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from edge.health import readiness
-from tests.edge_fixtures import Edge, edge_over_pacer, start_edge, start_pacer
+from tests.edge_fixtures import EVENTUALLY_S, Edge, edge_over_pacer, start_edge, start_pacer
 from tests.redis_server import RedisServer
 
 CHAT = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -163,7 +163,7 @@ async def test_public_health_is_one_word_and_degraded_while_redis_is_down_in_fai
             assert details["limits"] == "down (closed)" and details["limits_backend"] == "redis"
 
             redis.start()
-            deadline = time.monotonic() + 10
+            deadline = time.monotonic() + EVENTUALLY_S
             while (await public_health(edge))[0] != 200:
                 assert time.monotonic() < deadline, "health did not come back with Redis"
                 await asyncio.sleep(0.1)
@@ -182,7 +182,7 @@ async def test_no_routable_region_is_degraded_regions(tmp_path: Path):
     )
     try:
         edge.extra[0].stop()  # the edge's one region goes away; two failed probes take it out
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + EVENTUALLY_S
         while '"ok"' in (status_text := await public_health(edge))[1]:
             assert time.monotonic() < deadline, "the edge still says ok with no region"
             await asyncio.sleep(0.1)

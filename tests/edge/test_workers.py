@@ -17,7 +17,14 @@ import pytest
 
 from edge.config import EdgeConfig
 from edge.node import check_config
-from tests.edge_fixtures import Edge, start_edge, start_pacer, two_free_ports, wait_for_both_workers
+from tests.edge_fixtures import (
+    EVENTUALLY_S,
+    Edge,
+    start_edge,
+    start_pacer,
+    two_free_ports,
+    wait_for_both_workers,
+)
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -126,7 +133,7 @@ async def test_workers_die_with_their_supervisor(tmp_path):
         workers = _children(edge.process.proc.pid)
         assert len(workers) == 2
         os.kill(edge.process.proc.pid, signal.SIGKILL)  # the supervisor dies without a word
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + EVENTUALLY_S
         while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert not any(_alive(pid) for pid in workers)

@@ -20,7 +20,7 @@ from harness.standins.hostile_provider import PROVIDER_MODES
 from harness.standins.hostile_server import HostileRegion, HostileSettings
 from harness.standins.hostile_spec import Choice, Spec, SpecError, bind, parse
 from harness.standins.hostile_state import MAX_LOGGED, Memory, Record, RequestLog
-from tests.edge_fixtures import Pacer, start_hostile
+from tests.edge_fixtures import EVENTUALLY_S, Pacer, start_hostile
 
 TOKENS = 8
 CHAT = {"model": "gemma-3-270m", "messages": [{"role": "user", "content": "hi"}]}
@@ -213,7 +213,7 @@ async def post(url: str, body: Any, **headers: str) -> tuple[int, dict[str, str]
 
 async def settled(url: str) -> None:
     """Every connection a check opened is gone (only this probe's own is left)."""
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + EVENTUALLY_S
     while (await route(url, "/health"))[1]["open_connections"] > 1 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert (await route(url, "/health"))[1]["open_connections"] == 1

@@ -16,7 +16,7 @@ import pytest
 
 from harness.standins import hostile
 from harness.standins.hostile import CUT_JSON, HUGE_EVENT_BYTES, MODES, TOO_MANY_FACTOR
-from tests.edge_fixtures import Pacer, start_hostile
+from tests.edge_fixtures import EVENTUALLY_S, Pacer, start_hostile
 
 TOKENS = 8
 MB = 1024 * 1024
@@ -111,7 +111,7 @@ async def health(url: str) -> dict[str, Any]:
 
 async def settle(url: str) -> None:
     """Health answers 200 and every connection a check opened is gone (only health's own is left)."""
-    deadline = time.monotonic() + 3
+    deadline = time.monotonic() + EVENTUALLY_S
     while (h := await health(url))["open_connections"] > 1 and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert h == {"status": "ok", "model": "ready", "hostile": "hostile", "open_connections": 1}
