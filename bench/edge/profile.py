@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import re
 import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from bench import peers
@@ -118,13 +120,21 @@ def by_part(read: list[Sample], stages: list[tuple[str, str]]) -> list[tuple[str
     part_of = {frame: f"stage {name}" for name, frame in stages}
     part_of |= {frame: OUTSIDE for frame in JOURNEY}
     part_of[UPSTREAM_READS] = READS
+    names = [f"stage {name}" for name, _ in stages] + [OUTSIDE, READS, REST]
+    return _shares(read, part_of.get, names, REST)
+
+
+def _shares(
+    read: list[Sample], part_of: Callable[[str], str | None], names: list[str], rest: str
+) -> list[tuple[str, float]]:
+    """Each of ``names``' share of the samples: a sample is the part of the frame nearest its leaf that
+    ``part_of`` names, else ``rest``."""
     counts: Counter = Counter()
     for frames, count in read:
-        counts[next((part_of[f] for f in reversed(frames) if f in part_of), REST)] += count
+        counts[next((part for f in reversed(frames) if (part := part_of(f)) is not None), rest)] += count
     total = sum(counts.values())
     if total == 0:
         return []
-    names = [f"stage {name}" for name, _ in stages] + [OUTSIDE, READS, REST]
     return [(name, counts[name] / total) for name in names]
 
 
@@ -173,6 +183,7 @@ UNFEATURED = "the proxy itself (parse, forward, relay, aiohttp, the loop)"
 _FILE = re.compile(r"\((?P<file>[^()]+)\)$")
 
 
+@functools.cache
 def feature_of(frame: str) -> str | None:
     """The feature whose file ``frame`` (as frame_name names it) is in, if any."""
     match = _FILE.search(frame)
@@ -184,20 +195,7 @@ def feature_of(frame: str) -> str | None:
 
 def by_feature(read: list[Sample]) -> list[tuple[str, float]]:
     """Each feature's share of the samples, and the rest's (the proxy without them)."""
-    counts: Counter = Counter()
-    known: dict[str, str | None] = {}
-    for frames, count in read:
-        feature = None
-        for frame in reversed(frames):
-            if frame not in known:
-                known[frame] = feature_of(frame)
-            if (feature := known[frame]) is not None:
-                break
-        counts[feature or UNFEATURED] += count
-    total = sum(counts.values())
-    if total == 0:
-        return []
-    return [(name, counts[name] / total) for name in (*FEATURES, UNFEATURED)]
+    return _shares(read, feature_of, [*FEATURES, UNFEATURED], UNFEATURED)
 
 
 def print_parts(title: str, parts: list[tuple[str, float]], cpu_ms: float) -> None:
