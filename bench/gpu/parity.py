@@ -86,15 +86,22 @@ class ParityReport:
         )
 
 
-def log_probs(logits: np.ndarray) -> torch.Tensor:
+def log_probs(logits: np.ndarray, rows: int = 8) -> torch.Tensor:
     """Log-probabilities [n, vocab] in float64, the form every comparison reads (made once per array: a
-    262k vocabulary makes this most of a comparison's cost)."""
-    return torch.log_softmax(torch.as_tensor(logits, dtype=torch.float64), dim=-1)
+    262k vocabulary makes this most of a comparison's cost). Worked a few rows at a time: whole, the float64
+    temporaries of 700 rows are gigabytes, and their page faults cost as much as the arithmetic."""
+    source = torch.as_tensor(logits)
+    out = torch.empty(source.shape, dtype=torch.float64)
+    for start in range(0, len(source), rows):
+        out[start : start + rows] = torch.log_softmax(source[start : start + rows].double(), dim=-1)
+    return out
 
 
-def compare_log_probs(ref: torch.Tensor, got: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: does the top-1 token agree, and KL(ref || got) in nats."""
-    kl = (ref.exp() * (ref - got)).sum(-1)
+def compare_log_probs(ref: torch.Tensor, got: torch.Tensor, rows: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: does the top-1 token agree, and KL(ref || got) in nats (a few rows at a time, as above)."""
+    kl = torch.cat(
+        [(r.exp() * (r - g)).sum(-1) for r, g in zip(ref.split(rows), got.split(rows), strict=True)]
+    )
     agree = ref.argmax(-1) == got.argmax(-1)
     return agree.numpy(), kl.clamp_min(0.0).numpy()
 
@@ -145,21 +152,42 @@ def torch_logits(
 
 
 def open_llama(gguf_path: str | Path, n_ctx: int, f32_kv: bool = False) -> Any:
-    """llama.cpp over the GGUF, keeping every position's logits; f32_kv: keys and values in fp32, not fp16."""
+    """llama.cpp over the GGUF; f32_kv: keys and values in fp32, not fp16. Its logits are read with
+    :func:`llama_cpp_logits`, which asks for the rows it needs (the Llama keeps none of its own)."""
     import llama_cpp
 
     precision = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if f32_kv else {}
-    return llama_cpp.Llama(
-        str(gguf_path), logits_all=True, n_ctx=n_ctx, n_batch=512, verbose=False, **precision
-    )
+    return llama_cpp.Llama(str(gguf_path), n_ctx=n_ctx, n_batch=512, verbose=False, **precision)
 
 
-def llama_cpp_logits(llm: Any, tokens: Sequence[int]) -> np.ndarray:
-    """llama.cpp's logits [n, vocab] at every position (the Llama must have logits_all=True): a view of its
-    own float32 buffer, valid until its next eval (a copy of 700 rows of a 262k vocabulary is 0.7 GB)."""
-    llm.reset()
-    llm.eval(list(tokens))
-    return np.asarray(llm.scores[: len(tokens)], dtype=np.float32)
+def llama_cpp_logits(llm: Any, tokens: Sequence[int], logit_from: int = 0) -> np.ndarray:
+    """llama.cpp's logits [n - logit_from, vocab] at positions logit_from.. of one sequence.
+
+    Only those rows are asked of llama.cpp (a batch's per-token logits flags): the output projection of a
+    262k vocabulary is most of a position's cost, and the rows before ``logit_from`` are only context."""
+    import llama_cpp
+
+    llm.reset()  # the Llama's own record of its tokens; the KV cells are cleared below
+    ctx, n_vocab, n_batch = llm.ctx, llm.n_vocab(), llm.n_batch
+    llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+    out = np.empty((len(tokens) - logit_from, n_vocab), dtype=np.float32)
+    batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+    try:
+        for start in range(0, len(tokens), n_batch):
+            chunk = tokens[start : start + n_batch]
+            batch.n_tokens = len(chunk)
+            for i, token in enumerate(chunk):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + i, 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = start + i >= logit_from
+            if (rc := llama_cpp.llama_decode(ctx, batch)) != 0:
+                raise RuntimeError(f"llama_decode failed (rc={rc})")
+            for i in range(max(logit_from - start, 0), len(chunk)):
+                row = llama_cpp.llama_get_logits_ith(ctx, i)
+                out[start + i - logit_from] = np.ctypeslib.as_array(row, shape=(n_vocab,))
+    finally:
+        llama_cpp.llama_batch_free(batch)
+    return out
 
 
 def sample_continuation(llm: Any, prompt: Sequence[int], max_tokens: int, seed: int) -> list[int]:
@@ -242,11 +270,11 @@ def compare_sequences(
     for i, tokens in enumerate(sequences):
         first = logit_from[i] if logit_from else 0
         mine = log_probs(torch_logits(model, tokens, first))
-        reference = log_probs(llama_cpp_logits(served, tokens)[first:])
+        reference = log_probs(llama_cpp_logits(served, tokens, first))
         result.served.add(reference, mine)
-        result.llama_self.add(reference, log_probs(llama_cpp_logits(served_f32_kv, tokens)[first:]))
+        result.llama_self.add(reference, log_probs(llama_cpp_logits(served_f32_kv, tokens, first)))
         if exact is not None and result.exact is not None:
-            result.exact.add(log_probs(llama_cpp_logits(exact, tokens)[first:]), mine)
+            result.exact.add(log_probs(llama_cpp_logits(exact, tokens, first)), mine)
         length, top1, kl = result.served.sequences[-1]
         log(f"  {len(tokens):4d} tokens, {length} positions: top-1 {100 * top1:.1f}%, mean KL {kl:.2e}")
     for report in (result.served, result.llama_self, result.exact):
