@@ -64,6 +64,10 @@ SHARED_SCORED_ROWS_PER_STEP = 16
 SHARED_WINDOW_S = 5.0
 # The fewest prompt tokens a shared step gives the prompts in it, however slow steps are: they must advance.
 MIN_SHARED_CHUNK = 8
+# A newcomer whose prompt shares at least this many first tokens with a running prompt still being computed
+# waits for them (a request's n choices, prompts on one long system prompt or tool list): then the memory
+# hands it that prefix instead of its computing it again beside the other (two blocks of the paged cache).
+MIN_SHARED_PREFILL = 32
 
 
 class Scheduler:
@@ -142,8 +146,12 @@ class Scheduler:
         The next one that does not fit waits for room: no other overtakes it, so none is starved. One that
         does not fit even with nobody running never will: it finishes with "error" rather than blocking the
         queue."""
-        while self.waiting and len(self.running) < self.max_sequences:
-            seq = self._next()
+        later: set[int] = set()  # ids of those waiting for a running prompt's prefix (this round)
+        while len(self.waiting) > len(later) and len(self.running) < self.max_sequences:
+            seq = self._next(later)
+            if not seq.num_preemptions and self._prefix_on_its_way(seq):
+                later.add(id(seq))
+                continue
             admission = self.memory.allocate(seq)
             if admission is None:
                 if self.running:
@@ -160,18 +168,42 @@ class Scheduler:
             self.running.append(seq)
             plan.admissions.append(admission)
 
-    def _next(self) -> Sequence:
-        """Who is admitted next: a preempted sequence (it waits at the front) comes back first; otherwise
-        the oldest waiting one of the share key that holds the fewest KV tokens in the batch (round-robin by
-        tokens: a key with nothing running goes before one with four long prompts, oldest key first)."""
-        head = self.waiting[0]
-        if head.num_preemptions or len(self.waiting) == 1:
+    def _next(self, later: abc.Set[int] = frozenset()) -> Sequence:
+        """Who is admitted next, of those not put off this round (``later``): a preempted sequence (it waits
+        at the front) comes back first; otherwise the oldest waiting one of the share key that holds the
+        fewest KV tokens in the batch (round-robin by tokens: a key with nothing running goes before one
+        with four long prompts, oldest key first)."""
+        candidates = [seq for seq in self.waiting if id(seq) not in later] if later else self.waiting
+        head = candidates[0]
+        if head.num_preemptions or len(candidates) == 1:
             return head
         held: dict[str, int] = {}
         for seq in self.running:
             held[seq.share_key] = held.get(seq.share_key, 0) + seq.reserved_tokens
         # min() keeps the first of equals: the oldest waiting sequence of the least-holding key.
-        return min(self.waiting, key=lambda seq: held.get(seq.share_key, 0))
+        return min(candidates, key=lambda seq: held.get(seq.share_key, 0))
+
+    def _prefix_on_its_way(self, seq: Sequence) -> bool:
+        """Whether a running sequence is still computing a prefix of ``seq``'s prompt at least
+        MIN_SHARED_PREFILL long: then ``seq`` waits until that prefix is in and reuses it.
+
+        Prefilling a request's choices side by side would compute its prompt n times; so parallel sampling
+        forks a sequence once its prompt is in, and servers hold back a request that shares a prefix with
+        one being filled. The wait is the other's prefill of the shared part, which ``seq`` would otherwise
+        spend computing it again."""
+        reusable = seq.reusable_prefix
+        for other in self.running:
+            if not other.is_prefilling:
+                continue
+            limit = min(reusable, len(other.prompt))
+            if (
+                limit < MIN_SHARED_PREFILL
+                or other.prompt[:MIN_SHARED_PREFILL] != seq.prompt[:MIN_SHARED_PREFILL]
+            ):
+                continue
+            if other.num_computed < _common_prefix_len(other.prompt, seq.prompt, limit):
+                return True
+        return False
 
     def _batch(self, plan: StepPlan, now: float, shared: bool = False) -> None:
         """One token for every decoding sequence, then prompt chunks in the room left.
@@ -371,3 +403,10 @@ def _prefill_order(prefilling: list[Sequence]) -> list[Sequence]:
         return prefilling  # one key: the batch order, as before
     keyed.sort(key=lambda k: k[:3])
     return [k[3] for k in keyed]
+
+
+def _common_prefix_len(a: list[int], b: list[int], limit: int) -> int:
+    """How many of the first ``limit`` tokens ``a`` and ``b`` share."""
+    if a[:limit] == b[:limit]:
+        return limit  # the usual case: one request's choices, or one system prompt
+    return next(i for i in range(limit) if a[i] != b[i])
