@@ -33,6 +33,7 @@ from harness.scenarios.traffic import (
     FAILED_BEFORE_FIRST_BYTE,
     Attempt,
     SteadyLoad,
+    explored,
     flaps,
     in_window,
     moved_after_s,
@@ -165,6 +166,7 @@ class DegradedLink:
                 "failed_before_first_byte": sum(a.outcome == FAILED_BEFORE_FIRST_BYTE for a in group),
                 "cut_mid_stream": sum(a.outcome == CUT_MID_STREAM for a in group),
                 "flaps": flaps(last_region, group),
+                "explorations": sum(1 for a in served if explored(a)),
             }
             phases_data.append(figures)
             if served:
@@ -202,8 +204,10 @@ class DegradedLink:
             f"{max_move_s:.0f}s), then {phase_s:g}s more; the edge probes every {self.health_interval_s:g}s.",
             "moved: seconds from the change until every later request was served where it should be (away "
             f"from {target} in spike and loss, back on {target} after); flaps: region changes beyond the "
-            "one a phase needs.",
-            f"Failed before the first byte: {failed} (target 0); flaps: {total_flaps} (target 0).",
+            "one a phase needs, not counting explorations (one request sent to a region whose figures went "
+            "stale, to measure it again).",
+            f"Failed before the first byte: {failed} (target 0); flaps: {total_flaps} (target 0); "
+            f"explorations: {sum(p['explorations'] for p in phases_data)}.",
         ]
         return ScenarioResult(
             title=f"degraded-link: the Lagos edge's link to {target} degrades and recovers",

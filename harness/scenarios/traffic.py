@@ -218,11 +218,18 @@ def region_changes(regions: Sequence[str]) -> int:
     return sum(1 for a, b in itertools.pairwise(regions) if a != b)
 
 
+def explored(attempt: Attempt) -> bool:
+    """The edge sent it to measure a region again whose figures had gone stale (geo/hold.py): one request
+    by design, not traffic moving."""
+    return "explored" in attempt.route.split("; ")
+
+
 def flaps(before: str, attempts: Sequence[Attempt]) -> int:
     """Region changes among a phase's served requests (in the order they were sent, starting from the region
-    that served last before it) beyond the one it takes to end where they ended."""
+    that served last before it) beyond the one it takes to end where they ended. Explorations do not count
+    (:func:`explored`); a scenario reports them beside."""
     regions = [before] if before else []
-    regions += [a.region for a in sorted(attempts, key=lambda a: a.started) if a.served]
+    regions += [a.region for a in sorted(attempts, key=lambda a: a.started) if a.served and not explored(a)]
     if len(regions) < 2:
         return 0
     return region_changes(regions) - (regions[0] != regions[-1])

@@ -59,6 +59,10 @@ def test_flaps_are_region_changes_beyond_the_one_a_phase_needs():
     # Counted in the order the requests were sent, not the order they are listed.
     assert flaps("london", list(reversed(steady + _attempts((0.5, "virginia"))))) == 1
     assert flaps("", []) == 0
+    # An exploration (one request sent to measure a stale region again) is not traffic moving.
+    explored = Attempt(started=1.5, region="virginia", outcome=OK, route="london score=1ms; explored")
+    assert flaps("london", [*steady, explored]) == 0
+    assert flaps("johannesburg", sorted([*steady, explored], key=lambda a: a.started)) == 0
 
 
 def test_percentiles_in_milliseconds_by_the_one_definition():
@@ -72,6 +76,15 @@ def test_every_scenario_says_how_often_the_edge_probes():
     assert set(SCENARIOS) >= {"lagos-ttft", "region-outage", "degraded-link"}
     assert SCENARIOS["degraded-link"].health_interval_s <= 1.0
     assert SCENARIOS["region-outage"].health_interval_s <= 1.0
+
+
+def _as_sent(attempts: list[dict]) -> list[str]:
+    """One short line per request of a scenario's JSON: when, where, TTFT, outcome, the route's flags."""
+    lines = []
+    for a in attempts:
+        flags = [f for f in a["route"].split("; ") if " score=" not in f and not f.startswith("runner-up")]
+        lines.append(f"{a['t_s']:.2f}s {a['region']} {a['ttft_ms']}ms {a['outcome']} {flags}")
+    return lines
 
 
 def _scenario(name: str, out: Path, *args: str, timeout_s: float) -> dict:
@@ -119,8 +132,8 @@ def test_degraded_link_moves_traffic_away_from_london_and_back(tmp_path):
     last = [a for a in data["attempts"] if a["outcome"] != FAILED_BEFORE_FIRST_BYTE][-3:]
     assert {a["region"] for a in last} == {"london"}, last
     assert data["failed_before_first_byte"] == 0, data["phases"]
-    # Each request as it went (when, where, its TTFT, the route's reason), so that a flap says why.
-    assert data["flaps"] == 0, (data["phases"], data["attempts"])
+    # Each request as it went (when, where, its TTFT, the route's flags), so that a flap says why.
+    assert data["flaps"] == 0, (data["phases"], _as_sent(data["attempts"]))
 
 
 @pytest.mark.slow
