@@ -193,7 +193,8 @@ class Scheduler:
         spend computing it again."""
         reusable = seq.reusable_prefix
         for other in self.running:
-            if not other.is_prefilling:
+            # A scored prompt's prefill is rationed (SCORED_ROWS_PER_STEP): not one to wait for.
+            if not other.is_prefilling or other.request.prompt_logprobs is not None:
                 continue
             limit = min(reusable, len(other.prompt))
             if (

@@ -204,10 +204,17 @@ def in_window(attempts: Sequence[Attempt], start: float, end: float) -> list[Att
     return [a for a in attempts if start <= a.started < end]
 
 
+def explored(attempt: Attempt) -> bool:
+    """The edge sent it to measure a region again whose figures had gone stale (geo/hold.py): one request
+    by design, not traffic moving."""
+    return "explored" in attempt.route.split("; ")
+
+
 def moved_after_s(attempts: Sequence[Attempt], since: float, good: Callable[[str], bool]) -> float | None:
     """Seconds from ``since`` until traffic was where it should be for good: the start of the first served
-    request after the last one served by a region that is not ``good``. None: it never got there."""
-    served = sorted((a for a in attempts if a.served), key=lambda a: a.started)
+    request after the last one served by a region that is not ``good``. None: it never got there.
+    Explorations (:func:`explored`) are measurements, not traffic: they do not count."""
+    served = sorted((a for a in attempts if a.served and not explored(a)), key=lambda a: a.started)
     last_bad = max((i for i, a in enumerate(served) if not good(a.region)), default=-1)
     if last_bad == len(served) - 1:
         return None
@@ -216,12 +223,6 @@ def moved_after_s(attempts: Sequence[Attempt], since: float, good: Callable[[str
 
 def region_changes(regions: Sequence[str]) -> int:
     return sum(1 for a, b in itertools.pairwise(regions) if a != b)
-
-
-def explored(attempt: Attempt) -> bool:
-    """The edge sent it to measure a region again whose figures had gone stale (geo/hold.py): one request
-    by design, not traffic moving."""
-    return "explored" in attempt.route.split("; ")
 
 
 def flaps(before: str, attempts: Sequence[Attempt]) -> int:

@@ -39,6 +39,9 @@ def test_moved_is_the_first_request_after_the_last_one_in_the_wrong_place():
     # Never got there; and already there from the first request.
     assert moved_after_s(_attempts((10.1, "london")), 10.0, lambda r: r != "london") is None
     assert moved_after_s(_attempts((10.1, "virginia")), 10.0, lambda r: r != "london") == pytest.approx(0.1)
+    # An exploration after traffic came back (one request to measure a stale region) does not undo the move.
+    explored = Attempt(started=13.0, region="london", outcome=OK, route="london score=1ms; explored")
+    assert moved_after_s([*traffic, explored], 10.0, lambda r: r != "london") == pytest.approx(2.5)
 
 
 def test_requests_that_failed_before_their_first_byte_were_served_nowhere():
