@@ -271,10 +271,10 @@ class SseRelay:
                 out = b"\n\n".join(forward) + b"\n\n"
         if out:
             self._send(named(out, self.model_name) if self.model_name else out)
-        if self._events.pending > limits.max_event_bytes:
-            return self._stop(self._oversized())
-        if outcome.done or outcome.fault:
+        if outcome.done or outcome.fault:  # an event before the unfinished one ended it: that is why it ended
             self._finish()
+        elif self._events.pending > limits.max_event_bytes:
+            self._stop(self._oversized())
 
     def end(self) -> None:
         """The region's body ended cleanly: with how it finished said, the answer is whole ([DONE] or not)."""
