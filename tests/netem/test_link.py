@@ -243,8 +243,14 @@ def model_pattern(loss: Loss, n: int, seed: int) -> list[bool]:
     return [lane.lose() for _ in range(n + 1)][1:]
 
 
-def mismatches(measured: list[bool], model: list[bool]) -> int:
-    return sum(a != b for a, b in zip(measured, model, strict=True))
+def lost_as_the_model_says(loss: Loss, rtts: list[float], chunks_lost: int, model: list[bool]) -> None:
+    """The link lost the chunks its model draws and only those, timing aside: each chunk the model loses came
+    back at least an RTO late (a busy machine can only make it later), and the link's own count of lost
+    chunks is the model's (the warm-up may have been lost too). A stall that delays a chunk the model kept
+    cannot fail this, as it would a pattern read from round trips."""
+    late = [rtt for rtt, gone in zip(rtts, model, strict=True) if gone]
+    assert late and min(late) >= 4 + 0.9 * loss.rto_ms, late
+    assert 0 <= chunks_lost - sum(model) <= 1, (chunks_lost, sum(model))
 
 
 def after_a_loss(lost: list[bool]) -> float:
@@ -265,19 +271,19 @@ def test_loss_models_mean_and_memory():
 
 async def test_bernoulli_loss_delays_a_fifth_of_chunks_by_an_rto():
     loss = Loss("bernoulli", p=0.2, rto_ms=40)
-    lost, rtts, chunks_lost = await lost_pattern(loss, 150, seed=3)
-    assert 0.12 <= sum(lost) / len(lost) <= 0.28
-    # The chunks the model loses, and only those (a stall on a busy machine may blur one or two).
-    assert mismatches(lost, model_pattern(loss, 150, seed=3)) <= 2
-    assert abs(sum(lost) - chunks_lost) <= 1  # the warm-up may have been lost too
-    assert close_to(statistics.median([r for r, gone in zip(rtts, lost, strict=True) if gone]), 44)
+    _, rtts, chunks_lost = await lost_pattern(loss, 150, seed=3)
+    model = model_pattern(loss, 150, seed=3)
+    assert 0.12 <= sum(model) / len(model) <= 0.28
+    lost_as_the_model_says(loss, rtts, chunks_lost, model)
+    assert close_to(statistics.median([r for r, gone in zip(rtts, model, strict=True) if gone]), 44)
 
 
 async def test_gilbert_elliott_loss_comes_in_bursts():
     loss = Loss("gilbert-elliott", p=0.05, r=0.2, rto_ms=40)
-    lost, _, _ = await lost_pattern(loss, 150, seed=3)
-    assert mismatches(lost, model_pattern(loss, 150, seed=3)) <= 2
-    assert sum(lost) >= 5 and after_a_loss(lost) > 0.5  # Bernoulli at this mean: 0.2
+    _, rtts, chunks_lost = await lost_pattern(loss, 150, seed=3)
+    model = model_pattern(loss, 150, seed=3)
+    lost_as_the_model_says(loss, rtts, chunks_lost, model)
+    assert sum(model) >= 5 and after_a_loss(model) > 0.5  # Bernoulli at this mean: 0.2
 
 
 # -- faults
