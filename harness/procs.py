@@ -20,11 +20,32 @@ from pathlib import Path
 
 from nearshore.children import die_with_parent
 
+# Under pytest-xdist, worker gwN hands out ports from its own span below the kernel's ephemeral range
+# (32768 and up on Linux): two workers' binds to port 0 can both get a port that neither has started
+# listening on yet, and then two servers ask for it.
+_WORKER_SPANS_FROM, _WORKER_SPAN, _WORKER_SPANS = 12_000, 5_000, 4
+_handed: dict[str, int] = {}  # per host: the last port handed out from this worker's span
+
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nobody listens on now, for a server about to start."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else -1
+    if not 0 <= index < _WORKER_SPANS:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return s.getsockname()[1]
+    first = _WORKER_SPANS_FROM + index * _WORKER_SPAN
+    # In turn through the span (from where the last run's ports are least likely to linger), skipping any
+    # that is taken: a port is handed out again only after all the others.
+    port = _handed.get(host, first + os.getpid() % _WORKER_SPAN)
+    for _ in range(_WORKER_SPAN):
+        port = first + (port + 1 - first) % _WORKER_SPAN
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.bind((host, port))
+            _handed[host] = port
+            return port
+    raise OSError(f"no free port in {first}-{first + _WORKER_SPAN - 1} on {host}")
 
 
 class ProcessFailed(RuntimeError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -114,3 +115,26 @@ def test_a_new_run_stops_only_what_a_dead_run_left(tmp_path: Path):
         stranger.kill()
         orphan.stop()
         owned.stop()
+
+
+def test_each_test_worker_hands_out_ports_from_its_own_span(monkeypatch):
+    """Two workers binding port 0 can both be given a port neither listens on yet: under pytest-xdist each
+    worker takes its ports from its own span, in turn, skipping a port that is taken."""
+    from harness import procs
+
+    spans = {}
+    for worker in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setattr(procs, "_handed", {})
+        spans[worker] = [free_port() for _ in range(20)]
+        assert len(set(spans[worker])) == 20
+    assert not set(spans["gw0"]) & set(spans["gw1"]) and not set(spans["gw1"]) & set(spans["gw2"])
+    assert all(p < 32768 for ports in spans.values() for p in ports)  # below the kernel's ephemeral ports
+    # A port someone listens on is skipped.
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setattr(procs, "_handed", {"127.0.0.1": spans["gw1"][-1]})
+    nxt = spans["gw1"][-1] + 1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", nxt))
+        taken.listen()
+        assert free_port() == nxt + 1
