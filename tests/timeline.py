@@ -1,6 +1,15 @@
-"""Where the suite's time goes, when asked: ``NEARSHORE_TEST_TIMELINE=FILE`` appends one JSON line per test
-(worker, start and end in wall-clock seconds, the test's id), so a run's tail can be read afterwards
-(which tests ran last, on which worker, while the other workers were idle)."""
+"""Where the suite's time goes, and the order that keeps its end short.
+
+``NEARSHORE_TEST_TIMELINE=FILE`` appends one JSON line per test (worker, start and end in wall-clock
+seconds, the test's id), so a run's tail can be read afterwards (which tests ran last, on which worker,
+while the other workers were idle): ``python -m tests.timeline FILE``.
+
+The order: test files run longest first, by ``module_seconds.json`` (each file's seconds in a recorded run:
+``python -m tests.timeline --modules FILE > tests/module_seconds.json``), a file not listed before them all,
+each file's tests together and in their own order. pytest-xdist's worksteal hands each worker a third of the
+list and lets an idle one take the end of another's queue: with the long files at the front, what is left
+at the end is short tests, not a two-minute one that starts when the other workers have run out.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +17,22 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 TIMELINE = os.environ.get("NEARSHORE_TEST_TIMELINE", "")
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest files first (the module docstring says why); a stable sort keeps each file's own order."""
+    try:
+        seconds: dict[str, float] = json.loads(MODULE_SECONDS.read_text())
+    except (OSError, ValueError):
+        return
+    unknown = float("inf")
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], unknown))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -43,7 +64,21 @@ def tail(path: str, rows: int = 15) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m tests.timeline FILE
+def module_seconds(path: str) -> dict[str, float]:
+    """Each test file's seconds in a recorded run, longest first."""
+    totals: dict[str, float] = {}
+    with open(path) as lines:
+        for line in lines:
+            t = json.loads(line)
+            module = t["test"].split("::", 1)[0]
+            totals[module] = totals.get(module, 0.0) + t["end"] - t["start"]
+    return {m: round(s, 1) for m, s in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+if __name__ == "__main__":  # python -m tests.timeline [--modules] FILE
     import sys
 
-    print(tail(sys.argv[1]))
+    if sys.argv[1] == "--modules":
+        print(json.dumps(module_seconds(sys.argv[2]), indent=1))
+    else:
+        print(tail(sys.argv[1]))
