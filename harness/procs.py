@@ -27,25 +27,41 @@ _WORKER_SPANS_FROM, _WORKER_SPAN, _WORKER_SPANS = 12_000, 5_000, 4
 _handed: dict[str, int] = {}  # per host: the last port handed out from this worker's span
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on now, for a server about to start."""
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
+    """A port nobody listens on now, for a server about to start; with ``count``, the first of that many in
+    a row (a server that listens on port + i for its worker i)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else -1
     if not 0 <= index < _WORKER_SPANS:
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return s.getsockname()[1]
+        for _ in range(100):
+            with socket.socket() as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+                if _free(host, port + 1, count - 1):
+                    return port
+        raise OSError(f"no {count} free ports in a row on {host}")
     first = _WORKER_SPANS_FROM + index * _WORKER_SPAN
     # In turn through the span (from where the last run's ports are least likely to linger), skipping any
     # that is taken: a port is handed out again only after all the others.
     port = _handed.get(host, first + os.getpid() % _WORKER_SPAN)
     for _ in range(_WORKER_SPAN):
         port = first + (port + 1 - first) % _WORKER_SPAN
-        with socket.socket() as s, contextlib.suppress(OSError):
-            s.bind((host, port))
-            _handed[host] = port
+        if port + count <= first + _WORKER_SPAN and _free(host, port, count):
+            _handed[host] = port + count - 1
             return port
-    raise OSError(f"no free port in {first}-{first + _WORKER_SPAN - 1} on {host}")
+    raise OSError(f"no {count} free ports in a row in {first}-{first + _WORKER_SPAN - 1} on {host}")
+
+
+def _free(host: str, port: int, count: int) -> bool:
+    """Whether ports port..port + count - 1 can all be bound now."""
+    with contextlib.ExitStack() as held:
+        for p in range(port, port + count):
+            s = held.enter_context(socket.socket())
+            try:
+                s.bind((host, p))
+            except OSError:
+                return False
+    return True
 
 
 class ProcessFailed(RuntimeError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import socket
 import sqlite3
 import ssl
 import time
@@ -115,23 +114,8 @@ class Edge:
             p.stop()
 
 
-def two_free_ports() -> int:
-    """A port whose next one is free too: worker i serves its metrics on metrics.port + i (a free port's
-    neighbour may be another test's)."""
-    for _ in range(100):
-        with socket.socket() as a, socket.socket() as b:
-            a.bind(("127.0.0.1", 0))
-            port = a.getsockname()[1]
-            try:
-                b.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no two free ports side by side")
-
-
 def worker_metrics_urls(edge: Edge) -> list[str]:
-    """Each of a two-worker edge's metrics endpoints (worker i on metrics.port + i: two_free_ports)."""
+    """Each of a two-worker edge's metrics endpoints (worker i on metrics.port + i)."""
     base = int(edge.metrics_url.rsplit(":", 1)[1])
     return [f"http://127.0.0.1:{port}/metrics" for port in (base, base + 1)]
 

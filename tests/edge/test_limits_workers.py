@@ -16,11 +16,11 @@ import pytest
 
 from edge.limits import LimiterUnavailable, LimitSpec, local_share
 from edge.limits_redis import RedisLimiter
+from harness.procs import free_port
 from tests.edge_fixtures import (
     Edge,
     start_edge,
     start_pacer,
-    two_free_ports,
     wait_for_both_workers,
     worker_metrics_urls,
 )
@@ -107,7 +107,7 @@ async def test_two_workers_with_redis_down_pass_at_most_the_keys_limit(tmp_path:
         [("r", pacer.url)],
         server={"workers": 2},
         limits={"backend": "redis", "redis_url": redis.url, "fail_mode": "open"},
-        metrics={"port": two_free_ports()},
+        metrics={"port": free_port(count=2)},
     )
     try:
         wait_for_both_workers(edge)

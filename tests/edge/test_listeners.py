@@ -40,16 +40,6 @@ def held(port: int) -> Iterator[socket.socket]:
         yield sock
 
 
-def free_pair() -> int:
-    """A free port whose next one is free too (worker 1's metrics port is metrics.port + 1)."""
-    for _ in range(100):
-        port = free_port()
-        with contextlib.suppress(OSError), socket.socket() as neighbour:
-            neighbour.bind(("127.0.0.1", port + 1))
-            return port
-    raise RuntimeError("no two free ports side by side")
-
-
 def edge_config(folder: Path, **sections: dict[str, object]) -> Path:
     """An edge config of its own keys and ledger, plain HTTP, one (absent) region."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -155,7 +145,7 @@ def test_a_taken_server_port_is_one_line(tmp_path, from_flag):
 
 @pytest.mark.slow
 def test_a_workers_metrics_port_clash_names_the_setting_and_why(tmp_path):
-    metrics_port = free_pair()
+    metrics_port = free_port(count=2)  # worker 1's metrics port is metrics.port + 1
     config = edge_config(
         tmp_path,
         server={"port": free_port(), "workers": 2},

@@ -17,12 +17,12 @@ import pytest
 
 from edge.config import EdgeConfig
 from edge.node import check_config
+from harness.procs import free_port
 from tests.edge_fixtures import (
     EVENTUALLY_S,
     Edge,
     start_edge,
     start_pacer,
-    two_free_ports,
     wait_for_both_workers,
 )
 from tests.redis_server import RedisServer
@@ -83,7 +83,7 @@ def two_workers(folder: Path, **pacer_flags: object) -> Iterator[Edge]:
             [("r", pacer.url)],
             server={"workers": 2},
             limits={"backend": "redis", "redis_url": redis.url},
-            metrics={"port": two_free_ports()},  # worker i serves metrics on port + i
+            metrics={"port": free_port(count=2)},  # worker i serves metrics on port + i
         )
         try:
             wait_for_both_workers(edge)

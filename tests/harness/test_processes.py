@@ -138,3 +138,11 @@ def test_each_test_worker_hands_out_ports_from_its_own_span(monkeypatch):
         taken.bind(("127.0.0.1", nxt))
         taken.listen()
         assert free_port() == nxt + 1
+        # Two in a row (a server on port + i for its worker i): the pair is free, and handed out once.
+        pair = free_port(count=2)
+        assert pair > nxt + 1 and free_port() == pair + 2
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")  # outside the workers: the kernel's choice, its neighbour free
+    port = free_port(count=2)
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", port))
+        b.bind(("127.0.0.1", port + 1))
