@@ -26,11 +26,8 @@ endif
 
 # Test workers (pytest-xdist): three fill the suite's waits on two cores, twice as fast here as one process
 # (README: 2,158 tests in 805-906 s on clean clones, against 1,689 s serially), each worker's engines on one
-# thread (tests/conftest.py). `make test TEST_WORKERS=0` runs it in one process. Each test file runs whole on
-# one worker, the files longest first (tests/timeline.py), each handed to the next worker free: the run ends
-# on short files, not on a long one started when the others had run out.
+# thread (tests/conftest.py). `make test TEST_WORKERS=0` runs it in one process.
 TEST_WORKERS ?= 3
-TEST_DIST := $(if $(filter 0,$(TEST_WORKERS)),,--dist loadfile --no-loadscope-reorder)
 
 .PHONY: demo test lint bench venv clean system-deps deps
 
@@ -48,7 +45,7 @@ test: deps
 	@# Bytecode written and kept for the hundreds of processes the tests start: where PYTHONDONTWRITEBYTECODE
 	@# is set, each would compile the project's sources again (0.4 s of CPU a start), and pytest would
 	@# rewrite every test file's asserts again in each worker (half its collection).
-	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) $(TEST_DIST)
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check --fix .
