@@ -6,7 +6,7 @@ last, on which worker, while the other workers were idle): ``python -m tests.tim
 Tried and measured: the files longest first, each whole on one worker (``--dist loadfile``), to end the run on
 short files. It did end on them (three workers within a second of each other), but the files that mostly wait
 (failover deadlines, faults, providers) then ran side by side, and the cores idled there instead: pytest took
-805-816 s on two clean clones, against 752 s with worksteal in the order files are found.
+805-816 s on two clean clones, against 727-767 s with worksteal in the order files are found.
 """
 
 from __future__ import annotations
