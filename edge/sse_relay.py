@@ -250,13 +250,13 @@ class SseRelay:
         self._total += len(chunk)
         if self._total > limits.max_stream_bytes:
             return self._stop(f"the region's stream passed {limits.max_stream_bytes} bytes")
-        if self._events.idle and chunk.find(b"\n") == len(chunk) - 2 and chunk.endswith(b"\n\n"):
-            # Nearly every piece: one whole event of one line, nothing before it unfinished: the event the
-            # parser would cut, checked, goes on as it came (its blank line included) unless it was rebuilt.
-            event = chunk[:-2]
-            if (kept := self._keep(event)) is not None:
-                out = chunk if kept is event else kept + b"\n\n"
-                self._send(named(out, self.model_name) if self.model_name else out)
+        if (payload := self._events.one_line_data(chunk)) is not None:
+            # Nearly every piece: one whole event of one data line, nothing before it unfinished: checked, it
+            # goes on as it came (its blank line included).
+            if len(chunk) - 2 > limits.max_event_bytes:
+                self._fault(self._oversized())
+            elif self._check(payload):
+                self._send(named(chunk, self.model_name) if self.model_name else chunk)
             if outcome.done or outcome.fault:
                 self._finish()
             return
@@ -385,38 +385,44 @@ class SseRelay:
             return None
         one_line = event.startswith(b"data:") and b"\n" not in event
         if not one_line and sse.odd_line(event) is not None:
-            return self._bad("an event line that is not an SSE field")
+            self._bad("an event line that is not an SSE field")
+            return None
         payload = sse.event_data(event)
         if payload is None:
             return None
         payload = payload.strip()
         if not one_line:
             event = b"data: " + payload
+        return event if self._check(payload) else None
+
+    def _check(self, payload: bytes) -> bool:
+        """Check one event's data (stripped) and note what it says; whether the event goes to the client."""
+        outcome = self.outcome
         self.last_event_at = time.monotonic()
         if payload == b"[DONE]":
             if outcome.bad_events and not outcome.finish_reason:  # what it skipped may have been the answer
                 self._fault(f"{outcome.bad_events} events that did not parse, and no finish_reason")
-                return None
+                return False
             outcome.done = True
-            return None
+            return False
         try:
             chunk = _chunk_decoder.decode(payload)
         except (msgspec.ValidationError, msgspec.DecodeError):
             return self._bad("an event that is not a completion chunk")
         if chunk.error is not None:
             outcome.failure = passed_on(chunk.error, 502)
-            return None
-        # (a chunk without usage holds the default itself: most events skip the copy that tests for null)
-        if chunk.usage is not NO_USAGE and (usage := usage_bytes(chunk.usage)) is not None:
+            return False
+        # (a chunk without usage, or with "usage": null, equals the default: most events skip the copy)
+        if chunk.usage != NO_USAGE and (usage := usage_bytes(chunk.usage)) is not None:
             outcome.usage = usage
             if not chunk.choices:
                 outcome.usage_event = payload
-                return None
+                return False
         if not chunk.choices:
             return self._bad("a chunk with neither choices nor usage")
         if len(chunk.choices) > 1 or not 0 <= chunk.choices[0].index < self.choices:
             self._fault(f"a choice the request did not ask for (n={self.choices})")
-            return None
+            return False
         choice = chunk.choices[0]
         text = choice.delta.content if choice.delta is not None else choice.text
         if choice.delta is not None and choice.delta.tool_calls:
@@ -427,22 +433,23 @@ class SseRelay:
                 self._echo_pending = False
             elif outcome.content_events >= self.limits.max_content_events:
                 self._fault(f"more than max_tokens ({self.limits.max_content_events}) tokens")
-                return None
+                return False
             else:
                 outcome.content_events += 1
                 outcome.text.append(text)
         elif self._resumed and choice.delta is not None and choice.delta.role is not None:
-            return None  # the client had the role from the first region
+            return False  # the client had the role from the first region
         if choice.finish_reason:
             outcome.finish_reason = choice.finish_reason
-        return event
+        return True
 
     def _oversized(self) -> str:
         return f"the region sent an event larger than {self.limits.max_event_bytes} bytes"
 
-    def _bad(self, what: str) -> None:
-        """One event that does not parse is skipped; past max_bad_events the stream is broken."""
+    def _bad(self, what: str) -> bool:
+        """One event that does not parse is skipped (False: nothing to send); past max_bad_events the stream
+        is broken."""
         self.outcome.bad_events += 1
         if self.outcome.bad_events > self.limits.max_bad_events:
             self._fault(f"{what} (one of {self.outcome.bad_events} that did not parse)")
-        return None
+        return False

@@ -83,6 +83,16 @@ class SseParser:
         """Nothing unfinished is held: the next piece starts a new event (its lines need no earlier bytes)."""
         return not self._buffer and not self._cr
 
+    def one_line_data(self, piece: bytes) -> bytes | None:
+        """The data of ``piece``, stripped, when it is one whole event of one ``data:`` line and nothing
+        unfinished is held: nearly every piece of a stream, read without a split or a copy of the piece.
+        None when it is anything else (:meth:`blocks` reads it then)."""
+        if self._buffer or self._cr or not piece.startswith(b"data:"):
+            return None
+        if piece.find(b"\n") != len(piece) - 2 or not piece.endswith(b"\n\n"):
+            return None
+        return piece[5:-2].strip()  # the optional space after the colon, and a CR, go with the strip
+
     def blocks(self, piece: bytes) -> list[bytes]:
         """The events ``piece`` completed, each as its lines (``\\n``-ended, the blank line left off)."""
         if self._cr:
