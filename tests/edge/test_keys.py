@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from cli.keys import add_keys_arguments, run_keys
+from edge import keys as keys_module
 from edge.keys import ApiKey, KeyChange, KeyStore, refresh_keys
 from edge.pg_url import postgres_url_problem
 from tests.edge_fixtures import edge_over_pacer
@@ -124,6 +125,71 @@ async def test_refresher_picks_up_keys_made_elsewhere(tmp_path: Path):
         assert await _until(lambda: edge.authenticate(plaintext).reason == "ok", 1.0)
         admin.revoke(key.key_id)
         assert await _until(lambda: edge.authenticate(plaintext).reason == "revoked", 1.0)
+    finally:
+        task.cancel()
+        edge.close()
+        admin.close()
+
+
+async def test_refresher_is_told_of_commits_without_polling(tmp_path: Path):
+    """The kernel says the file was written: a key made or revoked elsewhere reaches the copy though the
+    backstop poll is an hour away."""
+    path = tmp_path / "keys.sqlite3"
+    edge, admin = KeyStore(path), KeyStore(path)
+    reloaded = asyncio.Event()
+    task = asyncio.create_task(refresh_keys(edge, 3600.0, reloaded.set, watched_interval_s=3600.0))
+    try:
+        await asyncio.sleep(0)  # the watch is in place before the commit
+        plaintext, key = admin.create("acme")
+        await asyncio.wait_for(reloaded.wait(), 10)
+        assert edge.authenticate(plaintext).reason == "ok"
+        reloaded.clear()
+        admin.revoke(key.key_id)
+        await asyncio.wait_for(reloaded.wait(), 10)
+        assert edge.authenticate(plaintext).reason == "revoked"
+    finally:
+        task.cancel()
+        edge.close()
+        admin.close()
+
+
+class _SeenLate(KeyStore):
+    """A store whose first check after a write does not see the commit yet: the writer had written its WAL
+    frames (the event) but not yet made them visible."""
+
+    misses = 1
+
+    def changed(self) -> bool:
+        if self.misses:
+            self.misses -= 1
+            return False
+        return super().changed()
+
+
+async def test_refresher_looks_again_when_a_write_is_not_visible_yet(tmp_path: Path):
+    path = tmp_path / "keys.sqlite3"
+    edge, admin = _SeenLate(path), KeyStore(path)
+    reloaded = asyncio.Event()
+    task = asyncio.create_task(refresh_keys(edge, 3600.0, reloaded.set, watched_interval_s=3600.0))
+    try:
+        await asyncio.sleep(0)
+        plaintext, _ = admin.create("acme")
+        await asyncio.wait_for(reloaded.wait(), 10)
+        assert edge.misses == 0 and edge.authenticate(plaintext).reason == "ok"
+    finally:
+        task.cancel()
+        edge.close()
+        admin.close()
+
+
+async def test_refresher_polls_where_the_file_cannot_be_watched(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(keys_module.FileWatch, "start", classmethod(lambda cls, paths, changed: None))
+    path = tmp_path / "keys.sqlite3"
+    edge, admin = KeyStore(path), KeyStore(path)
+    task = asyncio.create_task(refresh_keys(edge, 0.02, watched_interval_s=3600.0))
+    try:
+        plaintext, _ = admin.create("acme")
+        assert await _until(lambda: edge.authenticate(plaintext).reason == "ok", 10.0)
     finally:
         task.cancel()
         edge.close()
