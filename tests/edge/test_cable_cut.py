@@ -4,8 +4,10 @@ the last mile only (``local = true``). Every ocean link goes down (``nearshore l
 connections refused, open ones reset), then comes back. The regions are pacers, which answer under any
 model name: the edge's side is what is tested, not the models.
 
-The tests run in order, on one topology: before the cut, the cut (the small pool, the cache, a large-only
-model, a key that may have a substitute, ``auto``), the links back, a stream the cable cuts, the ledger.
+The tests tell it in order, on one topology: before the cut, the cut (the small pool, the cache, a
+large-only model, a key that may have a substitute, ``auto``), the links back, a stream the cable cuts, the
+ledger. Each sets up what it needs of that story itself (``Topology.cut``, ``Topology.restored``), so a test
+run alone, or on a pytest-xdist worker that stole it from the middle of the module, holds too.
 """
 
 from __future__ import annotations
@@ -40,6 +42,24 @@ class Topology:
     edge: Edge
     control: str  # the links' control API
     asked: list[str] = field(default_factory=list)  # every client request id sent: the ledger must hold each
+    stored: bool = False  # London's answer to QUESTION is in the edge's cache (asked before the cut)
+
+    async def cut(self) -> None:
+        """The ocean links down and the edge's probes knowing it, with London's answer to QUESTION cached
+        first (the first test asks it; a test that runs without it asks it here)."""
+        if not self.stored:
+            await self.restored()
+            async with session(self.edge) as s:
+                answer = await ask(self, s, self.edge.new_key(), LARGE, QUESTION, temperature=0)
+            assert answer.status == 200 and answer.headers["x-nearshore-region"] == "london", answer.body
+            self.stored = True
+        await self.fault("down", *OCEAN)
+        await self.wait_until("down", *OCEAN)
+
+    async def restored(self) -> None:
+        """The ocean links up and the edge's probes knowing it."""
+        await self.fault("up", *OCEAN)
+        await self.wait_until("up", *OCEAN)
 
     async def fault(self, fault: str, *links: str) -> None:
         async with aiohttp.ClientSession() as s:
@@ -200,6 +220,7 @@ async def test_before_the_cut_the_remote_regions_answer_and_the_local_one_stands
     assert large.status == 200 and large.headers["x-nearshore-region"] == "london"
     assert "x-nearshore-degraded" not in small.headers and "x-nearshore-degraded" not in large.headers
     assert large.headers["x-nearshore-cache"] == "MISS"
+    t.stored = True
 
 
 async def test_links_down_the_small_pool_is_answered_in_lagos_within_a_last_mile_round_trip_and_its_ttft(
@@ -207,8 +228,7 @@ async def test_links_down_the_small_pool_is_answered_in_lagos_within_a_last_mile
 ):
     t = topology
     key = t.edge.new_key()
-    await t.fault("down", *OCEAN)
-    await t.wait_until("down", *OCEAN)
+    await t.cut()
     async with session(t.edge) as s:
         await ask(t, s, key, SMALL)  # the client's own handshake to the edge is not the edge's to time
         answer = await ask(t, s, key, SMALL, stream=True, max_tokens=8)
@@ -223,6 +243,7 @@ async def test_links_down_the_small_pool_is_answered_in_lagos_within_a_last_mile
 
 async def test_in_the_cut_a_repeated_question_is_answered_from_the_cache(topology: Topology):
     t = topology
+    await t.cut()
     async with session(t.edge) as s:
         answer = await ask(t, s, t.edge.new_key(), LARGE, QUESTION, temperature=0)
     assert answer.status == 200 and answer.headers["x-nearshore-cache"] == "HIT"
@@ -231,10 +252,12 @@ async def test_in_the_cut_a_repeated_question_is_answered_from_the_cache(topolog
     assert answer.text() == " token" * 4  # London's answer, from before the cut
     row = row_of(t, answer)
     assert (row["cache_status"], row["degraded"], row["model"]) == ("exact", "cable-cut", LARGE)
+    assert 'nearshore_edge:degraded_answers_total{by="cache",reason="cable-cut"}' in await scrape(t)
 
 
 async def test_in_the_cut_a_large_only_model_gets_503_with_retry_after_at_once(topology: Topology):
     t = topology
+    await t.cut()
     async with session(t.edge) as s:
         answer = await ask(t, s, t.edge.new_key(), LARGE, "A question London never saw")
         streamed = await ask(t, s, t.edge.new_key(), LARGE, "Another one", stream=True)
@@ -253,10 +276,12 @@ async def test_in_the_cut_a_large_only_model_gets_503_with_retry_after_at_once(t
             "cable_cut",
             "cable-cut",
         )
+    assert 'nearshore_edge:degraded_answers_total{by="none",reason="cable-cut"}' in await scrape(t)
 
 
 async def test_in_the_cut_a_key_allowed_a_substitute_and_auto_get_the_local_model(topology: Topology):
     t = topology
+    await t.cut()
     async with session(t.edge) as s:
         premium = await ask(t, s, t.edge.new_key(tier="premium"), LARGE, "Substitute me", stream=True)
         sized = await ask(t, s, t.edge.new_key(), "auto", "Write an essay.", max_tokens=100)
@@ -278,13 +303,12 @@ async def test_in_the_cut_a_key_allowed_a_substitute_and_auto_get_the_local_mode
         )
     metrics = await scrape(t)
     assert 'nearshore_edge:degraded_answers_total{by="local",reason="cable-cut"}' in metrics
-    assert 'nearshore_edge:degraded_answers_total{by="cache",reason="cable-cut"}' in metrics
-    assert 'nearshore_edge:degraded_answers_total{by="none",reason="cable-cut"}' in metrics
 
 
 async def test_links_back_traffic_returns_to_the_remote_region_within_the_hold(topology: Topology):
     t = topology
     key = t.edge.new_key()
+    await t.cut()
     await t.fault("up", *OCEAN)
     back_at = time.monotonic()
     bound_s = (HEALTHY_THRESHOLD + 1) * HEALTH_INTERVAL_S + HOLD_S + 5.0  # probes, the hold, a busy machine
@@ -303,6 +327,7 @@ async def test_links_back_traffic_returns_to_the_remote_region_within_the_hold(t
 
 async def test_a_stream_the_cable_cuts_mid_answer_finishes_on_the_local_model(topology: Topology):
     t = topology
+    await t.restored()
     cut_after = 5
 
     async def cut(events: int) -> None:
@@ -331,7 +356,7 @@ async def test_a_large_model_stream_the_cable_cuts_finishes_on_the_stand_in_for_
     topology: Topology,
 ):
     t = topology
-    await t.wait_until("up", *OCEAN)
+    await t.restored()
     cut_after = 3
 
     async def cut(events: int) -> None:
@@ -361,7 +386,7 @@ async def test_nothing_is_lost_in_the_ledger(topology: Topology):
     rows = t.edge.ledger_rows()
     ids = [r["client_request_id"] for r in rows]
     assert sorted(ids) == sorted(t.asked)  # one row per request: answered, cached, refused, continued
-    assert {r["degraded"] for r in rows} == {"", "cable-cut"}
+    assert {r["degraded"] for r in rows} <= {"", "cable-cut"}  # (each test checks its own rows' value)
 
 
 def row_of(t: Topology, answer: Answer) -> dict:

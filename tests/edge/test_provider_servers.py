@@ -187,16 +187,23 @@ def test_a_wrong_key_fails_cleanly_and_the_rotated_file_is_read_again(edge):
             assert time.monotonic() < deadline, "the rotated key was never read"
             time.sleep(0.2)
     assert answer.choices[0].message.content is not None
+    log, *served = _shown(e)
+    assert all(SECRET not in text and "sk-wrong-key-000" not in text for text in (log, *served))
+    assert "credential" in log  # the wrong key's refusal was logged, by what it was, not its value
 
 
 def test_the_key_is_in_no_log_metric_or_health(edge):
     e, _ = edge
+    assert all(SECRET not in text and "sk-wrong-key-000" not in text for text in _shown(e))
+
+
+def _shown(e: Edge) -> list[str]:
+    """What the edge shows: its log, then its metrics and its health as served."""
     seen = [(e.folder / "edge.log").read_text()]
     for path in ("/metrics", "/health"):
         with urllib.request.urlopen(e.metrics_url + path, timeout=10) as r:
             seen.append(r.read().decode())
-    assert all(SECRET not in text and "sk-wrong-key-000" not in text for text in seen)
-    assert "credential" in seen[0]  # the wrong key's refusal was logged, by what it was, not its value
+    return seen
 
 
 def test_a_provider_refusing_the_edges_key_fails_over_to_the_next_region(
