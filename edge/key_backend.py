@@ -16,7 +16,8 @@ from pathlib import Path
 from aiohttp import web
 
 from edge.config import EdgeConfig, open_named_file
-from edge.keys import KeyStore, KnownKeys, refresh_keys
+from edge.key_watch import refresh_keys
+from edge.keys import KeyStore, KnownKeys
 
 log = logging.getLogger("nearshore.edge")
 

@@ -8,13 +8,14 @@ of entropy, so there is nothing to guess from a leaked hash, and a slow hash wou
 The edge authenticates every request from an in-memory copy of the table and never queries SQLite on the
 request path: an unknown key id is answered as fast as a known one, so timing does not tell which ids
 exist. Keys created or revoked by another process (``nearshore keys``) reach the copy through
-:func:`refresh_keys`, a task that checks ``PRAGMA data_version`` off the request path when the kernel says
-the file was written (a slow poll behind it).
+:func:`edge.key_watch.refresh_keys`, a task that checks ``PRAGMA data_version`` off the request path when the
+kernel says the file was written (a slow poll behind it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -27,14 +28,12 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
 from edge.sqlite_columns import add_missing_columns
-from nearshore.file_watch import FileWatch
 
 KEY_PREFIX = "ns-"
 _KEY_ID_HEX = 12
@@ -314,7 +313,7 @@ class KeyStore(KnownKeys):
 
     One instance per process. :meth:`authenticate` reads only the in-memory copy, from any thread; a lock
     serializes everything that uses the database connection. Writes made through this instance are in
-    the copy at once; another process's appear after :meth:`refresh` (the edge runs :func:`refresh_keys`).
+    the copy at once; another process's appear after :meth:`refresh` (the edge runs edge/key_watch.py).
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -357,7 +356,7 @@ class KeyStore(KnownKeys):
                     break
                 except sqlite3.IntegrityError:  # a key_id collision (1 in 2**48 per pair): draw another
                     continue
-            self._reload()  # our own commits do not move data_version
+            self._committed()
         return f"{KEY_PREFIX}{key.key_id}-{secret}", key
 
     def update(self, key_id: str, change: KeyChange) -> ApiKey | None:
@@ -376,7 +375,7 @@ class KeyStore(KnownKeys):
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise
-            self._reload()
+            self._committed()
         return key
 
     def revoke(self, key_id: str) -> bool:
@@ -386,8 +385,16 @@ class KeyStore(KnownKeys):
                 "UPDATE api_keys SET revoked = 1, updated_at = ? WHERE key_id = ? AND revoked = 0",
                 (time.time(), key_id),
             )
-            self._reload()
+            self._committed()
         return cursor.rowcount > 0
+
+    def _committed(self) -> None:
+        """After a commit of ours: the copy reloaded (our own commits do not move data_version), and the
+        file's other readers told by its modification time, touched now that the commit is visible (the
+        WAL's write, which a watcher also sees, comes a moment before: edge/key_watch.py)."""
+        self._reload()
+        with contextlib.suppress(OSError):  # a reader's copy is still kept fresh by its poll
+            os.utime(self.path)
 
     def list(self) -> list[ApiKey]:
         with self._lock:
@@ -435,59 +442,3 @@ async def store_call(store: KnownKeys, method: str, *args: Any, **kwargs: Any) -
     if isinstance(store, KeyStore):
         return await asyncio.to_thread(operation, *args, **kwargs)
     return await operation(*args, **kwargs)
-
-
-# A commit writes its WAL frames (the write the kernel reports), then makes them visible in the WAL's index,
-# in shared memory (no event): a check just after the event may come first, and looks again after these.
-_VISIBLE_AFTER_S = (0.001, 0.004, 0.02, 0.1)
-
-
-async def refresh_keys(
-    store: KeyStore,
-    interval_s: float,
-    reloaded: Callable[[], object] | None = None,
-    watched_interval_s: float | None = None,
-) -> None:
-    """Keep ``store``'s copy fresh until cancelled, then call ``reloaded`` on the loop after each reload
-    (the edge ends the requests in flight of keys revoked meanwhile).
-
-    Another process's commit is seen when the kernel says the file or its WAL was written
-    (:class:`~nearshore.file_watch.FileWatch`), with a poll every ``watched_interval_s`` behind it; where
-    the files cannot be watched, by a poll every ``interval_s``. Either way the check is one PRAGMA (a few
-    microseconds) on the loop; a reload, which reads the whole table, runs in a thread so that a large table
-    never stalls requests. Errors are logged and retried at the next check.
-    """
-    written = asyncio.Event()
-    watch = FileWatch.start([store.path, Path(f"{store.path}-wal")], written.set)
-    period = interval_s if watch is None or watched_interval_s is None else watched_interval_s
-    try:
-        while True:
-            try:
-                async with asyncio.timeout(period):
-                    await written.wait()
-                told = True
-            except TimeoutError:
-                told = False
-                if watch is not None:
-                    watch.rewatch()  # a file made since (the WAL of a store that had none)
-            written.clear()  # before the check: a commit during it is checked again
-            if await _reload_if_changed(store, reloaded) or not told:
-                continue
-            for wait_s in _VISIBLE_AFTER_S:  # told of a write not visible yet
-                await asyncio.sleep(wait_s)
-                if written.is_set() or await _reload_if_changed(store, reloaded):
-                    break
-    finally:
-        if watch is not None:
-            watch.close()
-
-
-async def _reload_if_changed(store: KeyStore, reloaded: Callable[[], object] | None) -> bool:
-    try:
-        if store.changed() and await asyncio.to_thread(store.refresh):
-            if reloaded is not None:
-                reloaded()
-            return True
-    except sqlite3.Error as exc:  # keep serving from the copy we have
-        log.warning("key store %s: refresh failed: %s", store.path, exc)
-    return False

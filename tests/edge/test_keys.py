@@ -12,9 +12,11 @@ import aiohttp
 import pytest
 
 from cli.keys import add_keys_arguments, run_keys
-from edge import keys as keys_module
-from edge.keys import ApiKey, KeyChange, KeyStore, refresh_keys
+from edge import key_watch
+from edge.key_watch import refresh_keys
+from edge.keys import ApiKey, KeyChange, KeyStore
 from edge.pg_url import postgres_url_problem
+from nearshore.file_watch import FileWatch
 from tests.edge_fixtures import edge_over_pacer
 
 
@@ -182,8 +184,44 @@ async def test_refresher_looks_again_when_a_write_is_not_visible_yet(tmp_path: P
         admin.close()
 
 
+async def test_a_commit_tells_the_files_watchers_once_it_is_visible(tmp_path: Path):
+    """A change made through the store touches the file itself after its commit (the commit wrote only the
+    WAL): a watcher of the file is told when a check will see it."""
+    path = tmp_path / "keys.sqlite3"
+    edge, admin = KeyStore(path), KeyStore(path)
+    told = asyncio.Event()
+    watch = FileWatch.start([path], told.set)
+    assert watch is not None
+    try:
+        for change in (lambda: admin.create("acme"), lambda: admin.revoke(admin.list()[0].key_id)):
+            told.clear()
+            change()
+            await asyncio.wait_for(told.wait(), 10)
+            assert edge.changed()
+            edge.refresh()
+    finally:
+        watch.close()
+        edge.close()
+        admin.close()
+
+
+async def test_refresher_first_looks_for_what_was_committed_before_it_watched(tmp_path: Path):
+    path = tmp_path / "keys.sqlite3"
+    edge, admin = KeyStore(path), KeyStore(path)  # the edge's copy is loaded ...
+    plaintext, _ = admin.create("acme")  # ... then a key is made, before the watch is in place
+    reloaded = asyncio.Event()
+    task = asyncio.create_task(refresh_keys(edge, 3600.0, reloaded.set, watched_interval_s=3600.0))
+    try:
+        await asyncio.wait_for(reloaded.wait(), 10)
+        assert edge.authenticate(plaintext).reason == "ok"
+    finally:
+        task.cancel()
+        edge.close()
+        admin.close()
+
+
 async def test_refresher_polls_where_the_file_cannot_be_watched(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr(keys_module.FileWatch, "start", classmethod(lambda cls, paths, changed: None))
+    monkeypatch.setattr(key_watch.FileWatch, "start", classmethod(lambda cls, paths, changed: None))
     path = tmp_path / "keys.sqlite3"
     edge, admin = KeyStore(path), KeyStore(path)
     task = asyncio.create_task(refresh_keys(edge, 0.02, watched_interval_s=3600.0))
