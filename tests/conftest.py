@@ -15,7 +15,7 @@ from harness.procs import ManagedProcess, free_port
 from nearshore.children import nearshore_argv
 from nearshore.tomlw import dumps
 
-pytest_plugins = ["tests.timeline"]
+pytest_plugins = ["tests.timeline", "tests.order"]
 
 # Under pytest-xdist the workers share the cores: each worker's engines (torch here, llama.cpp and torch in
 # the nodes it starts: regional/llama_engine.py default_threads) take one thread, not one per core, or their

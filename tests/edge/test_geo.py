@@ -409,8 +409,17 @@ async def test_a_killed_replica_is_ejected_and_returns_after_restart(
     written: Served, geo_pacers: dict[str, Pacer]
 ) -> None:
     london = geo_pacers["london"]
+
+    async def all_up() -> bool:  # (a test before it may have killed and restarted some)
+        return all(state == "up" for state in (await statuses(written)).values())
+
+    await until(all_up, 10.0, "every region up")
     async with client(written) as s:
-        assert (await ask(s, written, LAGOS)).region == "london"
+
+        async def at_london() -> bool:  # (traffic a test before it moved away comes back after the hold)
+            return (await ask(s, written, LAGOS)).region == "london"
+
+        await until(at_london, 10.0, "London serves the Lagos client")
         kill(london)
         try:
             # Each request finds London refusing connections and fails over to the runner-up, at once.
