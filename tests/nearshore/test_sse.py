@@ -129,3 +129,24 @@ def test_any_events_framed_any_way_and_cut_anywhere_read_back(
     points = sorted({min(c, len(body)) for c in cuts})
     pieces = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
     assert fed(*pieces) == [b"\n".join(lines) for lines in events]
+
+
+def test_one_line_data_reads_a_whole_one_line_event_and_nothing_else():
+    parser = sse.SseParser()
+    assert parser.one_line_data(b'data: {"a": 1}\n\n') == b'{"a": 1}'
+    assert parser.one_line_data(b"data:[DONE]\n\n") == b"[DONE]"
+    assert parser.one_line_data(b"data:  padded \r\n\n") == b"padded"  # as blocks() then strip() read it
+    for piece in (
+        b": a comment\n\n",
+        b"event: x\n\n",
+        b"data: a\ndata: b\n\n",  # two lines
+        b"data: a\n\ndata: b\n\n",  # two events
+        b"data: a\n",  # not ended
+        b"data: a",
+        b"data: a\r\n\r\n",  # CRLF line ends: the parser's to read
+    ):
+        assert parser.one_line_data(piece) is None, piece
+    assert parser.blocks(b"data: unfin") == []  # something unfinished is held: no piece is whole alone
+    assert parser.one_line_data(b"data: b\n\n") is None
+    assert parser.blocks(b"ished\n\n") == [b"data: unfinished"]
+    assert parser.one_line_data(b"data: b\n\n") == b"b"
