@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -118,29 +120,35 @@ def test_authenticate_never_queries_the_database(store: KeyStore):
     assert [store.authenticate(p).reason for p in (unknown, plaintext)] == ["unknown", "ok"]
 
 
-async def test_refresher_picks_up_keys_made_elsewhere(tmp_path: Path):
-    path = tmp_path / "keys.sqlite3"
-    edge, admin = KeyStore(path), KeyStore(path)
-    task = asyncio.create_task(refresh_keys(edge, interval_s=0.02))
+@contextlib.asynccontextmanager
+async def refreshing(
+    path: Path, interval_s: float, watched_s: float | None = None, store: type[KeyStore] = KeyStore
+) -> AsyncIterator[tuple[KeyStore, KeyStore, asyncio.Event]]:
+    """An edge's store kept fresh by :func:`refresh_keys` (the event set at each reload), and an admin's
+    store of the same file, as another process would hold it."""
+    edge, admin = store(path), KeyStore(path)
+    reloaded = asyncio.Event()
+    task = asyncio.create_task(refresh_keys(edge, interval_s, reloaded.set, watched_interval_s=watched_s))
     try:
-        plaintext, key = admin.create("acme")
-        assert await _until(lambda: edge.authenticate(plaintext).reason == "ok", 1.0)
-        admin.revoke(key.key_id)
-        assert await _until(lambda: edge.authenticate(plaintext).reason == "revoked", 1.0)
+        yield edge, admin, reloaded
     finally:
         task.cancel()
         edge.close()
         admin.close()
 
 
+async def test_refresher_picks_up_keys_made_elsewhere(tmp_path: Path):
+    async with refreshing(tmp_path / "keys.sqlite3", 0.02) as (edge, admin, _):
+        plaintext, key = admin.create("acme")
+        assert await _until(lambda: edge.authenticate(plaintext).reason == "ok", 1.0)
+        admin.revoke(key.key_id)
+        assert await _until(lambda: edge.authenticate(plaintext).reason == "revoked", 1.0)
+
+
 async def test_refresher_is_told_of_commits_without_polling(tmp_path: Path):
     """The kernel says the file was written: a key made or revoked elsewhere reaches the copy though the
     backstop poll is an hour away."""
-    path = tmp_path / "keys.sqlite3"
-    edge, admin = KeyStore(path), KeyStore(path)
-    reloaded = asyncio.Event()
-    task = asyncio.create_task(refresh_keys(edge, 3600.0, reloaded.set, watched_interval_s=3600.0))
-    try:
+    async with refreshing(tmp_path / "keys.sqlite3", 3600.0, 3600.0) as (edge, admin, reloaded):
         await asyncio.sleep(0)  # the watch is in place before the commit
         plaintext, key = admin.create("acme")
         await asyncio.wait_for(reloaded.wait(), 10)
@@ -149,10 +157,6 @@ async def test_refresher_is_told_of_commits_without_polling(tmp_path: Path):
         admin.revoke(key.key_id)
         await asyncio.wait_for(reloaded.wait(), 10)
         assert edge.authenticate(plaintext).reason == "revoked"
-    finally:
-        task.cancel()
-        edge.close()
-        admin.close()
 
 
 class _SeenLate(KeyStore):
@@ -170,18 +174,12 @@ class _SeenLate(KeyStore):
 
 async def test_refresher_looks_again_when_a_write_is_not_visible_yet(tmp_path: Path):
     path = tmp_path / "keys.sqlite3"
-    edge, admin = _SeenLate(path), KeyStore(path)
-    reloaded = asyncio.Event()
-    task = asyncio.create_task(refresh_keys(edge, 3600.0, reloaded.set, watched_interval_s=3600.0))
-    try:
+    async with refreshing(path, 3600.0, 3600.0, store=_SeenLate) as (edge, admin, reloaded):
         await asyncio.sleep(0)
         plaintext, _ = admin.create("acme")
         await asyncio.wait_for(reloaded.wait(), 10)
-        assert edge.misses == 0 and edge.authenticate(plaintext).reason == "ok"
-    finally:
-        task.cancel()
-        edge.close()
-        admin.close()
+        assert isinstance(edge, _SeenLate) and edge.misses == 0
+        assert edge.authenticate(plaintext).reason == "ok"
 
 
 async def test_a_commit_tells_the_files_watchers_once_it_is_visible(tmp_path: Path):
@@ -209,29 +207,20 @@ async def test_refresher_first_looks_for_what_was_committed_before_it_watched(tm
     path = tmp_path / "keys.sqlite3"
     edge, admin = KeyStore(path), KeyStore(path)  # the edge's copy is loaded ...
     plaintext, _ = admin.create("acme")  # ... then a key is made, before the watch is in place
+    admin.close()
     reloaded = asyncio.Event()
     task = asyncio.create_task(refresh_keys(edge, 3600.0, reloaded.set, watched_interval_s=3600.0))
-    try:
-        await asyncio.wait_for(reloaded.wait(), 10)
-        assert edge.authenticate(plaintext).reason == "ok"
-    finally:
-        task.cancel()
-        edge.close()
-        admin.close()
+    await asyncio.wait_for(reloaded.wait(), 10)
+    task.cancel()
+    assert edge.authenticate(plaintext).reason == "ok"
+    edge.close()
 
 
 async def test_refresher_polls_where_the_file_cannot_be_watched(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(key_watch.FileWatch, "start", classmethod(lambda cls, paths, changed: None))
-    path = tmp_path / "keys.sqlite3"
-    edge, admin = KeyStore(path), KeyStore(path)
-    task = asyncio.create_task(refresh_keys(edge, 0.02, watched_interval_s=3600.0))
-    try:
+    async with refreshing(tmp_path / "keys.sqlite3", 0.02, 3600.0) as (edge, admin, _):
         plaintext, _ = admin.create("acme")
         assert await _until(lambda: edge.authenticate(plaintext).reason == "ok", 10.0)
-    finally:
-        task.cancel()
-        edge.close()
-        admin.close()
 
 
 async def _until(condition, timeout_s: float) -> bool:
