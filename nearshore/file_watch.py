@@ -96,6 +96,10 @@ class FileWatch:
                 log.info("cannot watch %s: %s", os.fsdecode(path), os.strerror(ctypes.get_errno()))
         self.watching = watching
 
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
     def close(self) -> None:
         if self._fd < 0:
             return
@@ -110,7 +114,9 @@ class FileWatch:
                 data = os.read(self._fd, _READ_SIZE)
             except BlockingIOError:
                 break
-            except OSError:
+            except OSError as exc:  # the descriptor broke: stop watching rather than wake on it forever
+                log.warning("file watch stopped (%s): polling alone from now on", exc)
+                self.close()
                 return
             if not data:
                 break

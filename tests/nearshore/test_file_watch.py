@@ -119,3 +119,23 @@ async def test_closed_watch_calls_no_more(tmp_path: Path):
     path.write_bytes(b"after close")
     await asyncio.sleep(0.05)
     assert calls.count == 0
+
+
+async def test_a_broken_descriptor_stops_the_watch_instead_of_waking_on_it(tmp_path: Path, monkeypatch):
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    calls = Calls()
+    watch = FileWatch.start([path], calls)
+    assert watch is not None
+
+    def broken(fd: int, n: int) -> bytes:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(file_watch.os, "read", broken)
+    path.write_bytes(b"written")
+    for _ in range(100):  # the loop turns; the reader runs once and takes itself off
+        if watch.closed:
+            break
+        await asyncio.sleep(0.01)
+    assert watch.closed and calls.count == 0
+    watch.close()
