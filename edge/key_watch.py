@@ -50,6 +50,8 @@ async def refresh_keys(
                 told = False
                 if watch is not None:
                     watch.rewatch()  # a file made since (the WAL of a store that had none)
+            if watch is not None and watch.closed:  # it broke (and said so): the poll alone, at its pace
+                watch, period = None, interval_s
             written.clear()  # before the check: a commit during it is checked again
             if await _reload_if_changed(store, reloaded) or not told:
                 continue

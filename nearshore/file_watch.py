@@ -88,6 +88,8 @@ class FileWatch:
     def rewatch(self) -> None:
         """(Re)add each path that exists: one that was deleted and made again is a new file to watch.
         Adding a path already watched only renews its mask."""
+        if self.closed:
+            return
         watching = 0
         for path in self._paths:
             if self._libc.inotify_add_watch(self._fd, path, WATCHED) >= 0:
@@ -117,6 +119,7 @@ class FileWatch:
             except OSError as exc:  # the descriptor broke: stop watching rather than wake on it forever
                 log.warning("file watch stopped (%s): polling alone from now on", exc)
                 self.close()
+                self._changed()  # once more, so the caller looks now (and sees it closed)
                 return
             if not data:
                 break

@@ -18,6 +18,7 @@ from edge import key_watch
 from edge.key_watch import refresh_keys
 from edge.keys import ApiKey, KeyChange, KeyStore
 from edge.pg_url import postgres_url_problem
+from nearshore import file_watch
 from nearshore.file_watch import FileWatch
 from tests.edge_fixtures import edge_over_pacer
 
@@ -214,6 +215,25 @@ async def test_refresher_first_looks_for_what_was_committed_before_it_watched(tm
     task.cancel()
     assert edge.authenticate(plaintext).reason == "ok"
     edge.close()
+
+
+async def test_refresher_polls_once_its_watch_breaks(tmp_path: Path, monkeypatch):
+    """The watch's descriptor fails: the refresher polls at the poll's pace (the backstop is an hour)."""
+    path = tmp_path / "keys.sqlite3"
+    async with refreshing(path, 0.02, 3600.0) as (edge, admin, reloaded):
+        await asyncio.sleep(0)
+
+        def broken(fd: int, n: int) -> bytes:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(file_watch.os, "read", broken)
+        plaintext, _ = admin.create("acme")  # its write breaks the watch, and a poll sees the key
+        await asyncio.wait_for(reloaded.wait(), 10)
+        monkeypatch.undo()
+        reloaded.clear()
+        admin.revoke(admin.list()[0].key_id)  # seen by the poll alone now
+        await asyncio.wait_for(reloaded.wait(), 10)
+        assert edge.authenticate(plaintext).reason == "revoked"
 
 
 async def test_refresher_polls_where_the_file_cannot_be_watched(tmp_path: Path, monkeypatch):
