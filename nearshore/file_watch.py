@@ -64,7 +64,6 @@ class FileWatch:
         self._paths = [os.fsencode(p) for p in paths]
         self._changed = changed
         self._loop = asyncio.get_running_loop()
-        self._pending = False
         self.watching = 0  # how many of the paths are watched now
         self.rewatch()
         self._loop.add_reader(fd, self._readable)
@@ -126,14 +125,7 @@ class FileWatch:
             gone = gone or _any_gone(data)
         if gone:  # a watched file was deleted or replaced: watch whatever is at its path now
             self.rewatch()
-        if not self._pending:
-            self._pending = True
-            self._loop.call_soon(self._notify)
-
-    def _notify(self) -> None:
-        self._pending = False
-        if self._fd >= 0:
-            self._changed()
+        self._changed()  # once for all the events read
 
 
 def _any_gone(data: bytes) -> bool:
