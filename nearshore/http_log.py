@@ -22,7 +22,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 SERVER_LOGGER = "aiohttp.server"
 LINES_PER_S = 5
-_WORDS = re.compile(r"[A-Za-z0-9 ,-]*")  # the message's start, up to its first quote, colon or newline
+# The message's start, up to its first quote, colon or newline ("can't" is a word, not a quote).
+_WORDS = re.compile(r"(?:[A-Za-z0-9 ,-]|(?<=n)'(?=t\b))*")
 _MAX_WORDS, _MAX_WORD_CHARS = 8, 24  # no word of aiohttp's messages is longer; a key is
 
 

@@ -4,9 +4,11 @@ explanation is only for keys allowed it; a malformed request logs one line (issu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import socket
+import ssl
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -228,6 +230,24 @@ def send_raw(edge: Edge, raw: bytes) -> bytes:
         return tls.recv(100).split(b"\r\n")[0]
 
 
+def answer_raw(edge: Edge, raw: bytes) -> tuple[bytes, bytes, bytes]:
+    """One request's bytes on a TLS connection of its own; the answer's status line, head and body (read to
+    the connection's end: the edge closes it after a request it could not parse)."""
+    port = int(edge.url.rsplit(":", 1)[1])
+    with (
+        socket.create_connection(("127.0.0.1", port)) as plain,
+        edge.ssl_context().wrap_socket(plain, server_hostname="localhost") as tls,
+    ):
+        tls.sendall(raw)
+        tls.settimeout(10)
+        answer = b""
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            while chunk := tls.recv(65536):
+                answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], head, body
+
+
 def malformed_lines(edge: Edge) -> list[str]:
     text = (edge.folder / "edge.log").read_text(errors="replace")
     assert "Traceback" not in text and "Error handling request" not in text
@@ -258,6 +278,34 @@ def test_a_malformed_request_logs_one_line_and_a_flood_a_few(tmp_path: Path):
         assert left_out > 0 and len(lines) + left_out == 51  # every one logged or counted
         assert all(line.count("\n") == 0 and len(line) < 300 for line in lines)
         # A real request still works and nothing else was hidden.
+        assert send_raw(edge, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200")
+    finally:
+        edge.stop()
+
+
+@pytest.mark.slow
+def test_a_request_that_is_not_http_gets_an_api_error_without_its_bytes(tmp_path: Path):
+    """aiohttp's parser refuses these before any handler runs; the answer is still the API's error shape,
+    and never quotes the client's bytes (here a key)."""
+    edge = edge_over_pacer(tmp_path, "not-http", tokens=1, interval_ms=1)
+    key = "ns-0123456789ab-" + "S" * 43
+    post = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    cases = {
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Bad: "
+        + key.encode()
+        + b"\x00\r\n\r\n": "Invalid header value char",
+        b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + key.encode() * 200 + b"\r\n\r\n": "Got more than",
+        post + b"Transfer-Encoding: chunked\r\n\r\n{}": "Transfer-Encoding can't be present with",
+    }
+    try:
+        for raw, words in cases.items():
+            status, head, body = answer_raw(edge, raw)
+            assert status.endswith(b" 400 Bad Request"), status
+            assert b"content-type: application/json" in head.lower()
+            error = json.loads(body)["error"]
+            assert error["type"] == "invalid_request_error" and words in error["message"], error
+            assert key not in body.decode() and "S" * 20 not in body.decode()
+        # The edge goes on serving.
         assert send_raw(edge, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 200")
     finally:
         edge.stop()
