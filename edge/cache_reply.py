@@ -14,6 +14,7 @@ from cache.response_cache import Hit
 from edge.degraded import answered_by
 from edge.journey import Journey, Relayed
 from edge.usage_audit import AuditedUsage
+from nearshore.httpkit import close_unframed
 from nearshore.protocol import sse
 from nearshore.protocol.answers import answer_for, stream_chunks
 from nearshore.protocol.headers import CACHE, CACHE_SIMILARITY, SERVER_TIMING
@@ -92,7 +93,9 @@ class CachedReply:
             answer, pieces(entry.text), finish, usage if body.wants_usage_chunk() else None
         )
         events = [sse.event(chunk) for chunk in chunks]
-        client = self.client if self.client is not None else web.StreamResponse(headers=sse.HEADERS)
+        client = self.client
+        if client is None:
+            client = close_unframed(journey.request, web.StreamResponse(headers=sse.HEADERS))
         if not client.prepared:
             client.headers.update(self._headers(audited))
             await client.prepare(journey.request)

@@ -27,6 +27,7 @@ from edge.sse_relay import SseRelay, StreamClock, StreamLimits, StreamOutcome
 from edge.upstream import Upstream
 from edge.usage_audit import AuditedUsage, Delivered
 from edge.watchdog import StreamWatchdog
+from nearshore.httpkit import close_unframed
 from nearshore.protocol import sse
 from nearshore.protocol.answers import answer_for
 from nearshore.protocol.errors import ApiError
@@ -223,7 +224,9 @@ def start_stream(journey: Journey) -> StreamReply:
     state, call, admission = journey.state, journey.call, journey.admission
     assert call is not None and admission is not None
     up = state.config.upstream
-    client = web.StreamResponse(headers={**sse.HEADERS, **call.client_headers})
+    client = close_unframed(
+        journey.request, web.StreamResponse(headers={**sse.HEADERS, **call.client_headers})
+    )
     limits = StreamLimits(
         event_budget(journey), response_budget(journey), admission.completion_tokens, up.max_bad_events
     )

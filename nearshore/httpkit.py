@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import msgspec
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from nearshore.bodies import BROKEN_BODY, check_json_depth, read_body
 from nearshore.listen import Address, listen
@@ -28,6 +28,7 @@ from nearshore.protocol.headers import CLIENT_REQUEST_ID, PROMETHEUS_CONTENT_TYP
 
 log = logging.getLogger("nearshore.http")
 T = TypeVar("T")
+R = TypeVar("R", bound=web.StreamResponse)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
@@ -42,6 +43,15 @@ def request_id_of(request: web.Request) -> str:
 def metrics_response(body: bytes) -> web.Response:
     """A Prometheus scrape's answer."""
     return web.Response(body=body, headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+
+def close_unframed(request: web.BaseRequest, response: R) -> R:
+    """``response``, an answer of unknown length (an event stream), closed with its connection when the
+    client speaks HTTP/1.0: without chunked framing the connection's end is the answer's end. aiohttp would
+    keep a keep-alive client's connection open after it, and the client would wait for an end never sent."""
+    if request.version < HttpVersion11:
+        response.force_close()
+    return response
 
 
 def error_response(error: ApiError, request_id: str | None = None) -> web.Response:

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from aiohttp import web
 
-from nearshore.httpkit import request_id_of
+from nearshore.httpkit import close_unframed, request_id_of
 from nearshore.protocol import sse
 from nearshore.protocol.errors import ApiError
 from nearshore.protocol.schemas import FinishReason, Usage
@@ -109,6 +109,7 @@ async def stream(
     what the client gets instead of each write (the Responses API's events)."""
     headers = {**sse.HEADERS, "x-request-id": request_id_of(request)}
     response = web.StreamResponse(headers=headers) if recode is None else _Recoded(recode, headers=headers)
+    close_unframed(request, response)
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, generation: Generation) -> None:

@@ -226,6 +226,28 @@ async def test_budget_exhausted_is_429_insufficient_quota(edge: Edge):
     KeyStore(edge.keys_db).close()
 
 
+async def test_a_stream_to_an_http10_client_ends_with_its_connection(edge: Edge):
+    """HTTP/1.0 has no chunked framing: a stream ends with its connection, even where the client asked to
+    keep it alive (so a request sent behind it is not answered)."""
+    body = json.dumps({**CHAT, "stream": True}).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n"
+        f"Authorization: Bearer {edge.new_key()}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    _host, port = edge.url.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(
+        "127.0.0.1", int(port), ssl=edge.ssl_context(), server_hostname="localhost"
+    )
+    try:
+        writer.write(head + body + b"GET /health HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 60)
+    finally:
+        writer.close()
+    assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(b"data: [DONE]\n\n")
+    assert answer.count(b"HTTP/1.0 ") == 1
+
+
 async def test_slow_headers_are_cut_off(edge: Edge):
     _host, port = edge.url.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(

@@ -24,6 +24,7 @@ from multidict import CIMultiDict
 from nearshore.bodies import BROKEN_BODY
 from nearshore.httpkit import (
     CLIENT_REQUEST_ID_KEY,
+    close_unframed,
     error_response,
     install_uvloop,
     metrics_response,
@@ -83,7 +84,7 @@ async def redirect(request: web.Request) -> web.Response:
 
 
 async def stream(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"x-streamed": "1"})
+    response = close_unframed(request, web.StreamResponse(headers={"x-streamed": "1"}))
     await response.prepare(request)
     await response.write(b"data: 1\n\n")
     await response.write_eof()
@@ -234,6 +235,29 @@ async def test_an_unhandled_exception_is_a_500_that_tells_nothing_and_the_server
     record = next(r for r in caplog.records if r.name == "nearshore.http")
     assert record.getMessage() == "unhandled error in GET /boom" and record.exc_info is not None
     assert (await get(client, region + "/ids"))[0] == 200
+
+
+async def test_a_stream_to_an_http10_client_ends_with_its_connection(region):
+    """HTTP/1.0 has no chunked framing, so a stream's end is its connection's end, even for a client that
+    asked to keep it alive; an HTTP/1.1 client keeps its connection for the next request."""
+    port = int(region.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /stream HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 30)  # to the end: the server closed it
+        assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(b"\r\n\r\ndata: 1\n\n")
+        assert b"keep-alive" not in answer.lower()
+    finally:
+        writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for _ in range(2):
+            writer.write(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+            assert await asyncio.wait_for(reader.readuntil(b"0\r\n\r\n"), 30)
+    finally:
+        writer.close()
 
 
 @pytest.mark.parametrize(
