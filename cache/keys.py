@@ -10,7 +10,8 @@ spacing and case carry meaning (Python differing only in indentation is two ques
 "keep every space: 'a      b'" and "... 'a b'" are two questions (issue 34, N12).
 
 Parameters are taken from the request's own fields, all of them except those that cannot change the text
-(``stream``, ``stream_options``, ``user``, and ``seed`` at temperature 0) and the conversation itself, so a
+(``stream``, ``stream_options``, ``user``, the client's labels such as ``metadata``, and ``seed`` at
+temperature 0) and the conversation itself, so a
 field added to the schema later partitions by default instead of being shared by mistake. ``temperature`` is
 as sent, with OpenAI's default 1.0 when omitted; the token limit is the effective one.
 """
@@ -29,7 +30,11 @@ from nearshore.protocol.schemas import ChatCompletionRequest, ChatMessage, Compl
 
 # Fields that do not change the answer's text, and the conversation, which is keyed on its own.
 _NOT_PARAMETERS = frozenset(
-    {"stream", "stream_options", "user", "messages", "prompt", "max_tokens", "max_completion_tokens"}
+    {
+        *("stream", "stream_options", "user", "messages", "prompt", "max_tokens", "max_completion_tokens"),
+        # the client's labels and hints, none of which a model reads
+        *("metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key", "modalities"),
+    }
 )
 _SPACE = re.compile(r"\s+")
 _CLOSING = re.compile(r"[\s?.!]+$")

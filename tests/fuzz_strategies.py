@@ -60,13 +60,22 @@ VALID_SAMPLING = {
     "stream": st.booleans(),
     "user": st.text(max_size=30),
 }
+# OpenAI's chat fields that change nothing a model writes (an SDK or a framework may send any of them).
+CHAT_LABELS = {
+    "metadata": st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=3),
+    "store": st.booleans(),
+    "service_tier": st.sampled_from(["auto", "default", "flex"]),
+    "safety_identifier": st.text(max_size=30),
+    "prompt_cache_key": st.text(max_size=30),
+    "modalities": st.just(["text"]),
+}
 VALID_CHAT = st.fixed_dictionaries(
     {
         "model": st.just(MODEL),
         "messages": st.lists(VALID_MESSAGE, min_size=1, max_size=4),
         "max_completion_tokens": st.integers(1, 3),
     },
-    optional=VALID_SAMPLING,
+    optional={**VALID_SAMPLING, **CHAT_LABELS},
 )
 VALID_COMPLETION = st.fixed_dictionaries(
     {
@@ -80,7 +89,10 @@ VALID_COMPLETION = st.fixed_dictionaries(
 def _mutated(valid: st.SearchStrategy[dict]) -> st.SearchStrategy[dict]:
     """A valid body with one field set to anything (or a field added), so the error is that one field's."""
     fields = st.sampled_from(
-        ["model", "messages", "prompt", *VALID_SAMPLING, "stream_options", "echo", "logprobs", "frobnicate"]
+        [
+            *("model", "messages", "prompt", *VALID_SAMPLING, *CHAT_LABELS),
+            *("stream_options", "echo", "logprobs", "frobnicate"),
+        ]
     )
     return st.tuples(valid, fields, ANY_JSON).map(lambda t: _cheap({**t[0], t[1]: t[2]}))
 

@@ -72,7 +72,9 @@ def _key(journey: Journey) -> CacheKey | None:
         return None  # a vector is cheap to make again and is not an answer to reuse
     if body.temperature != 0 and key.tenant not in settings.any_temperature_tenants:
         return None
-    return cache_key(body, scope_of(settings.scope, key.tenant in settings.shared_tenants, key, body.user))
+    return cache_key(
+        body, scope_of(settings.scope, key.tenant in settings.shared_tenants, key, body.end_user())
+    )
 
 
 def _audited(journey: Journey, key: CacheKey) -> Audited:

@@ -23,6 +23,7 @@ from nearshore.protocol.schemas import (
     MAX_TOOLS,
     ChatCompletionRequest,
     ChatMessage,
+    EndUser,
     FunctionCall,
     FunctionDefinition,
     FunctionName,
@@ -30,6 +31,7 @@ from nearshore.protocol.schemas import (
     JsonSchemaFormat,
     JsonSchemaResponseFormat,
     MaxTokens,
+    Metadata,
     ModelName,
     NamedFunction,
     NamedToolChoice,
@@ -45,10 +47,6 @@ from nearshore.protocol.schemas import (
 
 T = TypeVar("T")
 
-# OpenAI's bounds on metadata: 16 pairs, keys up to 64 characters, values up to 512.
-MetadataKey = Annotated[str, Meta(max_length=64)]
-MetadataValue = Annotated[str, Meta(max_length=512)]
-Metadata = Annotated[dict[MetadataKey, MetadataValue], Meta(max_length=16)]
 ResponseId = Annotated[str, Meta(min_length=1, max_length=128)]
 
 
@@ -97,8 +95,8 @@ class ResponsesRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     store: bool = True  # OpenAI's default: a response is kept unless the client says not to
     previous_response_id: ResponseId | None = None
     metadata: Metadata | None = None
-    user: Annotated[str, Meta(max_length=256)] | None = None
-    safety_identifier: Annotated[str, Meta(max_length=256)] | None = None
+    user: EndUser | None = None
+    safety_identifier: EndUser | None = None
     prompt_cache_key: Annotated[str, Meta(max_length=256)] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: Annotated[list[str], Meta(max_length=16)] | None = None

@@ -28,6 +28,11 @@ Stop = StopString | Annotated[list[StopString], Meta(max_length=16)]
 ModelName = Annotated[str, Meta(min_length=1, max_length=256)]
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "content_filter", "tool_calls"]
+# OpenAI's bounds on metadata: 16 pairs, keys up to 64 characters, values up to 512.
+MetadataKey = Annotated[str, Meta(max_length=64)]
+MetadataValue = Annotated[str, Meta(max_length=512)]
+Metadata = Annotated[dict[MetadataKey, MetadataValue], Meta(max_length=16)]
+EndUser = Annotated[str, Meta(max_length=256)]  # ``user``, ``safety_identifier``: who asked, for abuse checks
 # OpenAI's rule for a function's (and a response format's) name; and its cap on the tools of one request.
 FunctionName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 MAX_TOOLS = 128
@@ -138,13 +143,17 @@ class _SamplingFields(Struct, forbid_unknown_fields=True, kw_only=True):
     n: ChoiceCount = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: Annotated[str, Meta(max_length=256)] | None = None
+    user: EndUser | None = None
     response_format: ResponseFormat | None = None
     # vLLM's guided decoding, on both APIs: a JSON schema, a regex, a Lark grammar, or one of some strings.
     guided_json: dict[str, Any] | None = None
     guided_regex: str | None = None
     guided_grammar: str | None = None
     guided_choice: Annotated[list[str], Meta(min_length=1, max_length=1024)] | None = None
+
+    def end_user(self) -> str | None:
+        """Who the client says asked (its own id for its user), if it says."""
+        return self.user
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -181,10 +190,22 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # OpenAI's chat fields that do not change what a model writes: taken as OpenAI takes them, and passed on
+    # to a provider in a region's place. Nearshore's own regions keep no completions (``store``) and have
+    # one tier (``service_tier``); ``metadata`` and ``prompt_cache_key`` are the client's own labels.
+    metadata: Metadata | None = None
+    store: bool | None = None
+    service_tier: Annotated[str, Meta(max_length=64)] | None = None
+    safety_identifier: EndUser | None = None
+    prompt_cache_key: Annotated[str, Meta(max_length=256)] | None = None
+    modalities: Annotated[list[Literal["text"]], Meta(min_length=1)] | None = None  # text is all there is
 
     def top_logprobs_asked(self) -> int | None:
         """Alternatives per output token, or None when no log-probabilities are asked for."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def end_user(self) -> str | None:
+        return self.user or self.safety_identifier  # OpenAI's newer name for what ``user`` said
 
     def output_shape(self) -> str:
         # Tools the model may call come first: with them the answer is a call or text (auto), or a call.

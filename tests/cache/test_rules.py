@@ -52,6 +52,15 @@ def test_what_cannot_change_the_text_does_not_split_it_and_omitted_temperature_i
     assert base == cache_key(chat(temperature=0, user="someone"), "acme")
     assert cache_key(chat(), "acme") == cache_key(chat(temperature=1.0), "acme")
     assert cache_key(chat(max_tokens=9), "acme") == cache_key(chat(max_completion_tokens=9), "acme")
+    labels = {
+        "metadata": {"team": "search"},
+        "store": True,
+        "service_tier": "auto",
+        "safety_identifier": "hashed-user",
+        "prompt_cache_key": "faq",
+        "modalities": ["text"],
+    }
+    assert base == cache_key(chat(temperature=0, **labels), "acme")  # the client's labels, no model reads
 
 
 def test_tenants_and_conversations_never_share_a_partition():
@@ -117,3 +126,8 @@ def test_the_scope_setting_keeps_keys_or_users_apart_within_a_tenant():
     assert scope_of("user", True, key, "u1") == "shared"
     one, other = (cache_key(chat(), scope_of("user", False, key, u)) for u in ("u1", "u2"))
     assert one.partition != other.partition
+    # OpenAI's newer name for the end user counts as ``user`` does; ``user`` wins where both are sent.
+    assert (
+        chat(safety_identifier="u3").end_user() == "u3"
+        and chat(user="u1", safety_identifier="u3").end_user() == "u1"
+    )

@@ -94,6 +94,9 @@ def test_a_providers_body_has_what_was_said_and_no_null_or_default():
         "messages": [{"role": "user", "content": "hi"}],
         "temperature": 0.5,
         "stream": True,
+        "metadata": {"team": "search"},  # labels a provider reads and Nearshore's regions ignore
+        "store": False,
+        "service_tier": "auto",
     }
     body = region_body(msgspec.convert(asked, ChatCompletionRequest), 64)
     assert b"null" in body and b"continue_final_message" in body  # what Nearshore's regions get

@@ -5,6 +5,8 @@ logprobs, max_tokens 0 only with echo, the tool rules; each refusal an OpenAI-sh
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import pytest
 
@@ -46,6 +48,28 @@ def refusal(body) -> ApiError:
 )
 def test_supported_requests_pass(body):
     assert check_supported(body) is None
+
+
+def test_openais_chat_labels_are_taken_within_its_bounds():
+    """Fields OpenAI's chat API takes that change nothing a model writes: a client (an SDK, a framework) may
+    send them, and a provider in a region's place gets them (tests/edge/test_provider.py)."""
+    body = chat(
+        metadata={"team": "search"},
+        store=False,
+        service_tier="auto",
+        safety_identifier="hashed-user",
+        prompt_cache_key="faq",
+        modalities=["text"],
+    )
+    assert check_supported(body) is None and body.metadata == {"team": "search"}
+    for fields, param in [
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"metadata": {"k": "v" * 513}}, "metadata[...]"),
+        ({"modalities": ["text", "audio"]}, "modalities[1]"),
+        ({"safety_identifier": "x" * 257}, "safety_identifier"),
+    ]:
+        with pytest.raises(msgspec.ValidationError, match=r"\$\." + re.escape(param)):
+            chat(**fields)
 
 
 @pytest.mark.parametrize("make", [chat, completion])
