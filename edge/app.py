@@ -20,6 +20,7 @@ from edge.admission import authenticate
 from edge.health import operator_health, public_health
 from edge.inflight import drain
 from edge.journey import Journey, Kind
+from edge.keys import ApiKey
 from edge.keys_admin import add_admin_routes
 from edge.pipeline import Pipeline, run_journey
 from edge.request_log import log_journey
@@ -34,13 +35,14 @@ from nearshore.httpkit import (
     request_id_of,
 )
 from nearshore.protocol import trace
-from nearshore.protocol.errors import NOT_FOUND, ApiError
+from nearshore.protocol.errors import MODEL_NOT_FOUND, NOT_FOUND, ApiError
 from nearshore.protocol.schemas import ModelCard, ModelList, json_encoder
 
 log = logging.getLogger("nearshore.edge")
 
 __all__ = ["EDGE", "PIPELINE", "EdgeState", "create_app", "create_metrics_app"]
 PIPELINE = web.AppKey("pipeline", Pipeline)
+API_PREFIXES = ("/v1", "")
 
 
 def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Application:
@@ -52,12 +54,15 @@ def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Applic
     app[PIPELINE] = pipeline or default_pipeline()
     app.cleanup_ctx.append(_lifetime)
     app.on_shutdown.append(_drain)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
-    app.router.add_post("/v1/responses", responses)
-    responses_api.add_routes(app)
-    app.router.add_get("/v1/models", list_models)
+    # Each API path with and without /v1: a client whose base URL leaves it out (as LiteLLM's proxy takes).
+    for prefix in API_PREFIXES:
+        app.router.add_post(prefix + "/chat/completions", chat_completions)
+        app.router.add_post(prefix + "/completions", completions)
+        app.router.add_post(prefix + "/embeddings", embeddings)
+        app.router.add_post(prefix + "/responses", responses)
+        responses_api.add_routes(app, prefix)
+        app.router.add_get(prefix + "/models", list_models)
+        app.router.add_get(prefix + "/models/{model:.+}", retrieve_model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", guarded_metrics)
     return app
@@ -117,9 +122,29 @@ async def responses(request: web.Request) -> web.StreamResponse:
 async def list_models(request: web.Request) -> web.Response:
     state = request.app[EDGE]
     key = authenticate(request, state)
-    names = [*state.config.models, *state.aliases]
-    cards = [ModelCard(id=m, created=0) for m in names if key.allows(m) or m in state.aliases]
+    cards = [
+        ModelCard(id=m, created=0) for m in (*state.config.models, *state.aliases) if _lists(state, key, m)
+    ]
     return web.Response(body=json_encoder.encode(ModelList(cards)), content_type="application/json")
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """One model's card (the OpenAI client's ``models.retrieve``): a model the list shows this key, else
+    404 as OpenAI answers a model it does not have."""
+    state = request.app[EDGE]
+    key = authenticate(request, state)
+    name = request.match_info["model"]
+    if not _lists(state, key, name):
+        raise ApiError(MODEL_NOT_FOUND, f"The model `{name}` does not exist.", param="model")
+    return web.Response(
+        body=json_encoder.encode(ModelCard(id=name, created=0)), content_type="application/json"
+    )
+
+
+def _lists(state: EdgeState, key: ApiKey, model: str) -> bool:
+    """Whether /v1/models shows ``model`` to ``key``: a model the key may use, or an alias (whose pick the
+    key's models bound, edge/stages/rightsize.py)."""
+    return model in state.aliases or (model in state.config.models and key.allows(model))
 
 
 async def health(request: web.Request) -> web.Response:

