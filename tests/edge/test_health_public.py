@@ -10,6 +10,7 @@ import re
 import socket
 import ssl
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -218,13 +219,20 @@ async def test_the_route_explanation_is_only_for_keys_allowed_it(tmp_path: Path)
         edge.stop()
 
 
-def send_raw(edge: Edge, raw: bytes) -> bytes:
-    """One request's bytes on a TLS connection of its own; the status line of the answer."""
+@contextlib.contextmanager
+def tls_to(edge: Edge) -> Iterator[ssl.SSLSocket]:
+    """A TLS connection of its own to the edge."""
     port = int(edge.url.rsplit(":", 1)[1])
     with (
         socket.create_connection(("127.0.0.1", port)) as plain,
         edge.ssl_context().wrap_socket(plain, server_hostname="localhost") as tls,
     ):
+        yield tls
+
+
+def send_raw(edge: Edge, raw: bytes) -> bytes:
+    """One request's bytes on a TLS connection of its own; the status line of the answer."""
+    with tls_to(edge) as tls:
         tls.sendall(raw)
         tls.settimeout(5)
         return tls.recv(100).split(b"\r\n")[0]
@@ -233,14 +241,10 @@ def send_raw(edge: Edge, raw: bytes) -> bytes:
 def answer_raw(edge: Edge, raw: bytes) -> tuple[bytes, bytes, bytes]:
     """One request's bytes on a TLS connection of its own; the answer's status line, head and body (read to
     the connection's end: the edge closes it after a request it could not parse)."""
-    port = int(edge.url.rsplit(":", 1)[1])
-    with (
-        socket.create_connection(("127.0.0.1", port)) as plain,
-        edge.ssl_context().wrap_socket(plain, server_hostname="localhost") as tls,
-    ):
+    answer = b""
+    with tls_to(edge) as tls:
         tls.sendall(raw)
         tls.settimeout(10)
-        answer = b""
         with contextlib.suppress(ConnectionError, ssl.SSLError):
             while chunk := tls.recv(65536):
                 answer += chunk
