@@ -21,12 +21,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
-from nearshore.http_log import parse_error_words
-from nearshore.protocol.errors import ApiError, kind_for_status
+from nearshore.api_runner import ApiRequestHandler
 
 log = logging.getLogger("nearshore.edge.guard")
 
@@ -40,7 +37,7 @@ class GuardSettings:
     tls: ssl.SSLContext | None = None
 
 
-class GuardedRequestHandler(RequestHandler):
+class GuardedRequestHandler(ApiRequestHandler):
     __slots__ = ("_first_head_s", "_head_timer", "_header_timeout_s")
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -61,26 +58,6 @@ class GuardedRequestHandler(RequestHandler):
     def request_finished(self, keepalive_timeout_s: float) -> None:
         # The next request on this connection gets the idle allowance plus the header allowance.
         self.arm_head_timer(keepalive_timeout_s + self._header_timeout_s)
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        """aiohttp's own answer (a request it cannot parse, before any handler runs) in the API's error shape,
-        so that a client reads it as it reads every other error. Its text is the parse error's fixed words,
-        never the client's bytes that aiohttp's message quotes."""
-        super().handle_error(request, status, exc, message)  # logs it; raises if the answer had begun
-        if isinstance(exc, HttpProcessingError):
-            text = f"The request is not valid HTTP/1.1: {parse_error_words(exc)}."
-        else:
-            text = "internal error" if status >= 500 else "The request could not be read."
-        error = ApiError(kind_for_status(status), text)
-        response = web.Response(status=status, body=error.to_json(), content_type="application/json")
-        response.force_close()  # what the parser saw last cannot be trusted to end where it says
-        return response
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if getattr(self, "_head_timer", None) is not None:

@@ -14,6 +14,7 @@ from typing import TypeVar
 import msgspec
 from aiohttp import HttpVersion11, web
 
+from nearshore.api_runner import ApiRunner
 from nearshore.bodies import BROKEN_BODY, check_json_depth, read_body
 from nearshore.listen import Address, listen
 from nearshore.listen import serve as listen_and_serve
@@ -160,5 +161,5 @@ async def serve(
     client disconnects; pass another to tune the server."""
     listener = listen(Address("--port", host, port))
     if runner is None:
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        runner = ApiRunner(app, handler_cancellation=True, access_log=None)
     await listen_and_serve(runner, listener, on_ready=on_ready, ssl_context=ssl_context, stop=stop)

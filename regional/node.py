@@ -9,6 +9,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from nearshore.api_runner import ApiRunner
 from nearshore.httpkit import install_uvloop
 from nearshore.listen import Listener, serve
 from nearshore.tls import server_context
@@ -102,8 +103,9 @@ def run_region(app: web.Application, config: RegionConfig, listener: Listener) -
         log.info("region %s serving %s on %s://%s:%d", config.name, config.model.name, scheme, host, actual)
 
     # Bodies are inflated by read_json, within max_body_bytes, so that a bad or unknown Content-Encoding
-    # is an OpenAI-shaped error instead of aiohttp's plain-text 400 and a logged traceback.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
+    # is an OpenAI-shaped error instead of aiohttp's plain-text 400 and a logged traceback; a request that
+    # is not HTTP is one too (ApiRunner).
+    runner = ApiRunner(app, handler_cancellation=True, access_log=None, auto_decompress=False)
     exit_on_failure = ExitOnEngineFailure(config.engine.failed_exit_delay_s)
     app[SERVICE].engine.on_fatal = exit_on_failure
     asyncio.run(

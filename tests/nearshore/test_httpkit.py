@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import logging
 import re
 import signal
@@ -21,6 +22,7 @@ import pytest
 from aiohttp import web
 from multidict import CIMultiDict
 
+from nearshore.api_runner import ApiRunner
 from nearshore.bodies import BROKEN_BODY
 from nearshore.httpkit import (
     CLIENT_REQUEST_ID_KEY,
@@ -112,7 +114,7 @@ def app_with(*middlewares) -> web.Application:
 
 @asynccontextmanager
 async def serving(app: web.Application, auto_decompress: bool = False) -> AsyncIterator[str]:
-    runner = web.AppRunner(app, auto_decompress=auto_decompress, access_log=None)
+    runner = ApiRunner(app, auto_decompress=auto_decompress, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -235,6 +237,34 @@ async def test_an_unhandled_exception_is_a_500_that_tells_nothing_and_the_server
     record = next(r for r in caplog.records if r.name == "nearshore.http")
     assert record.getMessage() == "unhandled error in GET /boom" and record.exc_info is not None
     assert (await get(client, region + "/ids"))[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b"GET /ids HTTP/1.1\r\nHost: x\r\nX-Key: ns-secret\x00\r\n\r\n", "Invalid header value char"),
+        (b"GET /ids HTTP/1.1\r\nX-Big: " + b"ns-secret" * 2000 + b"\r\n\r\n", "Got more than"),
+        (b"POST /json HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n{}", "can't be"),
+    ],
+)
+async def test_a_request_that_is_not_http_gets_the_apis_400_without_its_bytes(region, raw, words):
+    """aiohttp refuses it before any handler or middleware runs; the runner answers in the API's shape."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", int(region.rsplit(":", 1)[1]))
+    try:
+        writer.write(raw)
+        answer = await asyncio.wait_for(reader.read(), 30)  # the connection is closed after it
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert (
+        head.split(b"\r\n")[0].endswith(b" 400 Bad Request")
+        and b"content-type: application/json" in head.lower()
+    )
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and words in error["message"]
+    assert b"ns-secret" not in answer
+    async with aiohttp.ClientSession() as session:  # and it serves on
+        assert (await get(session, region + "/ids"))[0] == 200
 
 
 async def test_a_stream_to_an_http10_client_ends_with_its_connection(region):
