@@ -72,6 +72,9 @@ def test_the_openai_client_retrieves_the_keys_models_with_or_without_v1_in_its_b
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
         )
         assert answer.choices[0].message.content == " token token"
+        response = client.responses.create(model=MODEL, input="hi", max_output_tokens=2)
+        assert response.output_text == " token token"
+        assert client.responses.retrieve(response.id).output_text == " token token"
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(
                 base_url=edge.url + base,
