@@ -54,7 +54,7 @@ class ToolCall(Struct, forbid_unknown_fields=True):
     type: Literal["function"] = "function"
 
 
-class ChatMessage(Struct, forbid_unknown_fields=True):
+class ChatMessage(Struct, forbid_unknown_fields=True, omit_defaults=True):
     role: Role
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -122,8 +122,10 @@ class NamedToolChoice(Struct, forbid_unknown_fields=True):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class _SamplingFields(Struct, forbid_unknown_fields=True, kw_only=True):
-    """The fields chat and completion requests share."""
+class _SamplingFields(Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    """The fields chat and completion requests share. Encoded (the body an edge sends a region), a field
+    at its default is left out: a region one release behind, which forbids the fields it does not know,
+    still takes a request that does not use a newer one."""
 
     model: ModelName
     max_tokens: MaxTokens | None = None

@@ -29,6 +29,18 @@ def test_the_region_body_says_the_reserved_max_tokens_when_the_client_named_none
     assert json.loads(region_body(scored, 16))["max_tokens"] == 0
 
 
+def test_the_region_body_leaves_out_what_is_at_its_default():
+    """What a region one release behind still takes: it forbids the fields it does not know, and a request
+    that does not use a newer field does not send it (not even as null)."""
+    chat = chat_request_decoder.decode(b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}')
+    assert set(json.loads(region_body(chat, 256))) == {"model", "messages", "max_tokens"}
+    labelled = msgspec.structs.replace(chat, metadata={"team": "a"}, temperature=0.0)
+    assert json.loads(region_body(labelled, 256))["metadata"] == {"team": "a"}  # what was said goes
+    assert json.loads(region_body(labelled, 256))["temperature"] == 0.0
+    completion = completion_request_decoder.decode(b'{"model": "m", "prompt": "hi", "echo": true}')
+    assert set(json.loads(region_body(completion, 16))) == {"model", "prompt", "echo", "max_tokens"}
+
+
 def test_a_stream_asks_for_usage_and_a_fallback_is_asked_by_its_own_name():
     chat = chat_request_decoder.decode(
         b'{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}'
