@@ -101,9 +101,11 @@ def region_drain_s() -> float:
     the AppRunner in regional/node.py, or aiohttp's default when it passes none."""
     tree = ast.parse((ROOT / "regional" / "node.py").read_text())
     calls = [
-        n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("AppRunner")
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and ast.unparse(n.func).endswith(("AppRunner", "ApiRunner"))
     ]
-    assert len(calls) == 1, "run_region builds one AppRunner"
+    assert len(calls) == 1, "run_region builds one runner (ApiRunner is aiohttp's AppRunner)"
     for keyword in calls[0].keywords:
         if keyword.arg == "shutdown_timeout":
             return float(ast.literal_eval(keyword.value))
