@@ -44,6 +44,7 @@ log = logging.getLogger("nearshore.edge")
 __all__ = ["EDGE", "PIPELINE", "EdgeState", "create_app", "create_metrics_app"]
 PIPELINE = web.AppKey("pipeline", Pipeline)
 API_PREFIXES = ("/v1", "")
+STARTED_AT = int(time.time())  # a model card's ``created``, as the region gives it
 
 
 def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Application:
@@ -126,7 +127,9 @@ async def list_models(request: web.Request) -> web.Response:
     state = request.app[EDGE]
     key = authenticate(request, state)
     cards = [
-        ModelCard(id=m, created=0) for m in (*state.config.models, *state.aliases) if _lists(state, key, m)
+        ModelCard(id=m, created=STARTED_AT)
+        for m in (*state.config.models, *state.aliases)
+        if _lists(state, key, m)
     ]
     return web.Response(body=json_encoder.encode(ModelList(cards)), content_type="application/json")
 
@@ -140,7 +143,7 @@ async def retrieve_model(request: web.Request) -> web.Response:
     if not _lists(state, key, name):
         raise ApiError(MODEL_NOT_FOUND, f"The model `{name}` does not exist.", param="model")
     return web.Response(
-        body=json_encoder.encode(ModelCard(id=name, created=0)), content_type="application/json"
+        body=json_encoder.encode(ModelCard(id=name, created=STARTED_AT)), content_type="application/json"
     )
 
 

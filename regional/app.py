@@ -12,7 +12,7 @@ from aiohttp import web
 from nearshore.httpkit import Handler, metrics_response, openai_errors, read_json, request_id_of, request_ids
 from nearshore.protocol import sse
 from nearshore.protocol.answers import ChatAnswer, TextAnswer
-from nearshore.protocol.errors import INVALID_API_KEY, UNSUPPORTED_PARAMETER, ApiError
+from nearshore.protocol.errors import INVALID_API_KEY, MODEL_NOT_FOUND, UNSUPPORTED_PARAMETER, ApiError
 from nearshore.protocol.headers import EDGE_SECRET
 from nearshore.protocol.response_events import ResponseEvents, ResponseFrame, whole_response
 from nearshore.protocol.responses import chat_request, input_items, responses_request_decoder
@@ -71,6 +71,7 @@ def create_app(
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/responses", responses)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", retrieve_model)
     if embeddings is not None:
         add_embeddings(app, embeddings)
     app.router.add_get("/health", health)
@@ -214,11 +215,24 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    names = set(request.app[SERVICE].model_names)
-    if embeddings := request.app.get(EMBEDDINGS):
-        names |= embeddings.model_names
-    cards = [ModelCard(id=name, created=STARTED_AT) for name in sorted(names)]
+    cards = [ModelCard(id=name, created=STARTED_AT) for name in sorted(_served(request.app))]
     return web.Response(body=json_encoder.encode(ModelList(cards)), content_type="application/json")
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """One model's card (the OpenAI client's ``models.retrieve``)."""
+    name = request.match_info["model"]
+    if name not in _served(request.app):
+        raise ApiError(MODEL_NOT_FOUND, f"The model `{name}` does not exist.", param="model")
+    card = ModelCard(id=name, created=STARTED_AT)
+    return web.Response(body=json_encoder.encode(card), content_type="application/json")
+
+
+def _served(app: web.Application) -> set[str]:
+    names = set(app[SERVICE].model_names)
+    if embeddings := app.get(EMBEDDINGS):
+        names |= embeddings.model_names
+    return names
 
 
 async def health(request: web.Request) -> web.Response:

@@ -77,6 +77,10 @@ def test_seeded_sampling_is_repeatable(client: openai.OpenAI):
 
 
 def test_errors_map_to_openai_exceptions(client: openai.OpenAI):
+    assert client.models.retrieve(MODEL).id == MODEL and client.models.retrieve(MODEL).created > 0
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, messages=[], max_tokens=2)
     assert bad.value.body["param"] == "messages"
