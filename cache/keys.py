@@ -11,9 +11,9 @@ spacing and case carry meaning (Python differing only in indentation is two ques
 
 Parameters are taken from the request's own fields, all of them except those that cannot change the text
 (``stream``, ``stream_options``, ``user``, the client's labels such as ``metadata``, and ``seed`` at
-temperature 0) and the conversation itself, so a
-field added to the schema later partitions by default instead of being shared by mistake. ``temperature`` is
-as sent, with OpenAI's default 1.0 when omitted; the token limit is the effective one.
+temperature 0) and the conversation itself, so a field added to the schema later partitions by default
+instead of being shared by mistake. ``temperature`` is as sent, with OpenAI's default 1.0 when omitted; the
+token limit is the effective one.
 """
 
 from __future__ import annotations

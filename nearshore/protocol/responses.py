@@ -35,7 +35,9 @@ from nearshore.protocol.schemas import (
     ModelName,
     NamedFunction,
     NamedToolChoice,
+    PromptCacheKey,
     ResponseFormat,
+    ServiceTier,
     StreamOptions,
     Temperature,
     TextFormat,
@@ -97,11 +99,11 @@ class ResponsesRequest(Struct, forbid_unknown_fields=True, kw_only=True):
     metadata: Metadata | None = None
     user: EndUser | None = None
     safety_identifier: EndUser | None = None
-    prompt_cache_key: Annotated[str, Meta(max_length=256)] | None = None
+    prompt_cache_key: PromptCacheKey | None = None
     truncation: Literal["auto", "disabled"] | None = None
     include: Annotated[list[str], Meta(max_length=16)] | None = None
     background: bool | None = None
-    service_tier: str | None = None
+    service_tier: ServiceTier | None = None
     reasoning: Reasoning | None = None
 
     def check_supported(self) -> None:

@@ -33,6 +33,8 @@ MetadataKey = Annotated[str, Meta(max_length=64)]
 MetadataValue = Annotated[str, Meta(max_length=512)]
 Metadata = Annotated[dict[MetadataKey, MetadataValue], Meta(max_length=16)]
 EndUser = Annotated[str, Meta(max_length=256)]  # ``user``, ``safety_identifier``: who asked, for abuse checks
+PromptCacheKey = Annotated[str, Meta(max_length=256)]  # the client's hint for prefix caching
+ServiceTier = Annotated[str, Meta(max_length=64)]  # auto, default, flex, ...: one tier here
 # OpenAI's rule for a function's (and a response format's) name; and its cap on the tools of one request.
 FunctionName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 MAX_TOOLS = 128
@@ -197,9 +199,9 @@ class ChatCompletionRequest(_SamplingFields, kw_only=True):
     # one tier (``service_tier``); ``metadata`` and ``prompt_cache_key`` are the client's own labels.
     metadata: Metadata | None = None
     store: bool | None = None
-    service_tier: Annotated[str, Meta(max_length=64)] | None = None
+    service_tier: ServiceTier | None = None
     safety_identifier: EndUser | None = None
-    prompt_cache_key: Annotated[str, Meta(max_length=256)] | None = None
+    prompt_cache_key: PromptCacheKey | None = None
     modalities: Annotated[list[Literal["text"]], Meta(min_length=1)] | None = None  # text is all there is
 
     def top_logprobs_asked(self) -> int | None:

@@ -87,7 +87,7 @@ class SseParser:
         """The data of ``piece``, stripped, when it is one whole event of one ``data:`` line and nothing
         unfinished is held: nearly every piece of a stream, read without a split or a copy of the piece.
         None when it is anything else (:meth:`blocks` reads it then)."""
-        if self._buffer or self._cr or not piece.startswith(b"data:"):
+        if not self.idle or not piece.startswith(b"data:"):
             return None
         if piece.find(b"\n") != len(piece) - 2 or not piece.endswith(b"\n\n"):
             return None
