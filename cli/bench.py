@@ -57,6 +57,13 @@ def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interval-ms", type=float, default=20.0, help="the pacer's gap between tokens (default 20)"
     )
+    parser.add_argument(
+        "--clock",
+        choices=["stream", "step"],
+        default="stream",
+        help="the pacer's clock: each stream's own from its arrival (default), or one step clock for every "
+        "stream, as a region's batched decoder emits tokens (concurrent streams' events arrive together)",
+    )
     parser.add_argument("--no-nginx", action="store_true", help="skip nginx")
     parser.add_argument(
         "--nginx", default="", help="nginx binary (default: nginx on PATH, else /usr/sbin/nginx)"

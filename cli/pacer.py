@@ -25,6 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="report this load state as a region does (x-nearshore-load, /health's load); default: none",
     )
+    parser.add_argument(
+        "--clock",
+        choices=["stream", "step"],
+        default="stream",
+        help="each stream paced from its own arrival (default), or every stream's tokens on one shared "
+        "step clock, as a region's batched decoder emits them",
+    )
     parser.add_argument("--name", default="pacer")
 
 
@@ -38,6 +45,7 @@ def main(args: argparse.Namespace) -> int:
         args.name,
         args.eof_delay_ms / 1000,
         args.load_state,
+        step_clock=args.clock == "step",
     )
     asyncio.run(serve(create_app(settings), args.host, args.port))
     return 0

@@ -50,6 +50,8 @@ from harness.client import Stream
 from harness.procs import ProcessFailed
 from harness.stats import percentile
 
+# How the pacer's clock is said in the report's first line.
+_CLOCKS = {"stream": "each stream on its own clock", "step": "every stream on one step clock"}
 BUNCHED = 0.25  # a gap shorter than this share of the pacer's interval: two chunks arrived together
 
 
@@ -63,6 +65,7 @@ class EdgeBench:
     rounds: int  # rounds per level, paths interleaved
     tokens: int  # tokens per stream
     interval_ms: float  # the pacer's gap between tokens
+    clock: str  # the pacer's clock: "stream" (each stream's own, from its arrival) or "step" (one, shared)
     no_nginx: bool
     nginx: str  # nginx binary ("": on PATH, else /usr/sbin/nginx)
     # also the bare byte relay (bench/edge/floor.py), what the runtime alone costs, and the edge's frame
@@ -296,7 +299,8 @@ def run(bench: EdgeBench) -> dict:
         )
     report: dict = {"settings": asdict(bench), "environment": peers.versions(nginx, litellm)}
     print(
-        f"edge overhead bench: pacer {bench.tokens} tokens every {bench.interval_ms:g} ms; "
+        f"edge overhead bench: pacer {bench.tokens} tokens every {bench.interval_ms:g} ms "
+        f"({_CLOCKS[bench.clock]}); "
         f"levels {bench.concurrency}; {bench.rounds} rounds per level, paths interleaved; logs in {logs}",
         flush=True,
     )
@@ -336,7 +340,7 @@ def _run_parts(
     """The stream part, then the ramp and the non-streamed part, each with its own processes."""
     with asyncio.Runner(loop_factory=_event_loop_factory()) as runner, contextlib.ExitStack() as stack:
         pacer = peers.start_stand_in(
-            logs, "pacer", "pacer", tokens=bench.tokens, interval_ms=bench.interval_ms
+            logs, "pacer", "pacer", tokens=bench.tokens, interval_ms=bench.interval_ms, clock=bench.clock
         )
         stack.callback(pacer.stop)
         targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]

@@ -2,7 +2,10 @@
 
 It speaks the regional node's API (OpenAI chat and completions, SSE, usage) without a model, so a
 benchmark or a test measures the proxy in front of it, not decoding. Its pace is exact and it costs
-little CPU: every chunk is encoded once at start. It can also misbehave on purpose: answer with an
+little CPU: every chunk is encoded once at start. Each stream keeps its own clock from its arrival
+(``--clock stream``, the default), or every stream's tokens leave on one shared step clock (``--clock
+step``), as a region's batched decoder emits them: one token for each running sequence per step, whenever
+each sequence joined. It can also misbehave on purpose: answer with an
 error status, or drop the connection after a number of tokens. With a load state (``--load-state loading``)
 it reports its load as a region does (``x-nearshore-load`` on every response, ``load`` in /health), so a
 test can show the edge a replica that is still loading its model.
@@ -37,9 +40,11 @@ class PacerSettings:
         name: str,
         eof_delay_s: float = 0,
         load_state: LoadState | None = None,
+        step_clock: bool = False,
     ) -> None:
         self.tokens = tokens
         self.interval_s = interval_s
+        self.step_clock = step_clock  # tokens leave on one clock shared by every stream (a batched decoder's)
         self.fail_status = fail_status
         self.break_after = break_after
         # The end of the HTTP response trails [DONE] by this long, as it can when a network splits them.
@@ -133,7 +138,7 @@ async def _answer_paced(request: web.Request, settings: PacerSettings) -> web.St
     rid = request.headers.get("x-request-id", "pacer")
     if not body.get("stream"):
         answer = answer_for(chat, rid, body.get("model"))  # a request without a model gets null, as before
-        await asyncio.sleep(settings.interval_s * n)
+        await asyncio.sleep(_first_token_delay(settings) + settings.interval_s * (n - 1) if n else 0.0)
         return web.Response(
             body=json_encoder.encode(answer.whole(WORD * n, "length", usage)),
             content_type="application/json",
@@ -143,7 +148,7 @@ async def _answer_paced(request: web.Request, settings: PacerSettings) -> web.St
     chunks = _chunks(answer_for(chat, rid, body.get("model", "")), n, usage)
     include_usage = (body.get("stream_options") or {}).get("include_usage", False)
     response = web.StreamResponse(headers={**sse.HEADERS, "Server-Timing": "queue;dur=0, prefill;dur=0"})
-    await asyncio.sleep(settings.interval_s)  # "prefill": the first token takes one interval too
+    await asyncio.sleep(_first_token_delay(settings))  # "prefill": the first token takes an interval too
     await response.prepare(request)
     started = time.perf_counter()
     for i, chunk in enumerate(chunks.tokens):
@@ -163,6 +168,20 @@ async def _answer_paced(request: web.Request, settings: PacerSettings) -> web.St
         await asyncio.sleep(settings.eof_delay_s)
     await response.write_eof()
     return response
+
+
+def _first_token_delay(settings: PacerSettings) -> float:
+    """How long the first token takes: one interval, or on the step clock until the first step at least
+    one interval away (later tokens keep the interval from there, so they stay on the steps)."""
+    return step_delay(time.perf_counter(), settings.interval_s, settings.step_clock)
+
+
+def step_delay(now: float, interval_s: float, step_clock: bool) -> float:
+    """The wait from ``now`` to the first token: ``interval_s``, or on the step clock (steps at the
+    multiples of ``interval_s``) to the first step at least ``interval_s`` after ``now``."""
+    if not step_clock or interval_s <= 0:
+        return interval_s
+    return interval_s + (-now) % interval_s
 
 
 class _Chunks:
