@@ -4,7 +4,10 @@ Writes commit on the event loop's own thread, in groups: every record handed in 
 loop is inserted in one transaction at the end of that turn, then each waiter resumes. A commit in WAL
 mode with ``synchronous=NORMAL`` writes the WAL without an fsync (tens of microseconds), which is cheaper
 than handing records to a writer thread and back: waking a sleeping thread costs milliseconds on small
-virtual machines, and the wait sits between a stream's last token and its ``[DONE]``.
+virtual machines, and the wait sits between a stream's last token and its ``[DONE]``. Copying the WAL into
+the database (a checkpoint, which syncs both files) is left to a thread of the ledger's own
+(:mod:`nearshore.wal_checkpoint`): SQLite's default ran it inside every ~350th commit, on the loop, for
+5-10 ms each time here.
 
 The loop never waits for the file longer than another worker's commit takes (a 5 ms busy timeout).
 When the file cannot take a group (another process holds its write lock, the disk is full, it went
@@ -33,6 +36,7 @@ import msgspec
 
 from edge.ledger_spool import Spool
 from edge.sqlite_columns import add_missing_columns
+from nearshore.wal_checkpoint import WalCheckpointer, leave_checkpoints_out
 
 log = logging.getLogger("nearshore.ledger")
 
@@ -177,6 +181,7 @@ def _connect(path: Path, busy_ms: int = 5000) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode = WAL")
     db.execute("PRAGMA synchronous = NORMAL")
     db.execute(f"PRAGMA busy_timeout = {busy_ms}")
+    leave_checkpoints_out(db)  # a commit on the loop must not stall it copying the WAL: a thread does
     return db
 
 
@@ -198,6 +203,7 @@ class Ledger:
         # held longer sends the group to the spool, and the groups after it go there without waiting.
         self._writer_db = _connect(self.path, busy_ms=WRITER_BUSY_MS)
         self._replay_db = _connect(self.path, busy_ms=REPLAY_BUSY_MS)
+        self.checkpoints = WalCheckpointer(self.path, name="ledger")
         self._pending: list[_Pending] = []
         self._flush_scheduled = False
         self._closed = False
@@ -269,6 +275,7 @@ class Ledger:
             )
         self._writer_db.close()
         self._replay_db.close()
+        self.checkpoints.stop()
         with self._read_lock:
             self._reader.close()
 
@@ -304,6 +311,7 @@ class Ledger:
             for pending in batch:
                 self._write(db, [pending])
             return
+        self.checkpoints.committed()
         _settle(batch, None)
 
     def _to_spool(self, batch: list[_Pending]) -> None:
@@ -378,6 +386,7 @@ class Ledger:
                 raise
         except sqlite3.OperationalError:
             return -1
+        self.checkpoints.committed()
         return len(rows)
 
     def _replay_once(self) -> None:
