@@ -310,7 +310,9 @@ def run(bench: EdgeBench) -> dict:
             stores.callback(city.stop)
         _run_parts(bench, logs, nginx, litellm, routing, city, notes, report)
     report["ratios"] = edge_report.ratios(report["streams"])
-    report["targets"] = edge_report.targets(report["streams"], report.get("throughput"))
+    report["targets"] = edge_report.targets(
+        report["streams"], report.get("throughput"), ttft=bench.clock == "stream"
+    )
     report["routing"] = edge_routing.summary(report["streams"], report.get("throughput"))
     report["fleet"] = paired.compare(
         report["streams"], report.get("throughput"), "edge" + edge_fleet.SUFFIX, "edge"

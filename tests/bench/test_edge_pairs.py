@@ -57,3 +57,18 @@ def test_with_tls_on_both_the_edge_is_set_against_nginx(capsys: pytest.CaptureFi
     assert "non-streamed requests/s 0.25x nginx's" in line
     report.print_tls_ratios(ROWS[:1], None)  # no TLS paths ran: no line
     assert capsys.readouterr().out == ""
+
+
+def test_on_a_step_clock_the_targets_leave_ttft_out_and_keep_cpu_and_throughput():
+    rows = [
+        {**row("edge", level, 2.0), "ttft_p50_overhead_ms": 0.1, "bunched_pct": 0.0} for level in (1, 10, 50)
+    ] + [{**row("nginx", level, 0.5), "bunched_pct": 0.0} for level in (1, 10, 50)]
+    own_clock = {t["target"] for t in report.targets(rows, THROUGHPUT)}
+    on_steps = {t["target"] for t in report.targets(rows, THROUGHPUT, ttft=False)}
+    assert {t for t in own_clock if t.startswith("+TTFT")} == {
+        "+TTFT p50 < 0.5 ms at x1",
+        "+TTFT p50 < 3 ms at x50",
+    }
+    assert on_steps == {t for t in own_clock if not t.startswith("+TTFT")}
+    assert "CPU per streamed request within 2x nginx's at x10" in on_steps
+    assert "non-streamed throughput at least half of nginx's" in on_steps
