@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from nearshore import logsafe
 from nearshore.config import ConfigError
 from nearshore.listen import BindError
+from nearshore.log_writer import BackgroundStreamHandler
 
 
 @dataclass(frozen=True)
@@ -320,11 +321,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    if not logging.getLogger().handlers:  # (as basicConfig: a caller's own logging, a test's, stays)
+        logging.basicConfig(
+            level=logging.DEBUG if args.verbose else logging.INFO,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            handlers=[BackgroundStreamHandler(sys.stderr)],  # a stalled log reader must not stall the loop
+        )
     logsafe.install()  # no secret reaches a log line, whoever logs it
     try:
         return args.run(args)
