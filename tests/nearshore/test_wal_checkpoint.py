@@ -5,11 +5,11 @@ what was committed, and its last checkpoint runs when it stops."""
 from __future__ import annotations
 
 import sqlite3
-import time
 from pathlib import Path
 
-from edge.ledger import Ledger, UsageRecord
+from edge.ledger import Ledger
 from nearshore.wal_checkpoint import WalCheckpointer, leave_checkpoints_out
+from tests.edge.test_ledger_degraded import usage
 
 PAGE = 4096
 DEFAULT_AUTOCHECKPOINT_PAGES = 1000
@@ -85,29 +85,11 @@ def test_stopping_runs_a_last_checkpoint(tmp_path: Path):
         db.close()
 
 
-def record(n: int) -> UsageRecord:
-    return UsageRecord(
-        request_id=f"req-{n}",
-        ts=time.time(),
-        key_id="k",
-        tenant="t",
-        model="m",
-        region="r",
-        prompt_tokens=1,
-        cached_tokens=0,
-        completion_tokens=1,
-        cache_status="bypass",
-        cost_usd=0.0,
-        status="ok",
-        http_status=200,
-    )
-
-
 async def test_the_ledgers_commits_leave_the_copying_to_its_thread(tmp_path: Path):
     ledger = Ledger(tmp_path / "ledger.sqlite3")
     try:
         for n in range(30):
-            await ledger.record(record(n))  # one commit each
+            await ledger.record(usage(f"req-{n}"))  # one commit each
         assert ledger.checkpoints.ran.wait(30)  # told by the commits, it ran
         _, frames, copied = ledger.checkpoints.checkpoint()
         assert frames == copied
