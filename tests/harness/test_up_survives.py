@@ -5,6 +5,7 @@ region under a running ``nearshore up`` while requests go through the edge."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -222,7 +223,7 @@ class Traffic:
                 return Answer(sent, response.status, response.headers.get("x-nearshore-region", ""))
         except urllib.error.HTTPError as e:
             return Answer(sent, e.code, e.headers.get("x-nearshore-region", ""))
-        except (OSError, TimeoutError):
+        except (OSError, TimeoutError, http.client.HTTPException):  # (a stream cut as the run stops)
             return Answer(sent, 0, "")
 
     def served_since(self, since: float, test: Callable[[str], bool]) -> list[Answer]:
