@@ -48,7 +48,8 @@ class BackgroundStreamHandler(logging.StreamHandler):
             self._pending += 1
 
     def flush(self) -> None:
-        """Wait (at most FLUSH_WAIT_S) until every queued line is written, then flush the stream."""
+        """Wait (at most FLUSH_WAIT_S) until the thread has written every queued line (it flushes the
+        stream after each batch)."""
         if threading.current_thread() is self._thread:
             return
         with self._written:

@@ -4,7 +4,9 @@ what was committed, and its last checkpoint runs when it stops."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 from edge.ledger import Ledger
@@ -37,25 +39,30 @@ def wal_bytes(path: Path) -> int:
     return wal.stat().st_size if wal.exists() else 0
 
 
-def test_a_connection_left_out_never_checkpoints_however_long_its_wal(tmp_path: Path):
-    path = tmp_path / "f.sqlite3"
+@contextlib.contextmanager
+def left_out(path: Path, interval_s: float) -> Iterator[tuple[sqlite3.Connection, WalCheckpointer]]:
+    """A writer whose commits leave checkpoints out, and the thread that runs them; both closed after."""
     db = writer(path)
-    checkpoints = WalCheckpointer(path, interval_s=3600)  # it would wait an hour: only the commits could copy
+    checkpoints = WalCheckpointer(path, interval_s=interval_s)
     try:
-        commit_pages(db, DEFAULT_AUTOCHECKPOINT_PAGES + 200)
-        assert checkpoints.checkpoints == 0
-        _, frames, _ = checkpoints.checkpoint()  # what the WAL holds now, all of it since the start
-        assert frames > DEFAULT_AUTOCHECKPOINT_PAGES + 200  # SQLite's default would have started it over
+        yield db, checkpoints
     finally:
         checkpoints.stop()
         db.close()
 
 
+def test_a_connection_left_out_never_checkpoints_however_long_its_wal(tmp_path: Path):
+    # The thread would wait an hour: only the commits could copy.
+    with left_out(tmp_path / "f.sqlite3", interval_s=3600) as (db, checkpoints):
+        commit_pages(db, DEFAULT_AUTOCHECKPOINT_PAGES + 200)
+        assert checkpoints.checkpoints == 0
+        _, frames, _ = checkpoints.checkpoint()  # what the WAL holds now, all of it since the start
+        assert frames > DEFAULT_AUTOCHECKPOINT_PAGES + 200  # SQLite's default would have started it over
+
+
 def test_the_thread_copies_what_was_committed_once_told(tmp_path: Path):
     path = tmp_path / "f.sqlite3"
-    db = writer(path)
-    checkpoints = WalCheckpointer(path, interval_s=0.0)
-    try:
+    with left_out(path, interval_s=0.0) as (db, checkpoints):
         commit_pages(db, 50)
         checkpoints.committed()
         assert checkpoints.ran.wait(30)
@@ -63,9 +70,6 @@ def test_the_thread_copies_what_was_committed_once_told(tmp_path: Path):
         assert blocked == 0 and frames >= 50 and copied == frames
         commit_pages(db, 1)  # the next commit starts the WAL over: it does not grow while the thread keeps up
         assert wal_bytes(path) <= (frames + 2) * (PAGE + 24) + 32
-    finally:
-        checkpoints.stop()
-        db.close()
 
 
 def test_stopping_runs_a_last_checkpoint(tmp_path: Path):
