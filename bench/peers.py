@@ -265,6 +265,11 @@ def start_frame(logs: Path, upstream_url: str) -> Endpoint:
     return _start_relay(logs, "frame", "bench.edge.frame", upstream_url)
 
 
+def start_lean_frame(logs: Path, upstream_url: str) -> Endpoint:
+    """The same frame on the lean HTTP/1.1 server core (bench/edge/frame_lean.py, edge/h1_server.py)."""
+    return _start_relay(logs, "lean", "bench.edge.frame_lean", upstream_url)
+
+
 def _start_relay(logs: Path, name: str, module: str, upstream_url: str) -> Endpoint:
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()

@@ -72,7 +72,8 @@ def add_edge_arguments(parser: argparse.ArgumentParser) -> None:
         "--floor",
         action="store_true",
         help="also a bare byte relay in Python on uvloop (bench/edge/floor.py), the runtime's own cost, and "
-        "the edge's frame without its stages (bench/edge/frame.py: aiohttp, the pool, the SSE relay)",
+        "the edge's frame without its stages (bench/edge/frame.py: aiohttp, the pool, the SSE relay), and "
+        "that frame on the lean HTTP/1.1 server core (bench/edge/frame_lean.py)",
     )
     parser.add_argument("--no-litellm", action="store_true", help="skip LiteLLM's proxy")
     parser.add_argument(

@@ -32,8 +32,8 @@ def _ratio(a: float, b: float) -> float:
 def ratios(rows: list[dict]) -> list[dict]:
     out = []
     for level in sorted({r["concurrency"] for r in rows}):
-        edge, nginx, litellm, floor, frame = (
-            _row(rows, p, level) for p in ("edge", "nginx", "litellm", "floor", "frame")
+        edge, nginx, litellm, floor, frame, lean = (
+            _row(rows, p, level) for p in ("edge", "nginx", "litellm", "floor", "frame", "lean")
         )
         if edge is None:
             continue
@@ -42,7 +42,8 @@ def ratios(rows: list[dict]) -> list[dict]:
             entry["floor_over_nginx_cpu_ms_per_stream"] = _ratio(
                 floor["cpu_ms_per_stream"], nginx["cpu_ms_per_stream"]
             )
-        for name, peer in (("nginx", nginx), ("litellm", litellm), ("floor", floor), ("frame", frame)):
+        others = (("nginx", nginx), ("litellm", litellm), ("floor", floor), ("frame", frame), ("lean", lean))
+        for name, peer in others:
             if peer is None:
                 continue
             for metric in (
@@ -140,7 +141,7 @@ def print_report(report: dict) -> None:
     for entry in report["ratios"]:
         level = entry["concurrency"]
         edge = _row(rows, "edge", level)
-        for peer in ("nginx", "litellm", "floor", "frame"):
+        for peer in ("nginx", "litellm", "floor", "frame", "lean"):
             other = _row(rows, peer, level)
             if other is None:
                 continue
@@ -206,6 +207,10 @@ def print_report(report: dict) -> None:
             line += f"; the bare Python relay {floor['rps']:.0f} req/s, {floor['cpu_ms_per_request']:.3f} ms"
         if frame := throughput.get("frame"):
             line += f"; the edge's frame {frame['rps']:.0f} req/s, {frame['cpu_ms_per_request']:.3f} ms"
+        if lean := throughput.get("lean"):
+            line += (
+                f"; the frame on the lean core {lean['rps']:.0f} req/s, {lean['cpu_ms_per_request']:.3f} ms"
+            )
         print(line + f" (the direct path: {throughput['direct']['rps']:.0f} req/s, the client's ceiling)")
     edge_routing.print_summary(report.get("routing", []))
     paired.print_comparison(

@@ -69,7 +69,7 @@ class EdgeBench:
     no_nginx: bool
     nginx: str  # nginx binary ("": on PATH, else /usr/sbin/nginx)
     # also the bare byte relay (bench/edge/floor.py), what the runtime alone costs, and the edge's frame
-    # without its stages (bench/edge/frame.py)
+    # without its stages (bench/edge/frame.py), on aiohttp and on the lean server core (frame_lean.py)
     floor: bool
     no_litellm: bool
     litellm: str  # LiteLLM's CLI, in its own venv
@@ -264,6 +264,7 @@ def _start_proxies(
     if floor:
         starters.append(("floor", lambda: [peers.start_floor(logs, pacer.url)]))
         starters.append(("frame", lambda: [peers.start_frame(logs, pacer.url)]))
+        starters.append(("lean", lambda: [peers.start_lean_frame(logs, pacer.url)]))
     if litellm:
         starters.append(("litellm", lambda: [peers.start_litellm(logs, litellm, pacer.url)]))
     started: list[Endpoint] = []

@@ -86,7 +86,8 @@ def run_throughput(
 ) -> list[dict]:
     """``routing``: the edge's route stage on, off, or both side by side (edge_routing.py); ``city``: also
     the edge in fleet mode (edge_fleet.py); ``floor``: also the bare byte relay (floor.py) and the edge's
-    frame without its stages (frame.py); ``tls``: also the edge with TLS on."""
+    frame without its stages (frame.py), on aiohttp and on the lean server core (frame_lean.py); ``tls``:
+    also the edge with TLS on."""
     pacer = peers.start_stand_in(logs, "pacer", "pacer-instant", tokens=1, interval_ms=0)
     stack.callback(pacer.stop)
     targets = [Endpoint("direct", pacer.url, dict(peers.JSON))]
@@ -104,7 +105,7 @@ def run_throughput(
             targets.append(peers.start_nginx(logs / "unary", nginx, pacer.url, tls=https))
             stack.callback(targets[-1].stop)
     if floor:
-        for start in (peers.start_floor, peers.start_frame):
+        for start in (peers.start_floor, peers.start_frame, peers.start_lean_frame):
             targets.append(start(logs / "unary", pacer.url))
             stack.callback(targets[-1].stop)
     # With two edges compared, the paths alternate over rounds, so that drift on a busy machine hits both.

@@ -45,13 +45,14 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
 
     rows = {row["path"]: row for row in report["streams"]}
     # the edge with its route stage, without, in fleet mode, and with TLS on
-    # floor: the bare relay; frame: aiohttp, the edge's pool and SSE relay, no stages
-    assert set(rows) == {"direct", "edge", "edge-off", "edge-fleet", "edge-https", "floor", "frame"}
+    # floor: the bare relay; frame: aiohttp, the edge's pool and SSE relay, no stages; lean: the frame on the
+    # lean server core (edge/h1_server.py)
+    assert set(rows) == {"direct", "edge", "edge-off", "edge-fleet", "edge-https", "floor", "frame", "lean"}
     for row in rows.values():
         assert row["errors"] == 0, row["first_error"]
         assert row["streams"] == 4
         assert row["ttft_p50_ms"] >= 10  # the pacer's first token takes one interval
-    assert all(rows[path]["cpu_ms_per_stream"] > 0 for path in ("edge", "floor", "frame"))
+    assert all(rows[path]["cpu_ms_per_stream"] > 0 for path in ("edge", "floor", "frame", "lean"))
     assert any(t["target"].startswith("no bunching") for t in report["targets"])
     throughput = {row["path"]: row for row in report["throughput"]}
     assert set(throughput) == {
@@ -62,8 +63,10 @@ def test_bench_edge_tiny_run(tmp_path: Path) -> None:
         "edge-unary-https",
         "floor",
         "frame",
+        "lean",
     }  # no nginx
-    for path in ("edge-unary", "edge-unary-off", "edge-unary-fleet", "edge-unary-https", "floor", "frame"):
+    unary = ("edge-unary", "edge-unary-off", "edge-unary-fleet", "edge-unary-https", "floor", "frame", "lean")
+    for path in unary:
         assert throughput[path]["rps"] > 0 and throughput[path]["errors"] == 0
     routing = {entry["part"]: entry for entry in report["routing"]}
     assert set(routing) == {"streams x2", "non-streamed"}
