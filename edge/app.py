@@ -94,6 +94,7 @@ async def _lifetime(app: web.Application) -> AsyncIterator[None]:
     await state.limiter.close()
     await state.ledger.close()
     state.responses.close()
+    state.counter.close()
 
 
 async def _drain(app: web.Application) -> None:

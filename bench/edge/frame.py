@@ -50,9 +50,10 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-async def serve(port: int, upstream_url: str) -> None:
+def region_pool(upstream_url: str) -> H1Pool:
+    """The edge's keep-alive pool to the region, sized for the bench's concurrency."""
     parts = urlsplit(upstream_url)
-    pool = H1Pool(
+    return H1Pool(
         parts.hostname or "127.0.0.1",
         parts.port or 80,
         None,
@@ -60,6 +61,18 @@ async def serve(port: int, upstream_url: str) -> None:
         keepalive_s=60.0,
         connect_timeout_s=5.0,
     )
+
+
+async def served_until_stopped(pool: H1Pool, runner: web.AppRunner) -> None:
+    try:
+        await asyncio.Event().wait()
+    finally:
+        pool.close()
+        await runner.cleanup()
+
+
+async def serve(port: int, upstream_url: str) -> None:
+    pool = region_pool(upstream_url)
     app = web.Application()
     app[POOL] = pool
     app.router.add_post("/v1/chat/completions", proxy)
@@ -68,11 +81,7 @@ async def serve(port: int, upstream_url: str) -> None:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        await asyncio.Event().wait()
-    finally:
-        pool.close()
-        await runner.cleanup()
+    await served_until_stopped(pool, runner)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,12 +13,11 @@ aiohttp's server costs, and this minus the floor what the pool and the relay's c
 from __future__ import annotations
 
 import asyncio
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from bench.edge.floor import run
-from bench.edge.frame import HEAD_TIMEOUT_S, LIMITS, health
+from bench.edge.frame import HEAD_TIMEOUT_S, LIMITS, health, region_pool, served_until_stopped
 from edge.h1_pool import H1Pool
 from edge.h1_server import Exchange, H1Server, Handler, Limits
 from edge.sse_relay import SseRelay
@@ -64,15 +63,7 @@ def proxy_for(pool: H1Pool) -> Handler:
 
 
 async def serve(port: int, upstream_url: str) -> None:
-    parts = urlsplit(upstream_url)
-    pool = H1Pool(
-        parts.hostname or "127.0.0.1",
-        parts.port or 80,
-        None,
-        max_idle=256,
-        keepalive_s=60.0,
-        connect_timeout_s=5.0,
-    )
+    pool = region_pool(upstream_url)
     app = web.Application()
     app.router.add_get("/health", health)
     runner = web.AppRunner(app, access_log=None)
@@ -87,12 +78,8 @@ async def serve(port: int, upstream_url: str) -> None:
     fallback = runner.server
     loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: H1Server(route, fallback, limits), "127.0.0.1", port)
-    try:
-        async with server:
-            await asyncio.Event().wait()
-    finally:
-        pool.close()
-        await runner.cleanup()
+    async with server:
+        await served_until_stopped(pool, runner)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -90,7 +90,7 @@ async def _read_unary(journey: Journey) -> Reply:
     journey.answered()
     journey.relayed = Relayed(
         # (an embeddings answer has no texts: its usage is prompt tokens only)
-        delivered=_delivered(journey, answer.texts) if answer.texts else None,
+        delivered=await _delivered(journey, answer.texts) if answer.texts else None,
         answer=WholeAnswer(answer.text, answer.finish_reason),
         usage=answer.usage,
         produced=True,
@@ -125,14 +125,14 @@ async def _checked_unary(journey: Journey, upstream: Response) -> Answer:
     return check_answer(journey.kind, upstream, body, max_text)
 
 
-def _delivered(journey: Journey, texts: tuple[str, ...]) -> Delivered:
+async def _delivered(journey: Journey, texts: tuple[str, ...]) -> Delivered:
     """The answer's text as the client gets it, in completion tokens: counted as the edge counts prompts
     (edge/token_count.py), and the fewest it can be. An echoed prompt is not the answer's."""
     body, counter = journey.body, journey.state.counter
     echoed = body.prompt_text() if isinstance(body, CompletionRequest) and body.echo else ""
     answers = [t.removeprefix(echoed) for t in texts]
     floor = sum(math.ceil(len(t.encode()) / MAX_TOKEN_TEXT_BYTES) for t in answers)
-    tokens = sum(counter.count_text(t) for t in answers if t)
+    tokens = sum([await counter.text_tokens(t) for t in answers if t])
     return Delivered(max(tokens, floor), floor)
 
 
