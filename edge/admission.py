@@ -103,10 +103,12 @@ async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
         parallel = body.parallel_tool_calls is not False
         messages = prompt_messages(body.messages, body.tools, body.tool_choice, parallel)
         ceiling = chat_ceiling(messages)
-        estimate = await state.counter.chat_tokens(messages, continue_final=body.continue_final_message)
+        estimate = await state.counter.chat_tokens(
+            messages, continue_final=body.continue_final_message, owner=key.key_id
+        )
     else:
         ceiling = text_ceiling(body.prompt_text())
-        estimate = await state.counter.text_tokens(body.prompt_text())
+        estimate = await state.counter.text_tokens(body.prompt_text(), owner=key.key_id)
     max_tokens = (
         0 if isinstance(body, EmbeddingRequest) else body.token_limit() or state.config.default_max_tokens
     )

@@ -13,20 +13,20 @@ Two figures per prompt:
 
 Either way the reservation is settled to the region's (checked) usage when the response ends.
 
-The stages count through the async methods: a long text is tokenized in the tokenizer's own threads (the
-vocabulary's C code runs there without the GIL), never on the event loop. One 1 MiB prompt takes the exact
-tokenizer about 0.4 s; on the loop, every other user's stream stood still for that long.
+The stages count through the async methods: a long text is tokenized on the tokenizer's own thread (the
+vocabulary's C code runs there without the GIL), never on the event loop, each key's texts taking turns
+with the others' (:mod:`edge.fair_worker`). One 1 MiB prompt takes the exact tokenizer about 0.4 s; on the
+loop, every other user's stream stood still for that long.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Protocol
 
+from edge.fair_worker import FairWorker
 from nearshore.protocol.chat_format import gemma_segments
 from nearshore.protocol.prompt_segments import text_pieces
 from nearshore.protocol.schemas import ChatMessage
@@ -38,9 +38,8 @@ FRAMING_FIXED = 32
 ESTIMATED_FRAMING_PER_MESSAGE = 4
 ESTIMATED_FRAMING_FIXED = 2
 # Up to this many characters a text is counted where it is asked (well under a millisecond); longer ones go
-# to the tokenizer's threads. Two of them: a flood of long prompts queues there, not on the loop.
+# to the tokenizer's thread.
 INLINE_CHARS = 4096
-TOKENIZER_THREADS = 2
 
 
 def chat_ceiling(messages: Sequence[ChatMessage]) -> int:
@@ -68,12 +67,15 @@ class TokenCounter(Protocol):
 
     def count_text(self, text: str) -> int: ...
 
-    async def chat_tokens(self, messages: Sequence[ChatMessage], *, continue_final: bool = False) -> int:
-        """:meth:`count_chat`, never holding the event loop for long."""
+    async def chat_tokens(
+        self, messages: Sequence[ChatMessage], *, continue_final: bool = False, owner: str = ""
+    ) -> int:
+        """:meth:`count_chat`, never holding the event loop for long; ``owner`` (a key's id) takes its turn
+        with other owners for the tokenizer's thread."""
         ...
 
-    async def text_tokens(self, text: str) -> int:
-        """:meth:`count_text`, never holding the event loop for long."""
+    async def text_tokens(self, text: str, *, owner: str = "") -> int:
+        """:meth:`count_text`, as :meth:`chat_tokens` counts."""
         ...
 
     def close(self) -> None: ...
@@ -92,10 +94,12 @@ class EstimatingCounter:
     def count_text(self, text: str) -> int:
         return math.ceil(_utf8_len(text) / BYTES_PER_TOKEN) + 1
 
-    async def chat_tokens(self, messages: Sequence[ChatMessage], *, continue_final: bool = False) -> int:
+    async def chat_tokens(
+        self, messages: Sequence[ChatMessage], *, continue_final: bool = False, owner: str = ""
+    ) -> int:
         return self.count_chat(messages, continue_final=continue_final)
 
-    async def text_tokens(self, text: str) -> int:
+    async def text_tokens(self, text: str, *, owner: str = "") -> int:
         return self.count_text(text)
 
     def close(self) -> None:
@@ -121,7 +125,7 @@ class GgufCounter:
             raise ValueError(f"cannot load the vocabulary of {path}")
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self._bos = 1 if llama_cpp.llama_vocab_get_add_bos(self._vocab) else 0
-        self._threads = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="nearshore-tokenizer")
+        self._worker: FairWorker[int] = FairWorker("nearshore-tokenizer")
 
     # Counted as the region tokenizes (regional/prompt_tokens.py): BOS once, message content as plain text,
     # the turn markers and a completions prompt with control tokens, long texts in the same pieces.
@@ -133,20 +137,23 @@ class GgufCounter:
     def count_text(self, text: str) -> int:
         return self._bos + self._count(text, True)
 
-    async def chat_tokens(self, messages: Sequence[ChatMessage], *, continue_final: bool = False) -> int:
+    async def chat_tokens(
+        self, messages: Sequence[ChatMessage], *, continue_final: bool = False, owner: str = ""
+    ) -> int:
         if sum(len(m.text()) for m in messages) <= INLINE_CHARS:
             return self.count_chat(messages, continue_final=continue_final)
-        count = partial(self.count_chat, messages, continue_final=continue_final)
-        return await asyncio.get_running_loop().run_in_executor(self._threads, count)
+        return await self._worker.run(
+            owner, partial(self.count_chat, messages, continue_final=continue_final)
+        )
 
-    async def text_tokens(self, text: str) -> int:
+    async def text_tokens(self, text: str, *, owner: str = "") -> int:
         if len(text) <= INLINE_CHARS:
             return self.count_text(text)
-        return await asyncio.get_running_loop().run_in_executor(self._threads, self.count_text, text)
+        return await self._worker.run(owner, partial(self.count_text, text))
 
     def close(self) -> None:
-        # Counts under way finish (the vocabulary stays loaded for them); none start.
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        # A count under way finishes (the vocabulary stays loaded for it); none start.
+        self._worker.close()
 
     def _count(self, text: str, parse_special: bool) -> int:
         # With n_tokens_max = 0, llama_tokenize returns minus the number of tokens it would write.

@@ -132,7 +132,8 @@ async def _delivered(journey: Journey, texts: tuple[str, ...]) -> Delivered:
     echoed = body.prompt_text() if isinstance(body, CompletionRequest) and body.echo else ""
     answers = [t.removeprefix(echoed) for t in texts]
     floor = sum(math.ceil(len(t.encode()) / MAX_TOKEN_TEXT_BYTES) for t in answers)
-    tokens = sum([await counter.text_tokens(t) for t in answers if t])
+    owner = journey.key.key_id if journey.key is not None else ""
+    tokens = sum([await counter.text_tokens(t, owner=owner) for t in answers if t])
     return Delivered(max(tokens, floor), floor)
 
 

@@ -20,9 +20,11 @@ async def rightsize_stage(journey: Journey) -> Reply | None:
         return None
     counter = state.counter
     if isinstance(body, ChatCompletionRequest):
-        prompt_tokens = await counter.chat_tokens(body.messages, continue_final=body.continue_final_message)
+        prompt_tokens = await counter.chat_tokens(
+            body.messages, continue_final=body.continue_final_message, owner=key.key_id
+        )
     else:
-        prompt_tokens = await counter.text_tokens(body.prompt_text())
+        prompt_tokens = await counter.text_tokens(body.prompt_text(), owner=key.key_id)
     max_tokens = body.token_limit() or state.config.default_max_tokens
     hint = journey.request.headers.get(SIZE_HINT, "").strip().lower()
     model, why = choose(alias, prompt_tokens, max_tokens, key.tier, hint)
