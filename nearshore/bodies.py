@@ -46,8 +46,8 @@ DECODED = ("gzip", "x-gzip", "deflate")
 # Python's recursion limit (1,000 frames).
 MAX_JSON_DEPTH = 64
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_A_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_A_BRACKET_OR_QUOTE = bytes(b for b in range(256) if b not in b'[]{}"')
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
 _OPENING_AS_2 = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
 _JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
@@ -136,12 +136,36 @@ def _too_large(limit_bytes: int) -> ApiError:
 
 def json_depth(text: bytes) -> int:
     """How deeply the arrays and objects of JSON ``text`` nest (0 for a scalar), read without decoding it
-    (so without recursion): brackets inside strings do not count."""
-    brackets = _JSON_STRING.sub(b"", text).translate(None, _NOT_A_BRACKET)
-    # An opening bracket as 2, a closing one as 0: after the first i of them, the running sum less i is the
-    # depth there (openings less closings). All of it runs in C, even for a body of a million brackets.
+    (so without recursion): brackets inside strings do not count. All of it runs in C, with no object per
+    string or bracket: a body of many small parts (25,000 content parts in 800 KB) took 20 ms on the event
+    loop when each string was matched on its own."""
+    brackets = _brackets_outside_strings(text)
+    # Up to the limit, level by level: each pass takes out every innermost pair (one kind of bracket for
+    # both, so "{[]}" loses one level a pass, not two).
+    pairs = brackets.translate(_ONE_KIND)
+    for depth in range(MAX_JSON_DEPTH + 1):
+        if not pairs:
+            return depth
+        inner = pairs.replace(b"[]", b"")
+        if len(inner) == len(pairs):
+            break  # brackets that do not pair up: counted below
+        pairs = inner
+    # Deeper (or unbalanced): an opening bracket as 2, a closing one as 0; after the first i of them, the
+    # running sum less i is the depth there (openings less closings).
     steps = brackets.translate(_OPENING_AS_2)
     return max(map(operator.sub, accumulate(steps), count(1)), default=0)
+
+
+def _brackets_outside_strings(text: bytes) -> bytes:
+    """The brackets of JSON ``text`` outside its strings, in order. Escapes go first (escaped backslashes,
+    then escaped quotes), so each quote left opens or closes a string; then all but quotes and brackets; then
+    every two adjacent quotes (an empty string, or one string's end touching the next one's start: nothing
+    outside a string lies between them). What is left between two quotes is a string's."""
+    unescaped = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    marks = unescaped.translate(None, _NOT_A_BRACKET_OR_QUOTE).replace(b'""', b"")
+    if b'"' not in marks:
+        return marks
+    return b"".join(marks.split(b'"')[::2])
 
 
 def check_json_depth(body: bytes) -> None:

@@ -7,7 +7,9 @@ nested past MAX_JSON_DEPTH is a 400 naming its field, read on the bytes before a
 from __future__ import annotations
 
 import gzip
+import json
 import os
+import random
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -214,6 +216,35 @@ def nested(depth: int, field: str = "guided_json") -> bytes:
 )
 def test_json_depth_counts_arrays_and_objects_and_never_brackets_in_strings(text, depth):
     assert json_depth(text) == depth
+
+
+def _depth_of(value: object) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_depth_of, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_depth_of, value.values()), default=0)
+    return 0
+
+
+def test_json_depth_is_the_decoded_documents_depth_for_random_documents():
+    """Strings full of brackets, quotes and backslashes (escaped as JSON escapes them), keys among them."""
+    rng = random.Random(7)
+    pieces = ["[", "]", "{", "}", '"', "\\", "a", " ", "Ω", '\\"', "\\\\"]
+
+    def text() -> str:
+        return "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+
+    def value(levels: int) -> object:
+        if levels <= 0 or rng.random() < 0.25:
+            return rng.choice([1, None, True, 2.5, text()])
+        if rng.random() < 0.5:
+            return [value(levels - 1) for _ in range(rng.randint(0, 4))]
+        return {text(): value(levels - 1) for _ in range(rng.randint(0, 4))}
+
+    for _ in range(2000):
+        document = value(rng.randint(0, 12))
+        encoded = json.dumps(document, ensure_ascii=rng.random() < 0.5).encode()
+        assert json_depth(encoded) == _depth_of(document), encoded
 
 
 def test_a_body_nested_to_the_limit_passes_and_one_level_deeper_is_a_400_naming_its_field():
