@@ -4,7 +4,6 @@ the fidelity check of a profile, on real sockets on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 
 import pytest
@@ -104,12 +103,17 @@ async def test_control_api_changes_a_running_link():
                     out.append((now() - started) * 1000)
                 return out
 
-            # The fidelity of a delay is tested above; here, that a change shows on an open connection.
+            # The fidelity of a delay is tested in test_link.py; here, that a change shows on an open
+            # connection. A delay is a floor a busy machine only adds to, so the bounds are floors: the
+            # link's round trip never beats its delay (less the timers' millisecond or so), and before the
+            # change one of seven beat the new one.
             await rtts(1)  # the handshake
-            assert abs(statistics.median(await rtts(7)) - 20) < 4
+            before = await rtts(7)
+            assert 18 <= min(before) < 58, before
             response = await client.put("/links/near", json={"delay_ms": 30})
             assert response.status == 200 and (await response.json())["rtt_ms"] == 60
-            assert abs(statistics.median(await rtts(7)) - 60) < 4  # same connection, new delay
+            after = await rtts(7)  # same connection, new delay
+            assert min(after) >= 58, after
             response = await client.post("/links/near", json={"direction": "b_to_a", "delay_ms": 5})
             assert (await response.json())["profile"]["b_to_a"]["delay_ms"] == 5
 
