@@ -48,11 +48,14 @@ def idle(timeout_s: float = 20.0) -> None:
 
 
 def ready(indexes: PartitionIndexes, partition: str, matrix, identity, timeout_s: float = 20.0) -> np.ndarray:
-    """Look up until the index answers (a lookup never waits for a build: it scans meanwhile)."""
+    """Look up until the index answers (a lookup never waits for a build: it scans meanwhile), then until
+    the build's thread has ended: it answers before it is done, and while it runs a lookup of a forgotten
+    index neither reads its file nor starts another build."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = indexes.candidates(partition, matrix, identity, matrix[0])
         if found is not None:
+            idle(max(deadline - time.monotonic(), 0.0))
             return found
         time.sleep(0.01)
     raise AssertionError("the index was never ready")
@@ -118,8 +121,7 @@ def test_rows_appended_after_the_build_are_labelled_at_the_next_lookup(tmp_path:
 def test_an_index_of_a_replaced_vector_file_is_dropped_and_rebuilt_for_the_new_one(tmp_path: Path, partition):
     matrix, identity = partition
     indexes = PartitionIndexes(tmp_path, DIM, min_rows=MIN_ROWS)
-    ready(indexes, "p", matrix, identity)
-    idle()  # the first build's thread ends (it answers before it is done); a build of the new file would wait
+    ready(indexes, "p", matrix, identity)  # and the first build's thread ended: a build of the new file waits
     compacted = matrix[::-1].copy()  # rows renumbered
     new_identity = vec_file(tmp_path, "p", compacted)
     assert new_identity != identity
