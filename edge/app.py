@@ -35,6 +35,7 @@ from nearshore.httpkit import (
     openai_errors,
     request_id_of,
 )
+from nearshore.log_writer import dropped_lines
 from nearshore.protocol import trace
 from nearshore.protocol.errors import MODEL_NOT_FOUND, NOT_FOUND, ApiError
 from nearshore.protocol.schemas import ModelCard, ModelList, json_encoder
@@ -178,6 +179,7 @@ async def metrics(request: web.Request) -> web.Response:
     state = request.app[EDGE]
     state.metrics.limiter_up.set(1 if state.limiter.backend_up() else 0)
     state.metrics.limiter_resets.set(state.limiter.store_resets())
+    state.metrics.log_lines_dropped.set(dropped_lines())
     state.metrics.keys_store_up.set(0 if state.keys.out_of_reach() else 1)
     state.metrics.keys_active.set(state.keys.active_keys())
     state.metrics.ledger_fleet_behind.set(state.fleet_ledger.behind if state.fleet_ledger else 0)

@@ -56,6 +56,13 @@ EDGE_FAMILIES: dict[str, MetricSpec] = {
         "Times since start the shared limit store was found to have lost its state (restarted empty, "
         "flushed); each time, this process put its part of every key's window back.",
     ),
+    "log_lines_dropped": MetricSpec(
+        P + "log_lines_dropped",
+        "gauge",
+        (),
+        "Log lines dropped since start because their reader fell behind (the log says how many when it "
+        "is read again; the event loop never waits for it).",
+    ),
     "ledger_fleet_behind": MetricSpec(
         P + "ledger_fleet_behind",
         "gauge",

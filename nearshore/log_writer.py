@@ -20,6 +20,13 @@ MAX_QUEUED_LINES = 10_000  # about 5 MiB of JSON request lines; past it, lines a
 FLUSH_WAIT_S = 2.0  # a flush (at exit) waits at most this for the queue: a dead reader cannot hold it
 
 
+def dropped_lines(logger: logging.Logger | None = None) -> int:
+    """Lines the process's background log writers dropped since start (the root logger's, by default): a
+    process's ``/metrics`` shows it, so an operator learns that the log reader falls behind."""
+    handlers = (logger or logging.getLogger()).handlers
+    return sum(h.dropped for h in handlers if isinstance(h, BackgroundStreamHandler))
+
+
 class BackgroundStreamHandler(logging.StreamHandler):
     """A stream handler whose writes happen in its own daemon thread."""
 

@@ -8,7 +8,7 @@ import io
 import logging
 import threading
 
-from nearshore.log_writer import BackgroundStreamHandler
+from nearshore.log_writer import BackgroundStreamHandler, dropped_lines
 
 
 class StalledStream(io.StringIO):
@@ -54,6 +54,7 @@ def test_a_stalled_reader_drops_lines_instead_of_blocking_and_says_how_many():
     for n in range(25):
         log.info("more %d", n)  # 10 fit in the queue, 15 are dropped: none of these calls waits
     assert handler.dropped == 15
+    assert dropped_lines(log) == 15  # what /metrics shows
     stream.resume.set()
     handler.flush()  # the queue written out: what comes next finds room
     log.info("after")
