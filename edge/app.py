@@ -211,7 +211,7 @@ async def metrics(request: web.Request) -> web.Response:
         m.region_cooling.labels(name).set(upstream.cooling_left(now))
         m.region_rtt.labels(name).set(replica.latency.rtt_ms / 1000)
         m.region_inflight.labels(name).set(replica.inflight)
-    return metrics_response(state.metrics.render())
+    return metrics_response(await state.metrics.render_off_loop())
 
 
 # --- the proxy ---------------------------------------------------------------------------------------

