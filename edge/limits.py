@@ -36,6 +36,12 @@ from typing import Literal, Protocol
 log = logging.getLogger("nearshore.edge.limits")
 
 WINDOW_S = 60.0
+# How many of a key's oldest entries a refusal by tokens reads to say when the request would fit: the
+# retry is when enough of them have left or, when all those read leaving is not yet enough, when the last
+# one read leaves (a request back then is refused again, with a later retry). Reading a key's whole
+# window on every refusal (tens of thousands of entries: ~5 ms on the event loop, longer in Redis) let one
+# key's refused requests hold the process, or a city's Redis, for everyone.
+FIT_SCAN_ENTRIES = 200
 
 
 @dataclass(frozen=True, slots=True)

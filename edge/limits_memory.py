@@ -14,6 +14,7 @@ from edge.limits import (
     ALLOWED,
     BY_REQUESTS,
     BY_TOKENS,
+    FIT_SCAN_ENTRIES,
     TOO_LARGE,
     UNLIMITED,
     WINDOW_S,
@@ -51,13 +52,16 @@ class _Log:
         raise IndexError(rank)
 
     def time_tokens_fit(self, tokens: int, tpm: int) -> float:
-        """When enough of the oldest entries are gone for ``tokens`` more to fit."""
+        """When enough of the oldest entries are gone for ``tokens`` more to fit, read from at most
+        FIT_SCAN_ENTRIES of them; else when the last one read is gone (see edge/limits.py)."""
         freed = 0
-        for entry in self.entries.values():
+        at = 0.0
+        for entry in itertools.islice(self.entries.values(), FIT_SCAN_ENTRIES):
             freed += entry.tokens
+            at = entry.at
             if self.used - freed + tokens <= tpm:
-                return entry.at
-        return next(reversed(self.entries.values())).at
+                break
+        return at
 
 
 class MemoryLimiter:

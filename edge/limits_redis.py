@@ -22,6 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from edge.limits import (
+    FIT_SCAN_ENTRIES,
     UNLIMITED,
     WINDOW_S,
     Decision,
@@ -76,18 +77,22 @@ if tpm > 0 and tokens > tpm then
   verdict, retry = 3, window
 elseif tpm > 0 and used + tokens > tpm then
   if verdict == 0 then verdict = 2 end
-  local freed, start, fits_at = 0, 0, nil
-  while fits_at == nil do
-    local batch = redis.call('ZRANGE', zset, start, start + 199, 'WITHSCORES')
+  -- (at most @FIT_SCAN_ENTRIES@ oldest entries read: else the retry is when the last one read leaves)
+  local freed, start, fits_at, last_at = 0, 0, nil, nil
+  while fits_at == nil and start < @FIT_SCAN_ENTRIES@ do
+    local last = math.min(start + 199, @FIT_SCAN_ENTRIES@ - 1)
+    local batch = redis.call('ZRANGE', zset, start, last, 'WITHSCORES')
     if #batch == 0 then break end
     local ids = {}
     for i = 1, #batch, 2 do ids[#ids + 1] = batch[i] end
     for i, amount in ipairs(redis.call('HMGET', hash, unpack(ids))) do
       freed = freed + (tonumber(amount) or 0)
-      if used - freed + tokens <= tpm then fits_at = batch[2 * i]; break end
+      last_at = batch[2 * i]
+      if used - freed + tokens <= tpm then fits_at = last_at; break end
     end
     start = start + 200
   end
+  fits_at = fits_at or last_at
   retry = math.max(retry, fits_at and expiry(fits_at) or window)
 end
 
@@ -105,7 +110,7 @@ end
 local reset = 0
 if count > 0 then reset = expiry(redis.call('ZRANGE', zset, 0, 0, 'WITHSCORES')[2]) end
 return {verdict, count, used, math.ceil(reset), math.ceil(retry)}
-"""
+""".replace("@FIT_SCAN_ENTRIES@", str(FIT_SCAN_ENTRIES))
 
 # KEYS: the key's hash. ARGV: entry id, actual tokens. An entry trimmed (or never there) is left alone.
 _SETTLE_LUA = """

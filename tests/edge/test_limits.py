@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from edge.limits import (
+    FIT_SCAN_ENTRIES,
     Decision,
     LimiterUnavailable,
     LimitSpec,
@@ -209,6 +210,51 @@ async def test_memory_tokens_retry_waits_for_enough_old_entries():
         clock.now += 5  # entries at t=0, 5, 10
     refused = await limiter.admit("k", spec, 70)  # t=15: 60 + 70 > 100 until the 30 of t=0 and t=5 leave
     assert refused.retry_after_s == 50 and refused.tokens.reset_s == 45
+
+
+async def test_a_refusal_by_tokens_reads_a_bounded_part_of_a_long_window():
+    """A key with thousands of entries in its window: a refusal tells the time its oldest FIT_SCAN_ENTRIES
+    leave (reading all of them on every refusal held the loop ~5 ms for 50,000), and a request back then is
+    refused again with a later time, until it fits."""
+    clock = FakeClock()
+    limiter = MemoryLimiter(clock=clock)
+    entries = 3 * FIT_SCAN_ENTRIES
+    spec = LimitSpec(rpm=0, tpm=10 * entries)
+    for _ in range(entries):  # 10 tokens each, 10 ms apart: the TPM full
+        assert (await limiter.admit("k", spec, 10)).allowed
+        clock.now += 0.01
+    span = entries * 0.01
+    small = await limiter.admit("k", spec, 100)  # fits once the oldest 10 leave: the exact time
+    assert small.retry_after_s == pytest.approx(60 - span + 0.09)
+    large = await limiter.admit("k", spec, 20 * FIT_SCAN_ENTRIES)  # 2 x FIT_SCAN_ENTRIES must leave
+    assert large.retry_after_s == pytest.approx(60 - span + (FIT_SCAN_ENTRIES - 1) * 0.01)  # told: the first
+    clock.now += large.retry_after_s + 0.001
+    again = await limiter.admit("k", spec, 20 * FIT_SCAN_ENTRIES)
+    assert not again.allowed and again.retry_after_s == pytest.approx(FIT_SCAN_ENTRIES * 0.01, abs=0.02)
+    clock.now += again.retry_after_s + 0.001
+    assert (await limiter.admit("k", spec, 20 * FIT_SCAN_ENTRIES)).allowed
+
+
+async def test_a_refusal_by_tokens_reads_a_bounded_part_of_the_window_in_redis(redis_server: RedisServer):
+    limiter = RedisLimiter(redis_server.url, "closed", socket_timeout_s=PATIENT_S)
+    client = Redis.from_url(redis_server.url)
+    try:
+        key, spec = new_key(), LimitSpec(rpm=0, tpm=3 * FIT_SCAN_ENTRIES)
+        for _ in range(3 * FIT_SCAN_ENTRIES):
+            assert (await limiter.admit(key, spec, 1)).allowed
+        before = await _zrange_calls(client)
+        refused = await limiter.admit(key, spec, 2 * FIT_SCAN_ENTRIES)  # 2 x FIT_SCAN_ENTRIES must leave
+        assert not refused.allowed and 0 < refused.retry_after_s <= 60
+        # batches of 200 up to FIT_SCAN_ENTRIES, and one for the window's reset: not one per 200 of all 2 x
+        assert await _zrange_calls(client) - before <= -(-FIT_SCAN_ENTRIES // 200) + 1
+    finally:
+        await client.aclose()
+        await limiter.close()
+
+
+async def _zrange_calls(client: Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_zrange", {}).get("calls", 0))
 
 
 async def test_memory_forgets_idle_keys():
