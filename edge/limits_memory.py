@@ -46,10 +46,16 @@ class _Log:
             self.used -= entry.tokens
 
     def oldest_at(self, rank: int) -> float:
-        for i, entry in enumerate(self.entries.values()):
-            if i == rank:
-                return entry.at
-        raise IndexError(rank)
+        """The time of the entry ``rank`` places from the oldest, read from the nearer end (a key whose RPM
+        was lowered can hold far more entries than its RPM, and is refused at the RPM-th newest)."""
+        size = len(self.entries)
+        if not 0 <= rank < size:
+            raise IndexError(rank)
+        if rank < size // 2:
+            entries, steps = iter(self.entries.values()), rank
+        else:
+            entries, steps = reversed(self.entries.values()), size - 1 - rank
+        return next(itertools.islice(entries, steps, None)).at
 
     def time_tokens_fit(self, tokens: int, tpm: int) -> float:
         """When enough of the oldest entries are gone for ``tokens`` more to fit, read from at most

@@ -257,6 +257,16 @@ async def _zrange_calls(client: Redis) -> int:
     return int(stats.get("cmdstat_zrange", {}).get("calls", 0))
 
 
+async def test_a_key_whose_rpm_was_lowered_is_refused_at_its_rpm_th_newest_entry():
+    clock = FakeClock()
+    limiter = MemoryLimiter(clock=clock)
+    for _ in range(1000):
+        assert (await limiter.admit("k", LimitSpec(rpm=1000, tpm=0), 1)).allowed
+        clock.now += 0.01
+    lowered = await limiter.admit("k", LimitSpec(rpm=10, tpm=0), 1)  # the 10th newest must leave first
+    assert not lowered.allowed and lowered.retry_after_s == pytest.approx(60 - 10 * 0.01)
+
+
 async def test_memory_forgets_idle_keys():
     clock = FakeClock()
     limiter = MemoryLimiter(clock=clock)
