@@ -39,6 +39,7 @@ CREATE INDEX IF NOT EXISTS responses_created ON responses (created_at);
 class Stored:
     response: dict[str, Any]  # the response object as the client got it
     inputs: list[Item]  # the conversation it answered: its earlier turns' items, then its own input
+    size: int = 0  # bytes stored for both (their JSON): what continuing it carries
 
     def conversation(self) -> list[Item]:
         """What a response that continues this one (``previous_response_id``) comes after: this one's
@@ -100,7 +101,7 @@ class ResponseStore:
             ).fetchone()
         if row is None:
             return None
-        return Stored(msgspec.json.decode(row[0]), items_decoder.decode(row[1]))
+        return Stored(msgspec.json.decode(row[0]), items_decoder.decode(row[1]), len(row[0]) + len(row[1]))
 
     def delete(self, tenant: str, response_id: str) -> bool:
         with self._lock:

@@ -19,7 +19,7 @@ from edge.admission import read_body
 from edge.journey import Journey
 from edge.response_store import ResponseStore
 from edge.usage_audit import AuditedUsage
-from nearshore.protocol.errors import NOT_FOUND, ApiError
+from nearshore.protocol.errors import INVALID_REQUEST, NOT_FOUND, ApiError
 from nearshore.protocol.response_events import ResponseEvents, ResponseFrame, new_id, whole_response
 from nearshore.protocol.responses import (
     FunctionCallItem,
@@ -49,6 +49,14 @@ async def read_responses(journey: Journey) -> ChatCompletionRequest:
             raise ApiError(
                 NOT_FOUND,
                 f"Previous response with id '{request.previous_response_id}' not found.",
+                param="previous_response_id",
+            )
+        limit = state.config.responses.max_conversation_bytes
+        if stored.size > limit:
+            raise ApiError(
+                INVALID_REQUEST,
+                f"The conversation up to '{request.previous_response_id}' is {stored.size} bytes, more than "
+                f"this edge continues ({limit}): start a new one, sending what it needs as input.",
                 param="previous_response_id",
             )
         earlier = stored.conversation()

@@ -246,6 +246,27 @@ def test_bad_input_is_refused_by_name_and_not_billed(edge: Edge, fields: dict, s
     assert len(rows) == 1 and rows[0]["status"] == "ok"  # only the good request was billed
 
 
+def test_a_conversation_past_its_bound_is_not_continued_and_not_billed(tmp_path, region: Node):
+    """Each stored turn holds the whole conversation: past [responses] max_conversation_bytes, continuing it
+    is a 400 naming previous_response_id (the chain would grow every request's work and the file)."""
+    edge = start_edge(tmp_path, [("london", region.url)], responses={"max_conversation_bytes": 2048})
+    try:
+        c = https_client(edge, edge.new_key())
+        short = c.responses.create(model=MODEL, input="Say yes.", max_output_tokens=2)
+        assert c.responses.create(
+            model=MODEL, input="Again.", previous_response_id=short.id, max_output_tokens=2
+        )
+        long = c.responses.create(model=MODEL, input="Lagos " * 400, max_output_tokens=2)
+        before = len(edge.ledger_rows())
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.responses.create(model=MODEL, input="And?", previous_response_id=long.id, max_output_tokens=2)
+        error = caught.value.body
+        assert error["param"] == "previous_response_id" and "2048" in error["message"], error
+        assert len(edge.ledger_rows()) == before  # refused before admission: no row
+    finally:
+        edge.stop()
+
+
 def test_the_region_answers_responses_itself_and_keeps_none(region: Node):
     c = openai.OpenAI(base_url=region.url + "/v1", api_key="unused", max_retries=0)
     r = c.responses.create(model=MODEL, input="Name a river.", max_output_tokens=8, temperature=0)
