@@ -77,22 +77,19 @@ if tpm > 0 and tokens > tpm then
   verdict, retry = 3, window
 elseif tpm > 0 and used + tokens > tpm then
   if verdict == 0 then verdict = 2 end
-  -- (at most @FIT_SCAN_ENTRIES@ oldest entries read: else the retry is when the last one read leaves)
-  local freed, start, fits_at, last_at = 0, 0, nil, nil
-  while fits_at == nil and start < @FIT_SCAN_ENTRIES@ do
-    local last = math.min(start + 199, @FIT_SCAN_ENTRIES@ - 1)
-    local batch = redis.call('ZRANGE', zset, start, last, 'WITHSCORES')
-    if #batch == 0 then break end
+  -- The oldest @FIT_SCAN_ENTRIES@ entries at most: when they leaving is not enough, the retry is when the
+  -- last of them leaves (edge/limits.py FIT_SCAN_ENTRIES).
+  local oldest = redis.call('ZRANGE', zset, 0, @FIT_SCAN_ENTRIES@ - 1, 'WITHSCORES')
+  local freed, fits_at = 0, nil
+  if #oldest > 0 then
     local ids = {}
-    for i = 1, #batch, 2 do ids[#ids + 1] = batch[i] end
+    for i = 1, #oldest, 2 do ids[#ids + 1] = oldest[i] end
     for i, amount in ipairs(redis.call('HMGET', hash, unpack(ids))) do
       freed = freed + (tonumber(amount) or 0)
-      last_at = batch[2 * i]
-      if used - freed + tokens <= tpm then fits_at = last_at; break end
+      fits_at = oldest[2 * i]
+      if used - freed + tokens <= tpm then break end
     end
-    start = start + 200
   end
-  fits_at = fits_at or last_at
   retry = math.max(retry, fits_at and expiry(fits_at) or window)
 end
 
