@@ -43,6 +43,9 @@ class ConnectionPool(Protocol):
 class BodySink(Protocol):
     def data(self, chunk: bytes) -> None: ...
 
+    def flush(self) -> None:
+        """What the pieces of one read made is sent on now (a sink may gather them into one write)."""
+
     def end(self) -> None: ...
 
     def error(self, exc: BaseException) -> None: ...
@@ -133,6 +136,7 @@ class Response:
         self._sink = sink
         while self._chunks:
             sink.data(self._chunks.popleft())
+        sink.flush()
         if self._exc is not None:
             sink.error(self._exc)
         elif self._ended:
@@ -204,15 +208,17 @@ class H1Connection(asyncio.Protocol):
         if self._state == "idle":
             self.close()  # bytes nobody asked for: this connection cannot be trusted with the next request
             return
+        response = self._response  # the body's sink hears of the read's end, even if the body ended in it
         if self._state == "chunk-size" and not self._buffer:
             data = self._whole_chunks(data)
-            if not data:
-                return
-        self._buffer += data
-        try:
-            self._parse()
-        except MalformedResponse as exc:
-            self._fail(exc)
+        if data:
+            self._buffer += data
+            try:
+                self._parse()
+            except MalformedResponse as exc:
+                self._fail(exc)
+        if response is not None and response._sink is not None:
+            response._sink.flush()
 
     def eof_received(self) -> bool:
         return False  # close the transport; connection_lost follows

@@ -163,6 +163,7 @@ class SseRelay:
         self._upstream: Response | None = None
         self._transport: asyncio.Transport | None = None  # the client's, from relay() on
         self._events = sse.SseParser()
+        self._out: list[bytes] = []  # checked events of the current read, not yet written
         self._total = 0
         self._chunked = True
         self._ended: asyncio.Future[None] | None = None
@@ -227,6 +228,7 @@ class SseRelay:
         try:
             await self._ended
         finally:
+            self.flush()  # what the read that ended it brought
             self.read_started = 0.0
             self._upstream = None
             if self._draining is not None and not self._draining.done():
@@ -278,6 +280,7 @@ class SseRelay:
 
     def end(self) -> None:
         """The region's body ended cleanly: with how it finished said, the answer is whole ([DONE] or not)."""
+        self.flush()
         self._body_ended = True
         outcome = self.outcome
         if not (outcome.done or outcome.failure or outcome.fault):
@@ -290,6 +293,7 @@ class SseRelay:
         self._finish()
 
     def error(self, exc: BaseException) -> None:
+        self.flush()
         self._body_ended = True
         outcome = self.outcome
         if outcome.done or outcome.fault:
@@ -331,13 +335,22 @@ class SseRelay:
         self.outcome.failure = UpstreamFault.bad(f"The region's stream was stopped: {message}.").error
 
     def _send(self, data: bytes) -> None:
-        """Write to the client's transport now, framed as aiohttp's chunked writer would."""
+        """Queue ``data`` for the client: what one read of the region brought goes out in one write."""
+        if self.recode is not None and not (data := self.recode(data)):
+            return
+        self._out.append(data)
+
+    def flush(self) -> None:
+        """Write what is queued to the client's transport now, framed as aiohttp's chunked writer would
+        (the region's connection calls this at the end of each read)."""
+        if not self._out:
+            return
+        data = self._out[0] if len(self._out) == 1 else b"".join(self._out)
+        self._out.clear()
         transport = self._transport
         if transport is None or transport.is_closing():
             self._broken = ConnectionResetError("the client went away")
             return self._finish()
-        if self.recode is not None and not (data := self.recode(data)):
-            return
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         if not self.first_write_at:
             self.first_write_at = time.perf_counter()

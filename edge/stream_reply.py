@@ -194,22 +194,32 @@ class StreamReply:
             return self.client
         try:
             await self.commit()
-            outcome = self.relay.outcome
-            if self.failure is not None:
-                await self.relay.write(sse.error(self.failure))
-            elif self.keep_usage and outcome.usage_event is not None:
-                event = outcome.usage_event
-                if audited is not None and audited.anomalies:
-                    event = with_usage(event, audited.usage)
-                await self.relay.write(b"data: " + event + b"\n\n")
-            elif self.keep_usage and audited is not None and not audited.reported:
-                await self.relay.write(self._counted_usage_event(audited))
+            tail = self._last_event(audited)
+            if tail and self.relay.recode is not None:  # a dialect's events are recoded each in its turn
+                await self.relay.write(tail)
+                tail = b""
             await self.journey.dialect.ending(audited)  # a stored response is kept before its end
-            await self.relay.write(sse.DONE, last=True)  # with the chunked terminator: one write
+            # The last event, [DONE] and the chunked terminator: one write.
+            await self.relay.write(tail + sse.DONE, last=True)
         except (ConnectionError, RuntimeError):
             self.cut_off()  # the client left after its row was committed: nothing more to send
         self.journey.state.metrics.e2e.observe(time.perf_counter() - self.journey.started)
         return self.client
+
+    def _last_event(self, audited: AuditedUsage | None) -> bytes:
+        """What goes before [DONE]: the failure's error event, else the usage chunk for a client that asked
+        (the region's, corrected if the audit disagreed, or the edge's own count), else nothing."""
+        outcome = self.relay.outcome
+        if self.failure is not None:
+            return sse.error(self.failure)
+        if self.keep_usage and outcome.usage_event is not None:
+            event = outcome.usage_event
+            if audited is not None and audited.anomalies:
+                event = with_usage(event, audited.usage)
+            return b"data: " + event + b"\n\n"
+        if self.keep_usage and audited is not None and not audited.reported:
+            return self._counted_usage_event(audited)
+        return b""
 
     def _counted_usage_event(self, audited: AuditedUsage) -> bytes:
         """The usage chunk of a stream whose region sent none (a provider that does not report): the

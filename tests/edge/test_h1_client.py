@@ -203,11 +203,15 @@ class _Transport:
 class _Sink:
     def __init__(self) -> None:
         self.pieces: list[bytes] = []
+        self.flushed_after: list[int] = []  # how many pieces had come at each flush
         self.ended = False
         self.failed: BaseException | None = None
 
     def data(self, chunk: bytes) -> None:
         self.pieces.append(chunk)
+
+    def flush(self) -> None:
+        self.flushed_after.append(len(self.pieces))
 
     def end(self) -> None:
         self.ended = True
@@ -238,6 +242,8 @@ async def test_whole_chunks_in_a_piece_are_delivered_one_by_one_and_cut_ones_wai
     )
     assert sink.pieces == [b"hello", b" ", b"world", b"ab", b"c", b"de"] and sink.failed is None
     assert sink.ended and len(pool.back) == 1  # the terminator read: the connection is reusable
+    # The sink hears of each read's end once, after that read's whole chunks: it may write them as one.
+    assert sink.flushed_after == [0, 1, 4, 6, 6]  # push_to's, then one per read (the last brought none)
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,7 @@ class RegionResponse:
     def _play(self, sink: SseRelay) -> None:
         for data in self.reads:
             sink.data(data)
+            sink.flush()  # as the connection does at the end of each read
         if self.ending == "eof":
             sink.end()
         elif isinstance(self.ending, BaseException):

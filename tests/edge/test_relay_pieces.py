@@ -53,9 +53,11 @@ EVENTS = {
 class Socket:
     def __init__(self) -> None:
         self.sent = bytearray()
+        self.writes = 0
 
     def write(self, data: bytes) -> None:
         self.sent += data
+        self.writes += 1
 
     def is_closing(self) -> bool:
         return False
@@ -67,19 +69,29 @@ class Socket:
 def relayed(reads: list[bytes]) -> tuple[bytes, StreamOutcome]:
     """What the client is sent and what the relay records, the region's stream read in ``reads`` and then
     ended cleanly."""
+    sent, outcome, _ = relayed_in_writes(reads)
+    return sent, outcome
+
+
+def relayed_in_writes(reads: list[bytes], pieces_a_read: int = 1) -> tuple[bytes, StreamOutcome, int]:
+    """:func:`relayed`, and how many writes the client got; each read may come as ``pieces_a_read``
+    pieces (a read of several chunks: the connection hands the relay each chunk, then says the read ended)."""
 
     def push_to(sink: SseRelay) -> None:
         for read in reads:
-            sink.data(read)
+            step = max(1, -(-len(read) // pieces_a_read))
+            for at in range(0, len(read), step):
+                sink.data(read[at : at + step])
+            sink.flush()
         sink.end()
 
-    async def run() -> tuple[bytes, StreamOutcome]:
+    async def run() -> tuple[bytes, StreamOutcome, int]:
         socket = Socket()
         client = SimpleNamespace(headers={})  # an HTTP/1.0 client: the body is the bytes as sent
         relay = SseRelay(SimpleNamespace(transport=socket), client, LIMITS)  # type: ignore[arg-type]
         upstream = SimpleNamespace(push_to=push_to, close=lambda: None)
         outcome = await asyncio.wait_for(relay.relay(upstream), 5)  # type: ignore[arg-type]
-        return bytes(socket.sent), outcome
+        return bytes(socket.sent), outcome, socket.writes
 
     return asyncio.run(run())
 
@@ -149,6 +161,20 @@ def test_any_stream_cut_anywhere_relays_as_read_one_event_a_read(names: list[str
     again, other = relayed(cuts(b"".join(events), at))
     assert again == sent
     same_outcome(other, outcome)
+
+
+def test_what_one_read_brings_goes_to_the_client_in_one_write():
+    tokens = [EVENTS["token"], EVENTS["token2"], EVENTS["token"]]
+    one_a_read, outcome, writes = relayed_in_writes(tokens)
+    assert writes == 3 and outcome.content_events == 3
+    # The same events as the chunks of one read: one write, the same bytes.
+    together, outcome, writes = relayed_in_writes([b"".join(tokens)], pieces_a_read=3)
+    assert writes == 1 and together == one_a_read and outcome.content_events == 3
+    # A read whose last event is cut: its whole events go now, the rest with the next read.
+    joined = b"".join(tokens)
+    cut_at = len(joined) - 10
+    sent, _, writes = relayed_in_writes([joined[:cut_at], joined[cut_at:]], pieces_a_read=2)
+    assert writes == 2 and sent == one_a_read
 
 
 def test_the_parser_is_idle_only_between_whole_events():
