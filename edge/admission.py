@@ -12,7 +12,7 @@ import asyncio
 import msgspec
 from aiohttp import web
 
-from edge.journey import Admission
+from edge.journey import Admission, PromptCount
 from edge.keys import ApiKey
 from edge.limits import Decision, LimiterUnavailable, LimitSpec, rate_limit_headers
 from edge.state import EdgeState
@@ -85,8 +85,30 @@ def check_request(state: EdgeState, key: ApiKey, body: Body) -> None:
         check_supported(body)
 
 
-async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
-    """Hold the request's worst-case cost and reserve its tokens, or raise the refusal."""
+async def count_prompt(state: EdgeState, key: ApiKey, body: Body | EmbeddingRequest) -> PromptCount:
+    """The prompt's tokens as the region will see them: a chat's tool definitions, calls and answers
+    included (the region writes them into the prompt). Long texts are counted on the counter's thread, in
+    the key's turn."""
+    if isinstance(body, EmbeddingRequest):
+        # Word pieces of another tokenizer than the chat model's: no exact count here, the ceiling holds.
+        ceiling = sum(text_ceiling(text) for text in body.texts())
+        return PromptCount(ceiling, ceiling)
+    if isinstance(body, ChatCompletionRequest):
+        parallel = body.parallel_tool_calls is not False
+        messages = prompt_messages(body.messages, body.tools, body.tool_choice, parallel)
+        estimate = await state.counter.chat_tokens(
+            messages, continue_final=body.continue_final_message, owner=key.key_id
+        )
+        return PromptCount(chat_ceiling(messages), estimate)
+    text = body.prompt_text()
+    return PromptCount(text_ceiling(text), await state.counter.text_tokens(text, owner=key.key_id))
+
+
+async def admit(
+    state: EdgeState, key: ApiKey, body: Body | EmbeddingRequest, counted: PromptCount | None = None
+) -> Admission:
+    """Hold the request's worst-case cost and reserve its tokens, or raise the refusal; ``counted``: the
+    prompt as an earlier stage counted it (else it is counted here)."""
     if not state.ledger.accepting():
         raise ApiError(
             LEDGER_UNAVAILABLE,
@@ -94,21 +116,8 @@ async def admit(state: EdgeState, key: ApiKey, body: Body) -> Admission:
             "unbilled; retry shortly.",
             retry_after_s=5,
         )
-    if isinstance(body, EmbeddingRequest):
-        # Word pieces of another tokenizer than the chat model's: no exact count here, the ceiling holds.
-        ceiling = sum(text_ceiling(text) for text in body.texts())
-        estimate = ceiling
-    elif isinstance(body, ChatCompletionRequest):
-        # Tool definitions, calls and answers are prompt tokens too, as the region writes them.
-        parallel = body.parallel_tool_calls is not False
-        messages = prompt_messages(body.messages, body.tools, body.tool_choice, parallel)
-        ceiling = chat_ceiling(messages)
-        estimate = await state.counter.chat_tokens(
-            messages, continue_final=body.continue_final_message, owner=key.key_id
-        )
-    else:
-        ceiling = text_ceiling(body.prompt_text())
-        estimate = await state.counter.text_tokens(body.prompt_text(), owner=key.key_id)
+    counted = counted or await count_prompt(state, key, body)
+    ceiling, estimate = counted.ceiling, counted.estimate
     max_tokens = (
         0 if isinstance(body, EmbeddingRequest) else body.token_limit() or state.config.default_max_tokens
     )

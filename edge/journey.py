@@ -118,6 +118,14 @@ class Sizing:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptCount:
+    """A request's prompt in tokens, counted once (rightsize counts a size alias's; admit reuses it)."""
+
+    ceiling: int  # the most tokens it can be
+    estimate: int  # the counter's figure: exact where the counter is, else an estimate
+
+
+@dataclass(frozen=True, slots=True)
 class Admission:
     """What admission decided and reserved for a request; from then on it is billed."""
 
@@ -325,6 +333,7 @@ class Journey:
     key: ApiKey | None = None  # authenticate
     body: Body | None = None  # parse (rightsize narrows a size alias to its model)
     sizing: Sizing = Sizing()  # rightsize
+    prompt_count: PromptCount | None = None  # rightsize, for a size alias (admit counts the others)
     admission: Admission | None = None  # admit
     call: Call | None = None  # admit
     cut: Cut = field(default_factory=Cut)  # cut (written by the degraded tier's answer too)

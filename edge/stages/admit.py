@@ -19,7 +19,7 @@ PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embe
 async def admit_stage(journey: Journey) -> Reply | None:
     state, key, body = journey.state, journey.key, journey.body
     assert key is not None and body is not None
-    journey.admission = await admit(state, key, body)
+    journey.admission = await admit(state, key, body, journey.prompt_count)
     # Ids go on every answer, also on a stream whose head is sent before the middleware sees it.
     client_headers = {**rate_limit_headers(journey.admission.decision), REQUEST_ID: journey.request_id}
     if journey.client_request_id:

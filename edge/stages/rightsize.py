@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import msgspec
 
+from edge.admission import count_prompt
 from edge.journey import Journey, Reply, Sizing
 from geo.rightsize import choose
 from nearshore.protocol.errors import PERMISSION_DENIED, ApiError
 from nearshore.protocol.headers import SIZE_HINT
-from nearshore.protocol.schemas import ChatCompletionRequest
 
 
 async def rightsize_stage(journey: Journey) -> Reply | None:
@@ -18,13 +18,9 @@ async def rightsize_stage(journey: Journey) -> Reply | None:
     alias = state.aliases.get(body.model)
     if alias is None:
         return None
-    counter = state.counter
-    if isinstance(body, ChatCompletionRequest):
-        prompt_tokens = await counter.chat_tokens(
-            body.messages, continue_final=body.continue_final_message, owner=key.key_id
-        )
-    else:
-        prompt_tokens = await counter.text_tokens(body.prompt_text(), owner=key.key_id)
+    # Counted as admission prices it (tool definitions too), and once: admit reuses the count.
+    journey.prompt_count = counted = await count_prompt(state, key, body)
+    prompt_tokens = min(counted.estimate, counted.ceiling)
     max_tokens = body.token_limit() or state.config.default_max_tokens
     hint = journey.request.headers.get(SIZE_HINT, "").strip().lower()
     model, why = choose(alias, prompt_tokens, max_tokens, key.tier, hint)

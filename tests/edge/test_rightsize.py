@@ -119,3 +119,33 @@ async def test_a_key_that_may_not_use_the_chosen_model_is_told_which_and_why(edg
     assert status == 403 and "`big`, which `auto` chose (max_tokens=500>64)" in body["error"]["message"]
     status, headers, _ = await ask(edge, key, "Is this spam?", 8)
     assert status == 200 and headers["x-nearshore-region"] == "small-pool"
+
+
+@pytest.mark.slow
+async def test_tool_definitions_count_toward_the_prompt_the_alias_sizes(edge: Edge):
+    """The alias sees the prompt admission prices: a short question with long tool definitions is a long
+    prompt (the region writes the tools into it)."""
+    key = edge.new_key()
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "lookup_invoice",
+            "description": "Find an invoice by its number and return its lines and totals. " * 4,
+            "parameters": {"type": "object", "properties": {"number": {"type": "string"}}},
+        },
+    }
+    payload = {
+        "model": "auto",
+        "messages": [{"role": "user", "content": "Is this spam?"}],
+        "max_tokens": 8,
+        "tools": [tool],
+    }
+    headers = {"Authorization": f"Bearer {key}"}
+    connector = aiohttp.TCPConnector(ssl=edge.ssl_context())
+    async with (
+        aiohttp.ClientSession(connector=connector) as s,
+        s.post(edge.url + "/v1/chat/completions", json=payload, headers=headers) as r,
+    ):
+        await r.read()
+        assert r.status == 200 and r.headers["x-nearshore-model"].startswith("big;")
+        assert "prompt" in r.headers["x-nearshore-model"]  # sized by the prompt, not the answer or tier
