@@ -292,10 +292,11 @@ class ResponsesConfig(Struct, forbid_unknown_fields=True, kw_only=True):
     db: str = ""
     # Days a stored response can be fetched or continued (OpenAI keeps them 30 days).
     keep_days: Annotated[float, Meta(gt=0, le=3650)] = 30
-    # The most a stored conversation may be (its items and output as stored, JSON bytes) and still be
-    # continued: each stored turn holds the whole conversation, so without a bound a tenant's long chain
-    # grew every request's work on the event loop and the file without end.
+    # The most a stored conversation may be (JSON bytes) and still be continued: each stored turn holds
+    # the whole conversation, so a long chain grew every request's work and the file without end.
     max_conversation_bytes: Annotated[int, Meta(ge=1024)] = 8 << 20
+    # The most one tenant may have stored (JSON bytes): past it, its oldest go (the disk is everyone's).
+    max_tenant_bytes: Annotated[int, Meta(ge=1 << 20)] = 256 << 20
 
     def path(self, ledger_db: str) -> Path:
         return (

@@ -180,7 +180,9 @@ def build_edge_app(
     responses = open_named_file(
         "responses.db",
         config.responses.path(config.ledger_db),
-        lambda path: ResponseStore(path, config.responses.keep_days),
+        lambda path: ResponseStore(
+            path, config.responses.keep_days, max_tenant_bytes=config.responses.max_tenant_bytes
+        ),
     )
     warn_without_keys(keys)
     # Edges (and workers) that share limits through Redis share budgets there too.

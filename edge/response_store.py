@@ -3,7 +3,9 @@ its key's tenant, in a SQLite file beside the ledger.
 
 A tenant sees only its own: every read and delete names the tenant, and an id another tenant stored is
 "not found", exactly as an id that never existed (no one learns that it does). Responses older than the
-configured days are dropped as new ones are stored. The calls block (SQLite): from an event loop, the
+configured days are dropped as new ones are stored, and so are a tenant's oldest once its stored bytes
+pass its quota: the file is shared (and lies beside the ledger), so one tenant storing without end must not
+fill the disk that every tenant's bill needs. The calls block (SQLite): from an event loop, the
 ``a``-prefixed ones run them in a thread.
 """
 
@@ -32,7 +34,12 @@ CREATE TABLE IF NOT EXISTS responses (
     inputs BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_created ON responses (created_at);
+CREATE INDEX IF NOT EXISTS responses_tenant ON responses (tenant, created_at);
 """
+# Each tenant's stored bytes, kept with every write: a quota check must not sum a tenant's rows.
+_TENANT_BYTES = "CREATE TABLE tenant_bytes (tenant TEXT PRIMARY KEY, bytes INTEGER NOT NULL)"
+_SIZE = "length(response) + length(inputs)"  # a blob's length is in its record header: no blob is read
+_EVICT_BATCH = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,31 +74,105 @@ def output_items(response: dict[str, Any]) -> list[Item]:
     return items
 
 
+class OverQuota(Exception):
+    """One response larger than its tenant's whole quota: it is not stored."""
+
+
 class ResponseStore:
     def __init__(
-        self, path: str | Path, keep_days: float = 30, clock: Callable[[], float] = time.time
+        self,
+        path: str | Path,
+        keep_days: float = 30,
+        clock: Callable[[], float] = time.time,
+        max_tenant_bytes: int = 256 << 20,
     ) -> None:
         self.path = Path(path)
         self.keep_s = keep_days * 86_400
         self.clock = clock
+        self.max_tenant_bytes = max_tenant_bytes
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, timeout=5.0, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = NORMAL")
         self._db.executescript(_SCHEMA)
+        self._count_tenants_once()
+
+    def _count_tenants_once(self) -> None:
+        """A store written before the quota has no tally: count each tenant's bytes once, now."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tenant_bytes'").fetchone():
+                db.execute(_TENANT_BYTES)
+                db.execute(
+                    f"INSERT INTO tenant_bytes SELECT tenant, SUM({_SIZE}) FROM responses GROUP BY tenant"
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def tenant_bytes(self, tenant: str) -> int:
+        """What ``tenant`` has stored, in bytes (its responses' and conversations' JSON)."""
+        with self._lock:
+            row = self._db.execute("SELECT bytes FROM tenant_bytes WHERE tenant = ?", (tenant,)).fetchone()
+        return row[0] if row else 0
 
     def put(self, tenant: str, response: dict[str, Any], inputs: list[Item]) -> None:
+        """Store ``response``; the tenant's oldest go first if it would pass its quota. Raises
+        :class:`OverQuota` for a response larger than the whole quota (nothing is dropped for it)."""
         now = self.clock()
         row = (response["id"], tenant, now, json_encoder.encode(response), json_encoder.encode(inputs))
+        size = len(row[3]) + len(row[4])
+        if size > self.max_tenant_bytes:
+            raise OverQuota(f"{size} bytes, more than the tenant's quota of {self.max_tenant_bytes}")
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)", row)
-                self._db.execute("DELETE FROM responses WHERE created_at < ?", (now - self.keep_s,))
-                self._db.execute("COMMIT")
+                self._drop(db, "id = ?", (row[0],))  # (a replaced row's bytes leave its tally)
+                self._drop(db, "created_at < ?", (now - self.keep_s,))
+                self._make_room(db, tenant, size)
+                db.execute("INSERT INTO responses VALUES (?, ?, ?, ?, ?)", row)
+                db.execute(
+                    "INSERT INTO tenant_bytes VALUES (?, ?) "
+                    "ON CONFLICT (tenant) DO UPDATE SET bytes = bytes + excluded.bytes",
+                    (tenant, size),
+                )
+                db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
                 raise
+
+    def _make_room(self, db: sqlite3.Connection, tenant: str, size: int) -> None:
+        """Drop the tenant's oldest responses until ``size`` more bytes fit its quota."""
+        found = db.execute("SELECT bytes FROM tenant_bytes WHERE tenant = ?", (tenant,)).fetchone()
+        over = (found[0] if found else 0) + size - self.max_tenant_bytes
+        while over > 0:
+            oldest = db.execute(
+                f"SELECT id, {_SIZE} FROM responses WHERE tenant = ? ORDER BY created_at LIMIT ?",
+                (tenant, _EVICT_BATCH),
+            ).fetchall()
+            if not oldest:
+                return
+            for response_id, stored in oldest:
+                self._drop(db, "id = ?", (response_id,))
+                over -= stored
+                if over <= 0:
+                    return
+
+    @staticmethod
+    def _drop(db: sqlite3.Connection, where: str, args: tuple) -> None:
+        """Delete the responses ``where`` says, their bytes taken off their tenants' tallies."""
+        gone = db.execute(
+            f"SELECT tenant, SUM({_SIZE}) FROM responses WHERE {where} GROUP BY tenant", args
+        ).fetchall()
+        if not gone:
+            return
+        db.execute(f"DELETE FROM responses WHERE {where}", args)
+        db.executemany(
+            "UPDATE tenant_bytes SET bytes = bytes - ? WHERE tenant = ?", [(b, t) for t, b in gone]
+        )
 
     def get(self, tenant: str, response_id: str) -> Stored | None:
         with self._lock:
@@ -105,10 +186,19 @@ class ResponseStore:
 
     def delete(self, tenant: str, response_id: str) -> bool:
         with self._lock:
-            cursor = self._db.execute(
-                "DELETE FROM responses WHERE id = ? AND tenant = ?", (response_id, tenant)
-            )
-        return cursor.rowcount > 0
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                found = db.execute(
+                    "SELECT 1 FROM responses WHERE id = ? AND tenant = ?", (response_id, tenant)
+                ).fetchone()
+                if found:
+                    self._drop(db, "id = ? AND tenant = ?", (response_id, tenant))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        return found is not None
 
     def close(self) -> None:
         with self._lock:

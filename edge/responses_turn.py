@@ -17,7 +17,7 @@ from typing import Any
 
 from edge.admission import read_body
 from edge.journey import Journey
-from edge.response_store import ResponseStore
+from edge.response_store import OverQuota, ResponseStore
 from edge.usage_audit import AuditedUsage
 from nearshore.protocol.errors import INVALID_REQUEST, NOT_FOUND, ApiError
 from nearshore.protocol.response_events import ResponseEvents, ResponseFrame, new_id, whole_response
@@ -100,6 +100,6 @@ class ResponsesTurn:
             return
         try:
             await self.store.aput(self.tenant, response, self.inputs)
-        except (sqlite3.Error, OSError) as exc:  # the answer still goes out, saying it was not kept
+        except (sqlite3.Error, OSError, OverQuota) as exc:  # the answer goes out, saying it was not kept
             log.warning("response %s not stored: %s", response["id"], exc)
             response["store"] = False

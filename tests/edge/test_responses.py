@@ -5,6 +5,7 @@ their tenant; bad input refused by name while the edge keeps serving. And the re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from tests.conftest import MODEL, Node
 from tests.edge.test_region import client as https_client
-from tests.edge_fixtures import Edge, start_edge, start_hostile
+from tests.edge_fixtures import Edge, start_edge, start_hostile, start_pacer
 from tests.tool_calls_shared import WEATHER, WEATHER_TOOL
 
 pytestmark = pytest.mark.slow
@@ -354,3 +355,28 @@ async def test_the_agents_sdk_calls_a_tool_and_answers_in_shape_through_the_edge
     streamed = agents.Runner.run_streamed(reporter, "Abuja: 29 C, dry.")
     kinds = {event.type async for event in streamed.stream_events()}
     assert "raw_response_event" in kinds and isinstance(streamed.final_output, Report)
+
+
+def test_a_tenant_past_its_stored_quota_loses_its_oldest_not_another_tenants(tmp_path):
+    """[responses] max_tenant_bytes: the store is shared and lies beside the ledger, so a tenant that
+    stores without end drops its own oldest responses, and another tenant's stay."""
+    pacer = start_pacer(tmp_path, tokens=2, interval_ms=1)  # answers any prompt, however long
+    edge = start_edge(tmp_path / "edge", [("pacer", pacer.url)], responses={"max_tenant_bytes": 1 << 20})
+    edge.extra.append(pacer.process)
+    try:
+        other = https_client(edge, edge.new_key(tenant="globex"))
+        theirs = other.responses.create(model=MODEL, input="Say yes.", max_output_tokens=2)
+        c = https_client(edge, edge.new_key(tenant="acme", tpm=10_000_000))
+        # Each stored turn is its input and output as JSON: about 300 KB here; the quota holds three.
+        ids = [
+            c.responses.create(model=MODEL, input=f"{i} " + "Lagos " * 50_000, max_output_tokens=2).id
+            for i in range(5)
+        ]
+        kept = []
+        for response_id in ids:
+            with contextlib.suppress(openai.NotFoundError):
+                kept.append(c.responses.retrieve(response_id).id)
+        assert kept == ids[-len(kept) :] and 2 <= len(kept) <= 3, kept  # the newest, in order
+        assert other.responses.retrieve(theirs.id).id == theirs.id
+    finally:
+        edge.stop()
