@@ -8,6 +8,7 @@ fit *now* is a 429 with ``Retry-After``.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 from aiohttp import web
@@ -149,18 +150,50 @@ async def admit(
 
 
 async def _reserve(state: EdgeState, key: ApiKey, tokens: int) -> Decision:
+    spec = LimitSpec(key.rpm, key.tpm)
     try:
-        decision = await state.limiter.admit(key.key_id, LimitSpec(key.rpm, key.tpm), tokens)
+        decision = await state.limiter.admit(key.key_id, spec, tokens)
     except LimiterUnavailable:
         raise ApiError(
             LIMITS_UNAVAILABLE, "Rate limits cannot be checked right now; retry shortly.", retry_after_s=1
         ) from None
     if not decision.allowed:
-        state.metrics.rate_limited.labels(decision.refused_by or "requests").inc()
-        raise ApiError(
-            RATE_LIMITED,
-            f"{decision.reason} Retry after {decision.retry_after_s:.1f}s.",
-            retry_after_s=decision.retry_after_s,
-            headers=rate_limit_headers(decision),
-        )
+        state.refusals.note(key.key_id, spec, decision, time.monotonic())
+        raise rate_limited(state, decision)
     return decision
+
+
+def rate_limited(state: EdgeState, decision: Decision) -> ApiError:
+    """The 429 for a refusal, counted on /metrics."""
+    state.metrics.rate_limited.labels(decision.refused_by or "requests").inc()
+    return ApiError(
+        RATE_LIMITED,
+        f"{decision.reason} Retry after {decision.retry_after_s:.1f}s.",
+        retry_after_s=decision.retry_after_s,
+        headers=rate_limit_headers(decision),
+    )
+
+
+def refuse_if_standing(state: EdgeState, key: ApiKey) -> None:
+    """A key its RPM refused is refused again until that refusal's retry time, before its body is read:
+    a key at its limit cannot make the edge read and check bodies it will refuse anyway."""
+    if not key.rpm:
+        return
+    refusal = state.refusals.standing(key.key_id, LimitSpec(key.rpm, key.tpm), time.monotonic())
+    if refusal is not None:
+        raise rate_limited(state, refusal)
+
+
+async def count_refused(state: EdgeState, key: ApiKey) -> None:
+    """A request the edge refused as the client's mistake (a bad body, an unknown model...) still counts
+    against its key's RPM, as OpenAI counts unsuccessful requests: a client that resends a bad request
+    in a loop meets its limit (then :func:`refuse_if_standing` spares the edge its bodies). No tokens."""
+    if not key.rpm:
+        return
+    spec = LimitSpec(key.rpm, key.tpm)
+    try:
+        decision = await state.limiter.admit(key.key_id, spec, 0)
+    except LimiterUnavailable:
+        return  # nothing to count against: the request was refused anyway
+    if not decision.allowed:
+        state.refusals.note(key.key_id, spec, decision, time.monotonic())

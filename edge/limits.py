@@ -157,3 +157,53 @@ def rate_limit_headers(decision: Decision) -> dict[str, str]:
         headers["retry-after"] = str(max(1, math.ceil(decision.retry_after_s)))
         headers["retry-after-ms"] = str(math.ceil(decision.retry_after_s * 1000))
     return headers
+
+
+class StandingRefusals:
+    """Keys their RPM refused, and until when: no slot of a key's window frees before the refusal's retry
+    time (its entries only leave by age), so a request of that key before then is refused at once, before
+    its body is read or the limiter is asked. Kept for the limits it was refused under: a key whose limits
+    changed is asked again. Bounded: past ``max_keys``, the lapsed go, then the soonest to lapse."""
+
+    def __init__(self, max_keys: int = 100_000) -> None:
+        self.max_keys = max_keys
+        self._standing: dict[str, tuple[float, LimitSpec, Decision]] = {}  # key -> (noted at, spec, refusal)
+
+    def __len__(self) -> int:
+        return len(self._standing)
+
+    def note(self, key_id: str, spec: LimitSpec, decision: Decision, now: float) -> None:
+        if decision.allowed or decision.refused_by != "requests" or decision.degraded:
+            return  # a refusal by tokens may not stand for a smaller request; a local guess is no proof
+        if len(self._standing) >= self.max_keys and key_id not in self._standing:
+            self._make_room(now)
+        self._standing[key_id] = (now, spec, decision)
+
+    def standing(self, key_id: str, spec: LimitSpec, now: float) -> Decision | None:
+        """The refusal that still stands for ``key_id`` under ``spec``, its times counted from ``now``."""
+        held = self._standing.get(key_id)
+        if held is None:
+            return None
+        noted_at, noted_spec, decision = held
+        elapsed = now - noted_at
+        if elapsed >= decision.retry_after_s or noted_spec != spec:
+            del self._standing[key_id]
+            return None
+        requests, tokens = decision.requests, decision.tokens
+        return Decision(
+            False,
+            Window(requests.limit, requests.remaining, max(0.0, requests.reset_s - elapsed)),
+            Window(tokens.limit, tokens.remaining, max(0.0, tokens.reset_s - elapsed)),
+            decision.retry_after_s - elapsed,
+            refused_by="requests",
+            reason=decision.reason,
+        )
+
+    def _make_room(self, now: float) -> None:
+        standing = self._standing
+        for key_id in [k for k, (at, _, d) in standing.items() if now - at >= d.retry_after_s]:
+            del standing[key_id]
+        if len(standing) >= self.max_keys:
+            by_lapse = sorted(standing, key=lambda k: standing[k][0] + standing[k][2].retry_after_s)
+            for key_id in by_lapse[: len(standing) - self.max_keys + 1]:
+                del standing[key_id]

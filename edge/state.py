@@ -18,7 +18,7 @@ from edge.degraded_policy import DegradedTier
 from edge.inflight import InFlight
 from edge.keys import KnownKeys
 from edge.ledger import Ledger
-from edge.limits import RateLimiter
+from edge.limits import RateLimiter, StandingRefusals
 from edge.metrics import EdgeMetrics
 from edge.pool_gate import PoolGate
 from edge.response_store import ResponseStore
@@ -53,6 +53,7 @@ class EdgeState:
     degraded: DegradedTier | None = None  # the local regions' policy (the cut stage); None: no local region
     background: set[asyncio.Task] = field(default_factory=set)
     inflight: InFlight = field(default_factory=InFlight)  # journeys running, which the edge may end
+    refusals: StandingRefusals = field(default_factory=StandingRefusals)  # RPM refusals that still stand
     fleet_ledger: FleetLedger | None = None  # the city's one bill in PostgreSQL (edge/ledger_pg.py)
     admin_token: str = ""  # the key API on the operator's listener (edge/keys_admin.py); "": none
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 import time
 
+from edge.admission import count_refused
 from edge.degraded_policy import REASON
-from edge.journey import Journey
+from edge.journey import CLIENT_LEFT, Journey
 from edge.ledger import UsageRecord
 from edge.metric_labels import error_code_label, model_label
 from edge.usage_audit import AuditedUsage
@@ -23,9 +24,18 @@ async def settle_stage(journey: Journey) -> None:
 
 
 async def settle_journey(journey: Journey) -> AuditedUsage | None:
-    """Bill the request once; a request refused before admission reserved nothing and has no row."""
+    """Bill the request once; a request refused before admission reserved nothing and has no row (one
+    refused as the client's mistake still counts against its key's RPM)."""
     admission, outcome = journey.admission, journey.outcome
-    if journey.billed is not None or admission is None or journey.key is None:
+    if journey.billed is not None or journey.key is None:
+        return None
+    if admission is None:
+        if _clients_mistake(outcome.http_status) and outcome.recorded:
+            counting = count_refused(journey.state, journey.key)
+            if journey.state.limiter.settles_in_memory:
+                await counting  # never suspends
+            else:
+                journey.state.in_background(counting)  # a round trip to Redis: not before the answer
         return None
     state, key, forwarded = journey.state, journey.key, journey.forwarded
     model = journey.model  # priced as the model that served (a fallback's price, when one did)
@@ -102,6 +112,13 @@ def _report_anomalies(journey: Journey, audited: AuditedUsage) -> None:
         audited.usage.prompt_tokens,
         audited.usage.completion_tokens,
     )
+
+
+def _clients_mistake(http_status: int) -> bool:
+    """A refusal the client caused (a bad body, an unknown model, a key not allowed it): not a missing
+    key (401), not a rate limit (429: counting it would push the retry it was told further off), not the
+    edge's own trouble (5xx)."""
+    return 400 <= http_status < 500 and http_status not in (401, 429, CLIENT_LEFT)
 
 
 def _cost(journey: Journey, usage: Usage) -> float:
