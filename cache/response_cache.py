@@ -29,6 +29,7 @@ from cache.decision import SemanticCheck
 from cache.deferred_index import DeferredIndex
 from cache.embedder_pool import EmbedderBusy, EmbedderPool, OutOfScope
 from cache.keys import CacheKey
+from cache.scope_share import ScopeShares
 from cache.store import CacheStore, Entry, StoreLimits
 from cache.verify import semantic_allowed
 
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nearshore.cache")
 LOG_EVERY_S = 60.0
+ENTRY_OVERHEAD_BYTES = 200  # what an entry stores beyond its question and answer (its fields, its row)
 HitKind = Literal["exact", "semantic"]
 
 # (threshold, false-hit rate on the hard negatives, verifier on: the upper end of its 95% Wilson interval),
@@ -102,11 +104,14 @@ class ResponseCache:
         threshold: float,
         limits: StoreLimits | None = None,
         check: SemanticCheck | None = None,
+        ttl_s: float = 24 * 3600.0,
     ) -> None:
         self.embedder = embedder
         self.threshold = threshold
         self.check = check or SemanticCheck()  # the verifier's vetoes, then the pair judge (if any)
         self.store = CacheStore(folder, dim, size_limit_bytes, limits=limits)
+        # Once the entries are full, each scope stores within its fair part of them (cache/scope_share.py).
+        self.shares = ScopeShares(self.store.entries_capacity or size_limit_bytes or 0, ttl_s)
         # What fails now, by operation: a full disk breaks only "store" (reads still hit), a deleted folder
         # breaks them all; each operation's next success clears its own entry.
         self.failures: dict[str, str] = {}
@@ -252,6 +257,9 @@ class ResponseCache:
         """Store a complete answer (embedding its question if the lookup did not, within ``regions``);
         ``replace``: over an entry already stored for the key (a fresh answer asked for with
         ``Cache-Control: no-cache``), else the first answer stays. False if not stored."""
+        nbytes = len(entry.text) + len(entry.query) + ENTRY_OVERHEAD_BYTES
+        if not replace and not self.shares.may_store(key.scope, nbytes, self.store.entries_full):
+            return False  # its scope is past its part of a full cache: its answers would evict others'
         try:
             if key.scope and not entry.scope:  # which tenant an entry is for, for `nearshore cache`
                 entry = msgspec.structs.replace(entry, scope=key.scope)
@@ -268,6 +276,8 @@ class ResponseCache:
                     # entry replaced one (no-cache): the key's row serves it already.
                     later = not replace
             saved = await asyncio.to_thread(self.store.put, key.exact, entry, vector, replace)
+            if saved:
+                self.shares.stored(key.scope, nbytes)
             if saved and later:
                 self.deferred.add(key, entry, regions)
             if saved and self.share is not None:

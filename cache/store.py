@@ -58,6 +58,8 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _entry_decoder = msgspec.msgpack.Decoder(Entry)
+# The entries count as full from this share of their space (diskcache culls at the limit itself).
+_FULL_AT = 0.9
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -329,6 +331,19 @@ class CacheStore:
                 os.utime(self.files.paths(partition)[1], (wall_s, wall_s))
         if self._maintainer is not None and time.monotonic() - self.usage.counted_s > self.limits.recount_s:
             self._wake.set()
+
+    @property
+    def entries_capacity(self) -> int | None:
+        """The bytes the entries may take (None: the folder's own settings, an operator's tool)."""
+        if self.size_limit_bytes is None:
+            return None
+        return int(self.size_limit_bytes * (1 - self.limits.index_share))
+
+    @property
+    def entries_full(self) -> bool:
+        """Whether the entries filled their space at the last check: each new one evicts an old one."""
+        capacity = self.entries_capacity
+        return capacity is not None and self._entries_bytes >= _FULL_AT * capacity
 
     def _index_budget(self) -> int | None:
         if self.size_limit_bytes is None:

@@ -190,6 +190,7 @@ async def metrics(request: web.Request) -> web.Response:
         m_.cache_up.set(0 if state.cache.failure else 1)
         for operation, count in state.cache.failure_counts.items():
             m_.cache_failures.labels(operation).set(count)
+        m_.cache_over_share.set(state.cache.shares.refused)
         if state.cache.audit is not None:
             rate = state.cache.audit.rate()
             for bound, value in (("measured", rate.measured), ("lower", rate.lower), ("upper", rate.upper)):

@@ -57,6 +57,7 @@ def make_cache(config: EdgeConfig, upstreams: UpstreamPool) -> tuple[ResponseCac
                 learns=True,
                 threshold=settings.judge_threshold,
             ),
+            ttl_s=settings.ttl_s,  # what a scope stored this long ago is no longer held
         )
     except Exception as exc:  # an unwritable or corrupt folder: serve without a cache
         log.warning("response cache at %s cannot be opened (%s): serving without it", folder, exc)

@@ -196,6 +196,13 @@ EDGE_FAMILIES: dict[str, MetricSpec] = {
         ("operation",),
         "Response cache operations that failed since start (the request went on without the cache).",
     ),
+    "cache_over_share": MetricSpec(
+        P + "cache_stores_over_share",
+        "gauge",
+        (),
+        "Answers not stored since start because the cache was full and their scope (tenant) had stored "
+        "its fair part of it lately: one tenant's new answers may not evict every other tenant's.",
+    ),
     # The cache's live audit
     "cache_audits": MetricSpec(
         P + "cache_audits",
