@@ -32,6 +32,7 @@ from nearshore.httpkit import (
     CLIENT_REQUEST_ID_KEY,
     metrics_response,
     minted_request_ids,
+    name_the_server,
     openai_errors,
     request_id_of,
 )
@@ -57,6 +58,7 @@ def create_app(state: EdgeState, pipeline: Pipeline | None = None) -> web.Applic
     app[PIPELINE] = pipeline or default_pipeline()
     app.cleanup_ctx.append(_lifetime)
     app.on_shutdown.append(_drain)
+    app.on_response_prepare.append(name_the_server)
     # Each API path with and without /v1: a client whose base URL leaves it out (as LiteLLM's proxy takes).
     for prefix in API_PREFIXES:
         app.router.add_post(prefix + "/chat/completions", chat_completions)
@@ -78,6 +80,7 @@ def create_metrics_app(state: EdgeState) -> web.Application:
     the key API (edge/keys_admin.py) when an admin token is configured."""
     app = web.Application(middlewares=[openai_errors])
     app[EDGE] = state
+    app.on_response_prepare.append(name_the_server)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health_details)
     add_admin_routes(app, state.keys, state.admin_token)

@@ -41,6 +41,15 @@ def request_id_of(request: web.Request) -> str:
     return request[REQUEST_ID_KEY]
 
 
+SERVER_NAME = "nearshore"
+
+
+async def name_the_server(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """An ``on_response_prepare`` handler: every answer says ``Server: nearshore``, not the Python and
+    aiohttp versions aiohttp puts there (a version is a map of which published flaws apply)."""
+    response.headers["Server"] = SERVER_NAME
+
+
 def metrics_response(body: bytes) -> web.Response:
     """A Prometheus scrape's answer."""
     return web.Response(body=body, headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})

@@ -9,7 +9,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from nearshore.httpkit import Handler, metrics_response, openai_errors, read_json, request_id_of, request_ids
+from nearshore.httpkit import (
+    Handler,
+    metrics_response,
+    name_the_server,
+    openai_errors,
+    read_json,
+    request_id_of,
+    request_ids,
+)
 from nearshore.protocol import sse
 from nearshore.protocol.answers import ChatAnswer, TextAnswer
 from nearshore.protocol.errors import INVALID_API_KEY, MODEL_NOT_FOUND, UNSUPPORTED_PARAMETER, ApiError
@@ -66,6 +74,7 @@ def create_app(
     app[SERVICE] = service
     app[LOAD_REPORTER] = reporter = LoadReporter(engine)
     app.on_response_prepare.append(load_header(reporter))
+    app.on_response_prepare.append(name_the_server)
     app.cleanup_ctx.append(_engine_lifetime(engine))
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)

@@ -97,6 +97,7 @@ async def test_chat_answer_has_usage_and_headers(region: Node):
     assert usage["total_tokens"] == usage["prompt_tokens"] + 12
     assert usage["prompt_tokens"] > 10
     assert "prefill;dur=" in headers["Server-Timing"] and headers["x-request-id"]
+    assert headers["Server"] == "nearshore"  # no Python or aiohttp version
 
 
 async def test_request_id_is_propagated(region: Node):
