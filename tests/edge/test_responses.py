@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from tests.conftest import MODEL, Node
 from tests.edge.test_region import client as https_client
-from tests.edge_fixtures import Edge, start_edge, start_hostile, start_pacer
+from tests.edge_fixtures import Edge, edge_over_pacer, start_edge, start_hostile
 from tests.tool_calls_shared import WEATHER, WEATHER_TOOL
 
 pytestmark = pytest.mark.slow
@@ -360,9 +360,10 @@ async def test_the_agents_sdk_calls_a_tool_and_answers_in_shape_through_the_edge
 def test_a_tenant_past_its_stored_quota_loses_its_oldest_not_another_tenants(tmp_path):
     """[responses] max_tenant_bytes: the store is shared and lies beside the ledger, so a tenant that
     stores without end drops its own oldest responses, and another tenant's stay."""
-    pacer = start_pacer(tmp_path, tokens=2, interval_ms=1)  # answers any prompt, however long
-    edge = start_edge(tmp_path / "edge", [("pacer", pacer.url)], responses={"max_tenant_bytes": 1 << 20})
-    edge.extra.append(pacer.process)
+    # A pacer answers any prompt, however long.
+    edge = edge_over_pacer(
+        tmp_path, "pacer", {"responses": {"max_tenant_bytes": 1 << 20}}, tokens=2, interval_ms=1
+    )
     try:
         other = https_client(edge, edge.new_key(tenant="globex"))
         theirs = other.responses.create(model=MODEL, input="Say yes.", max_output_tokens=2)

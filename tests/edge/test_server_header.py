@@ -7,15 +7,12 @@ import aiohttp
 import pytest
 
 from nearshore.httpkit import SERVER_NAME
-from tests.edge_fixtures import Edge, start_edge, start_pacer
+from tests.edge_fixtures import Edge, edge_over_pacer
 
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("server-header")
-    pacer = start_pacer(folder, tokens=2, interval_ms=1)
-    edge = start_edge(folder / "edge", [("pacer", pacer.url)])
-    edge.extra.append(pacer.process)
+    edge = edge_over_pacer(tmp_path_factory.mktemp("server-header"), "pacer", tokens=2, interval_ms=1)
     yield edge
     edge.stop()
 

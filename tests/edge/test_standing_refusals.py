@@ -16,7 +16,7 @@ from edge.admission import count_refused
 from edge.limits import Decision, LimitSpec, RateLimiter, StandingRefusals, Window
 from edge.limits_memory import MemoryLimiter
 from edge.limits_redis import RedisLimiter
-from tests.edge_fixtures import Edge, start_edge, start_pacer
+from tests.edge_fixtures import Edge, edge_over_pacer
 from tests.redis_server import RedisServer
 
 SPEC = LimitSpec(rpm=2, tpm=1000)
@@ -100,10 +100,7 @@ async def test_a_refused_request_takes_a_slot_of_no_tokens_in_either_backend(bac
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory):
-    folder = tmp_path_factory.mktemp("standing")
-    pacer = start_pacer(folder, tokens=2, interval_ms=1)
-    edge = start_edge(folder / "edge", [("pacer", pacer.url)])
-    edge.extra.append(pacer.process)
+    edge = edge_over_pacer(tmp_path_factory.mktemp("standing"), "pacer", tokens=2, interval_ms=1)
     yield edge
     edge.stop()
 
