@@ -111,15 +111,19 @@ class H1Pool:
         return connection
 
     def refill(self) -> None:
-        """Open a connection in the background to stand idle, while fewer than ``keep_warm`` are."""
-        if self._closed or len(self._idle) + len(self._refills) >= self.keep_warm:
-            return
-        try:
-            task = asyncio.get_running_loop().create_task(self._open_idle())
-        except RuntimeError:  # no loop (the pool is being torn down): nothing to keep warm
-            return
-        self._refills.add(task)
-        task.add_done_callback(self._refills.discard)
+        """Open connections in the background to stand idle until ``keep_warm`` do (those being opened
+        count). An idle one past ``keepalive_s`` is closed first: the next request would not take it."""
+        now = time.monotonic()
+        for connection in [c for c in self._idle if now - c.idle_since > self.keepalive_s]:
+            connection.close()
+            self.forget(connection)
+        while not self._closed and len(self._idle) + len(self._refills) < self.keep_warm:
+            try:
+                task = asyncio.get_running_loop().create_task(self._open_idle())
+            except RuntimeError:  # no loop (the pool is being torn down): nothing to keep warm
+                return
+            self._refills.add(task)
+            task.add_done_callback(self._refills.discard)
 
     async def _open_idle(self) -> None:
         try:

@@ -218,9 +218,10 @@ class UpstreamPool:
         # Those probes timed their handshakes too; one on a warm connection times the round trip alone.
         await asyncio.gather(*(self.probe(u) for u in self.upstreams))
 
-    async def probe(self, upstream: Upstream) -> None:
-        """GET /health on a warm connection: its round trip, its load, whether it serves. A provider has no
-        /health: its probe path (``/v1/models``), with its credential, answering 200 is its health."""
+    async def probe(self, upstream: Upstream) -> bool:
+        """GET /health on a warm connection: its round trip, its load, whether it serves (True: it passed).
+        A provider has no /health: its probe path (``/v1/models``), with its credential, answering 200 is
+        its health."""
         timeout_s = self.config.health_timeout_s
         why = ""
         load: LoadReport | None = None
@@ -252,14 +253,24 @@ class UpstreamPool:
         if why:
             if router.probe_failed(upstream.replica, why):
                 log.warning("region %s is DOWN: %s", upstream.name, why)
+            return False
         # A probe that opened its connection timed the handshakes too: its round trip is no sample.
-        elif router.probe_passed(upstream.replica, None if response.connect_s else rtt_ms, load):
+        if router.probe_passed(upstream.replica, None if response.connect_s else rtt_ms, load):
             log.warning("region %s is up again", upstream.name)
+        return True
 
     async def _health_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.health_interval_s)
-            await asyncio.gather(*(self.probe(u) for u in self.upstreams))
+            await asyncio.gather(*(self._probe_and_refill(u) for u in self.upstreams))
+
+    async def _probe_and_refill(self, upstream: Upstream) -> None:
+        """A region that passed its probe gets back the spare connections it lost (it restarted, or its
+        keep-alive or a middlebox closed them) now, not from its next users' requests: a restarted region's
+        first answers each paid one to three round trips of handshakes, and the router, measuring them,
+        sent its traffic away again."""
+        if await self.probe(upstream):
+            upstream.pool.refill()
 
     async def replenish(self, upstream: Upstream) -> None:
         """Open a connection to replace one that a cut-short stream took down with it, so the next

@@ -253,3 +253,38 @@ async def test_whole_chunks_in_a_piece_are_delivered_one_by_one_and_cut_ones_wai
 async def test_a_bad_chunk_in_a_piece_fails_the_response(piece: bytes):
     sink, pool = await streamed([piece])
     assert isinstance(sink.failed, MalformedResponse) and not pool.back
+
+
+async def test_refill_tops_the_spares_up_to_keep_warm_and_replaces_those_lost_or_past_keepalive():
+    writers: list[asyncio.StreamWriter] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await reader.read()  # until the edge or the test closes it
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = H1Pool("127.0.0.1", port, None, max_idle=8, keepalive_s=60, connect_timeout_s=2, keep_warm=3)
+    try:
+        pool.refill()
+        await idle_soon(pool, 3)
+        pool.refill()  # three stand idle already: nothing more is opened
+        await asyncio.sleep(0.05)
+        assert pool.idle_connections == 3 and len(writers) == 3
+        for writer in writers:  # the region restarted: every connection it held is gone
+            writer.close()
+        for _ in range(200):
+            if pool.idle_connections == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert pool.idle_connections == 0
+        pool.refill()
+        await idle_soon(pool, 3)
+        assert pool.idle_connections == 3 and len(writers) == 6
+        pool.keepalive_s = 0.0  # every idle one is now too old for a request to take
+        pool.refill()
+        await idle_soon(pool, 3)
+        assert pool.idle_connections == 3 and len(writers) == 9
+    finally:
+        pool.close()
+        server.close()
