@@ -50,11 +50,13 @@ from regional.step_cost import StepCost
 from regional.step_output import Events, StepLogits, StepOutput, step_events
 from regional.step_plan import StepPlan
 from regional.token_rate import TokenRate
+from regional.vocabulary_facts import VocabularyFacts
+from regional.warm_up import warm_up
 
 log = logging.getLogger("nearshore.engine")
 
 
-class StepEngine:
+class StepEngine(VocabularyFacts):
     kind = "?"  # which engine, for logs, /health and metrics
 
     def __init__(self, model_name: str, model_path: str, config: EngineConfig) -> None:
@@ -83,8 +85,7 @@ class StepEngine:
         self._steps = 0
         self._step_s = 0.0  # the steps' model, sampling and grammar time (stats)
         self._prefill_tokens = 0  # prompt tokens the steps computed (stats)
-        self._prefix_queries = 0
-        self._prefix_hits = 0
+        self._prefix_queries = self._prefix_hits = 0
         self._grammars = GrammarStep()  # masks beside the model; the grammars' cost
         self._generated = TokenRate(time.monotonic())  # added to by the worker thread, read by stats()
         self._last_active = time.monotonic()
@@ -173,7 +174,7 @@ class StepEngine:
             self._state = "loading"
             started = time.perf_counter()
             try:
-                self._vocab = await asyncio.to_thread(self._load_backend)
+                await asyncio.to_thread(self._load_and_warm_up)
             except Exception as exc:
                 # What did not load will not load on the next request either (a file, more memory than
                 # the machine has): give up for good, so requests get 503 with the reason, /health says
@@ -186,11 +187,26 @@ class StepEngine:
             self.model_load_s = time.perf_counter() - started
             log.info("model %s loaded in %.2fs (%s engine)", self.model_name, self.model_load_s, self.kind)
             self._stopping = False
-            self._scheduler = self._new_scheduler(self._vocab.is_end_of_generation)
             self._thread = threading.Thread(target=self._run, name=f"{self.kind}-engine", daemon=True)
             self._thread.start()
             self._last_active = time.monotonic()
             self._state = "ready"
+
+    def _load_and_warm_up(self) -> None:
+        """Load the model, then run the warm-up (regional/warm_up.py) before the worker starts; its KV
+        memory and scheduler are then forgotten and its figures not counted: the node's stats (counters
+        that carry on across an idle unload and reload) count its users' work alone."""
+        self._vocab = self._load_backend()
+        self._scheduler = self._new_scheduler(self._vocab.is_end_of_generation)
+        kept = self._steps, self._step_s, self._prefill_tokens, self._prefix_queries, self._prefix_hits
+        rate, started = self._generated, time.perf_counter()
+        self._generated = TokenRate(time.monotonic())
+        steps = warm_up(self._vocab, self._scheduler, self._step)
+        log.debug("warmed up in %d steps, %.0f ms", steps, (time.perf_counter() - started) * 1000)
+        self._steps, self._step_s, self._prefill_tokens, self._prefix_queries, self._prefix_hits = kept
+        self._generated = rate
+        self._clear_memory()
+        self._scheduler = self._new_scheduler(self._vocab.is_end_of_generation)
 
     async def _unload_when_idle(self) -> None:
         while True:
@@ -233,28 +249,6 @@ class StepEngine:
         assert self._prompts is not None
         self._last_active = time.monotonic()  # the idle unloader leaves a model that is in use
         return await asyncio.to_thread(self._prompts.tokenize, segments, limit_tokens)
-
-    def detokenize(self, tokens: list[int]) -> str:
-        assert self._vocab is not None
-        return self._vocab.detokenize(tokens)
-
-    @property
-    def vocab_size(self) -> int:
-        assert self._vocab is not None
-        return self._vocab.n_vocab
-
-    def token_piece(self, token: int) -> bytes:
-        assert self._vocab is not None
-        return self._vocab.token_piece(token)
-
-    def chat_template(self) -> str | None:
-        return self._vocab.chat_template() if self._vocab is not None else None
-
-    def special_tokens(self) -> dict[str, str]:
-        return self._vocab.special_tokens() if self._vocab is not None else {}
-
-    def adds_bos(self) -> bool:
-        return bool(self._vocab.bos_prefix()) if self._vocab is not None else True
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         await self.ready()
