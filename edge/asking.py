@@ -137,7 +137,8 @@ def _release(journey: Journey, opened: Opened) -> Callable[[], Awaitable[None]]:
 def _teach_router(journey: Journey, opened: Opened) -> None:
     """How long the answer took, and in how many tokens: a stream's teaches the replica's decode speed, a
     unary answer's (its head came when it was whole) its queue, as a stream's first token does."""
-    service_ms = (time.perf_counter() - opened.timing.forwarded_at) * 1000
+    timing = opened.timing
+    service_ms = (time.perf_counter() - timing.sent_at) * 1000  # the handshakes of a new connection left out
     relayed, stream, admission = journey.relayed, journey.forwarded.stream, journey.admission
     prompt_tokens = admission.prompt_estimate if admission is not None else 0
     router, replica = journey.state.pool.router, opened.upstream.replica
@@ -146,8 +147,8 @@ def _teach_router(journey: Journey, opened: Opened) -> None:
         if journey.continued.count or not first_write or not relayed.events:
             router.finished(replica, service_ms)  # a continuation's first token is not its own
             return
-        first_ms = (first_write - opened.timing.forwarded_at) * 1000
+        first_ms = (first_write - timing.sent_at) * 1000
         router.finished(replica, service_ms, relayed.events, first_ms)
         return
     tokens = relayed.delivered.tokens if relayed.delivered is not None else 0
-    router.finished(replica, opened.timing.first_byte_s * 1000, tokens, None, prompt_tokens)
+    router.finished(replica, (timing.first_byte_s - timing.connect_s) * 1000, tokens, None, prompt_tokens)

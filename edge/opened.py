@@ -18,6 +18,13 @@ class UpstreamTiming:
     first_byte_s: float = 0.0
     region_timing: str = ""
 
+    @property
+    def sent_at(self) -> float:
+        """When the request left on an open connection. The router learns the replica's times from here:
+        a new connection's handshakes are the path's (the probes time it), not the replica's, and the
+        requests after it, on warm connections, do not pay them."""
+        return self.forwarded_at + self.connect_s
+
     def header(self, edge_s: float) -> str:
         parts = [
             f"edge;dur={edge_s * 1000:.2f}",

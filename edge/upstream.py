@@ -299,10 +299,11 @@ class UpstreamPool:
         model: str,
         prompt_tokens: int = 0,
     ) -> None:
-        """The answer head arrived: a stream's is its first token; a unary one's is the whole answer,
-        which bounds the first token from above."""
+        """The answer head arrived ``first_byte_s`` after the request was forwarded: a stream's is its first
+        token; a unary one's is the whole answer, which bounds the first token from above. The handshakes
+        of a connection opened for it are left out (``UpstreamTiming.sent_at``)."""
         streamed = response.content_type.startswith("text/event-stream")
-        ttft_ms, load = first_byte_s * 1000, load_of(response)
+        ttft_ms, load = (first_byte_s - response.connect_s) * 1000, load_of(response)
         self.router.answered(
             upstream.replica, ttft_ms, load, prompt_tokens, upper_bound=not streamed, model=model
         )

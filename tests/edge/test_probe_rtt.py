@@ -10,6 +10,7 @@ Lagos looked farther the more it served, so traffic flapped between London and J
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -49,4 +50,29 @@ async def test_probe_round_trips_leave_out_the_handshakes_of_new_connections(tmp
     finally:
         await pool.close()
         await link.stop()
+        pacer.process.stop()
+
+
+async def test_a_first_token_after_a_new_connection_teaches_the_router_without_its_handshakes(tmp_path: Path):
+    pacer = start_pacer(tmp_path, "london")
+    pool = UpstreamPool(
+        [RegionSpec(name="london", url=pacer.url)],
+        UpstreamConfig(warm_connections=1, health_interval_s=3600),
+        GeoConfig(),
+        ["gemma-3-270m"],
+    )
+    try:
+        await pool.start()
+        upstream = pool.upstreams[0]
+        stream = {"content-type": "text/event-stream"}
+        # Its head came 230 ms after it was forwarded, 200 of them opening its connection.
+        opened_one = SimpleNamespace(headers=stream, content_type="text/event-stream", connect_s=0.2)
+        pool.answered(upstream, opened_one, 0.23, "gemma-3-270m")  # type: ignore[arg-type]
+        ttft = upstream.replica.latency.ttft
+        assert ttft.samples == 1 and ttft.value == pytest.approx(30.0)
+        pooled = SimpleNamespace(headers=stream, content_type="text/event-stream", connect_s=0.0)
+        pool.answered(upstream, pooled, 0.03, "gemma-3-270m")  # type: ignore[arg-type]
+        assert ttft.samples == 2 and ttft.value == pytest.approx(30.0)
+    finally:
+        await pool.close()
         pacer.process.stop()
