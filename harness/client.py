@@ -13,7 +13,6 @@ scenarios' phase-by-phase probe) reads a stream exactly as an aiohttp client doe
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import AsyncIterable, Callable, Mapping
@@ -24,6 +23,7 @@ import msgspec
 
 from nearshore.protocol import sse
 from nearshore.protocol.headers import CACHE, REGION, SERVER_TIMING
+from nearshore.protocol.server_timing import parse_server_timing
 
 
 class PromptTokensDetails(msgspec.Struct):
@@ -79,18 +79,6 @@ class Stream:
     def server_timing_s(self, name: str) -> float:
         """One Server-Timing part in seconds; NaN when the server did not send it."""
         return self.server_timing_ms.get(name, math.nan) / 1000
-
-
-def parse_server_timing(header: str) -> dict[str, float]:
-    """``edge;dur=0.41, ttft;desc="x";dur=12`` -> {"edge": 0.41, "ttft": 12.0} (milliseconds, by name)."""
-    out: dict[str, float] = {}
-    for part in header.split(","):
-        name, *params = (p.strip() for p in part.split(";"))
-        for param in params:
-            if param.startswith("dur="):
-                with contextlib.suppress(ValueError):
-                    out[name] = float(param[4:])
-    return out
 
 
 def read_head(stream: Stream, status: int, headers: Mapping[str, str]) -> None:

@@ -73,6 +73,8 @@ class TokenEvent(msgspec.Struct, array_like=True, omit_defaults=True):
     prefill_s: float = 0.0
     logprobs: Logprobs | None = None
     prompt_logprobs: list[Logprobs] | None = None
+    # The first event: seconds its grammar took to build before it was queued (the request's own setup).
+    grammar_s: float = 0.0
 
 
 class EngineStats(msgspec.Struct):

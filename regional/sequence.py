@@ -39,6 +39,7 @@ class Sequence:
     # What its grammar allows next (response_format, a tool call), advanced by each token drawn; its state
     # moves with the outputs alone, so preemptions and prefix reuse leave it right.
     constraint: Constraint | LazyConstraint | None = None
+    grammar_s: float = 0.0  # building ``constraint`` before it was queued (its first event says it)
     slot: int = -1  # the KV memory's id for this sequence (a llama.cpp sequence id)
     blocks: BlockTable | None = None  # its KV blocks, while the paged memory holds them
     num_computed: int = 0  # tokens whose KV cells exist (prompt first, then fed-back outputs)

@@ -84,17 +84,17 @@ class Timings:
 
     arrived: float = field(default_factory=time.perf_counter)
     tokenize_s: float = 0.0
+    grammar_s: float = 0.0  # building the request's grammar, before it was queued
     queue_s: float = 0.0
     prefill_s: float = 0.0
     first_token_at: float = 0.0
     finished_at: float = 0.0
 
     def server_timing(self) -> str:
-        parts = [
-            f"tokenize;dur={self.tokenize_s * 1000:.1f}",
-            f"queue;dur={self.queue_s * 1000:.1f}",
-            f"prefill;dur={self.prefill_s * 1000:.1f}",
-        ]
+        parts = [f"tokenize;dur={self.tokenize_s * 1000:.1f}"]
+        if self.grammar_s:  # the edge leaves it out of what it learns of the node's speed
+            parts.append(f"grammar;dur={self.grammar_s * 1000:.1f}")
+        parts += [f"queue;dur={self.queue_s * 1000:.1f}", f"prefill;dur={self.prefill_s * 1000:.1f}"]
         if self.first_token_at:
             parts.append(f"ttft;dur={(self.first_token_at - self.arrived) * 1000:.1f}")
         if self.finished_at:
@@ -393,6 +393,7 @@ class Generation:
                         self.cached_tokens = event.cached_tokens
                         self.prompt_logprobs = event.prompt_logprobs
                         t.queue_s, t.prefill_s, t.first_token_at = event.queue_s, event.prefill_s, now
+                        t.grammar_s = event.grammar_s
                         m.ttft.labels(model).observe(now - t.arrived)
                         m.queue.labels(model).observe(event.queue_s)
                         m.prefill.labels(model).observe(event.prefill_s)

@@ -253,13 +253,16 @@ class StepEngine(VocabularyFacts):
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         await self.ready()
         grammar, trigger = request.grammar, request.grammar_trigger
+        started = time.perf_counter()
         constraint = await self.constraint(grammar, trigger) if grammar is not None else None
+        arrived = time.perf_counter()
         seq = Sequence(
             request,
-            arrived_at=time.perf_counter(),
+            arrived_at=arrived,
             sampler=TokenSampler(request.sampling, request.prompt_tokens),
             events=asyncio.Queue(),
             constraint=constraint,
+            grammar_s=arrived - started if constraint is not None else 0.0,
         )
         with self._cv:
             if self._failure is not None:

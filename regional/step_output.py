@@ -89,6 +89,7 @@ def token_event(
         seq.first_token_at = now
         event.cached_tokens = seq.num_cached_tokens
         event.queue_s = seq.admitted_at - seq.arrived_at
+        event.grammar_s = seq.grammar_s
         event.prefill_s = now - seq.admitted_at
         if seq.request.prompt_logprobs is not None:
             event.prompt_logprobs = [Logprobs(seq.prompt[0], None, []), *seq.prompt_logprobs]

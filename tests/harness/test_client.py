@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from harness.chat import stream_answer
-from harness.client import Stream, parse_server_timing, read_events, stream_once
+from harness.client import Stream, read_events, stream_once
 from harness.launcher import RunningTopology
 from harness.scenarios.probe import probe
 from harness.scenarios.region_outage import Attempt, RegionOutage
@@ -29,10 +29,7 @@ CHAT = {
 }
 
 
-def test_server_timing_parser():
-    header = 'edge;dur=0.41, ttft;desc="first token";dur=12, cache, queue;dur=x, prefill;dur=3.5'
-    assert parse_server_timing(header) == {"edge": 0.41, "ttft": 12.0, "prefill": 3.5}
-    assert parse_server_timing("") == {}
+def test_a_stream_gives_its_server_timing_in_seconds():  # (the parser: tests/nearshore/test_server_timing.py)
     stream = Stream(server_timing_ms={"edge": 250.0})
     assert stream.server_timing_s("edge") == 0.25 and math.isnan(stream.server_timing_s("ttft"))
 

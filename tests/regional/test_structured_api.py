@@ -82,6 +82,22 @@ def test_json_object_and_a_sampled_schema_stream(node: Node):
     model.model_validate_json(text)
 
 
+async def test_the_grammar_build_is_reported_apart_in_server_timing(region: Node):
+    """The edge leaves a request's grammar build out of what it learns of the node's speed: the node says
+    how long it took, for a structured request alone."""
+    plain = {"model": MODEL, "messages": ask("Describe Lagos."), "max_tokens": 2, "stream": True}
+    structured = {**plain, "response_format": {"type": "json_object"}}
+    timings = []
+    async with aiohttp.ClientSession() as s:
+        for body in (plain, structured):
+            async with s.post(region.url + "/v1/chat/completions", json=body) as r:
+                assert r.status == 200
+                timings.append(r.headers["Server-Timing"])
+                await r.read()
+    assert "grammar;" not in timings[0] and "queue;dur=" in timings[0]
+    assert float(timings[1].split("grammar;dur=")[1].split(",")[0]) >= 0, timings[1]
+
+
 def test_guided_fields_on_completions(node: Node):
     client = client_of(node)
     phone = client.completions.create(
