@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+log = logging.getLogger("nearshore.grammar")
 GrammarKind = Literal["json_schema", "json_object", "regex", "lark"]
 
 # A schema or grammar above this size is refused before it is compiled: compiling is linear in it, and a
@@ -109,6 +111,25 @@ class Vocabulary:
             if self._tokenizer is None:
                 self._tokenizer = self._build()
             return self._tokenizer
+
+    @property
+    def built(self) -> bool:
+        return self._tokenizer is not None
+
+    def build_in_background(self) -> threading.Thread:
+        """Build it on a thread of its own, which a constrained request meanwhile waits for (join the thread
+        before freeing the model it reads). A build that fails is logged; the first constrained request
+        meets the failure again, as its own error."""
+
+        def build() -> None:
+            try:
+                self.tokenizer()
+            except Exception:
+                log.warning("the grammar engine's vocabulary could not be built", exc_info=True)
+
+        thread = threading.Thread(target=build, name="grammar-vocabulary", daemon=True)
+        thread.start()
+        return thread
 
     def _build(self) -> Any:
         import llama_cpp

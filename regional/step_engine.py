@@ -71,6 +71,7 @@ class StepEngine(VocabularyFacts):
         self._failed_steps = 0  # consecutive
         self._vocab: LlamaModel | None = None
         self._grammar_vocab: Vocabulary | None = None  # the vocabulary as the grammar engine takes it
+        self._vocab_build: threading.Thread | None = None  # building it (engine.grammar_vocabulary)
         self._prompts: PromptTokenizer | None = None
         self._lifecycle = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -125,15 +126,9 @@ class StepEngine(VocabularyFacts):
         """A step failed: forget whatever the model's KV memory holds."""
 
     def _new_scheduler(self, is_end_of_generation: abc.Callable[[int], bool]) -> Scheduler:
-        c = self.config
-        return Scheduler(
-            self._new_memory(),
-            c.max_sequences,
-            c.batch_tokens,
-            c.prefill_chunk,
-            is_end_of_generation,
-            StepCost(c.shared_step_ms),
-        )
+        c, memory = self.config, self._new_memory()
+        cost = StepCost(c.shared_step_ms)
+        return Scheduler(memory, c.max_sequences, c.batch_tokens, c.prefill_chunk, is_end_of_generation, cost)
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -183,19 +178,20 @@ class StepEngine(VocabularyFacts):
                 self._fail_engine(f"model load failed: {exc}")
                 raise EngineFailed(self._failure or str(exc)) from None
             self._prompts = PromptTokenizer(self._vocab)
-            self._grammar_vocab = Vocabulary(self._vocab)  # built on the first constrained request
+            self._grammar_vocab = Vocabulary(self._vocab)  # built as engine.grammar_vocabulary says
             self.model_load_s = time.perf_counter() - started
             log.info("model %s loaded in %.2fs (%s engine)", self.model_name, self.model_load_s, self.kind)
             self._stopping = False
             self._thread = threading.Thread(target=self._run, name=f"{self.kind}-engine", daemon=True)
             self._thread.start()
+            if self.config.grammar_vocabulary == "load":  # the first structured request need not wait
+                self._vocab_build = self._grammar_vocab.build_in_background()
             self._last_active = time.monotonic()
             self._state = "ready"
 
     def _load_and_warm_up(self) -> None:
-        """Load the model, then run the warm-up (regional/warm_up.py) before the worker starts; its KV
-        memory and scheduler are then forgotten and its figures not counted: the node's stats (counters
-        that carry on across an idle unload and reload) count its users' work alone."""
+        """Load the model and run the warm-up (regional/warm_up.py) before the worker starts; then forget its
+        KV memory and scheduler, and count none of its figures (they carry on across idle reloads)."""
         self._vocab = self._load_backend()
         self._scheduler = self._new_scheduler(self._vocab.is_end_of_generation)
         kept = self._steps, self._step_s, self._prefill_tokens, self._prefix_queries, self._prefix_hits
@@ -230,6 +226,9 @@ class StepEngine(VocabularyFacts):
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self._vocab_build is not None:  # it reads the model about to be freed
+            self._vocab_build.join()
+            self._vocab_build = None
         self._grammars.close()
         self._prompts = None
         self._grammar_vocab = None  # it points into the vocabulary about to be freed
