@@ -115,8 +115,7 @@ class H1Pool:
         count). An idle one past ``keepalive_s`` is closed first: the next request would not take it."""
         now = time.monotonic()
         for connection in [c for c in self._idle if now - c.idle_since > self.keepalive_s]:
-            connection.close()
-            self.forget(connection)
+            connection.close()  # (which takes it out of the pool)
         while not self._closed and len(self._idle) + len(self._refills) < self.keep_warm:
             try:
                 task = asyncio.get_running_loop().create_task(self._open_idle())

@@ -57,7 +57,7 @@ async def test_a_restarted_region_gets_its_warm_connections_back_from_the_probes
         assert upstream.pool.idle_connections == WARM
         process.stop()  # every connection it held goes with it
         await until(lambda: not health.probed_up, "the probes see it down")
-        assert upstream.pool.idle_connections == 0
+        await until(lambda: upstream.pool.idle_connections == 0, "its connections are gone")
         process = pacer_on(port, tmp_path, "second.log")
         await until(lambda: health.probed_up, "the probes see it up")
         # Before any request: the spares are open again (the old code kept the probe's one alone).
