@@ -21,7 +21,7 @@ from edge.journey import Journey
 from edge.opened import Opened
 from edge.region_answer import UpstreamFault
 from edge.stream_reply import StreamReply
-from edge.upstream import Upstream, request_setup_s
+from edge.upstream import Upstream
 from nearshore.protocol.errors import ApiError
 from nearshore.protocol.headers import MODEL
 
@@ -137,11 +137,8 @@ def _release(journey: Journey, opened: Opened) -> Callable[[], Awaitable[None]]:
 def _teach_router(journey: Journey, opened: Opened) -> None:
     """How long the answer took, and in how many tokens: a stream's teaches the replica's decode speed, a
     unary answer's (its head came when it was whole) its queue, as a stream's first token does."""
-    # From when the region could start on it: a new connection's handshakes and the region's grammar
-    # build are not the replica's speed (UpstreamPool.answered).
-    timing, setup_s = opened.timing, request_setup_s(opened.response)
-    began = timing.sent_at + setup_s
-    service_ms = (time.perf_counter() - began) * 1000
+    timing = opened.timing  # counted from when the replica began on it (UpstreamTiming.began_at)
+    service_ms = (time.perf_counter() - timing.began_at) * 1000
     relayed, stream, admission = journey.relayed, journey.forwarded.stream, journey.admission
     prompt_tokens = admission.prompt_estimate if admission is not None else 0
     router, replica = journey.state.pool.router, opened.upstream.replica
@@ -150,9 +147,8 @@ def _teach_router(journey: Journey, opened: Opened) -> None:
         if journey.continued.count or not first_write or not relayed.events:
             router.finished(replica, service_ms)  # a continuation's first token is not its own
             return
-        first_ms = (first_write - began) * 1000
+        first_ms = (first_write - timing.began_at) * 1000
         router.finished(replica, service_ms, relayed.events, first_ms)
         return
     tokens = relayed.delivered.tokens if relayed.delivered is not None else 0
-    own_s = timing.connect_s + setup_s
-    router.finished(replica, max(0.0, timing.first_byte_s - own_s) * 1000, tokens, None, prompt_tokens)
+    router.finished(replica, timing.replica_first_byte_s * 1000, tokens, None, prompt_tokens)

@@ -45,7 +45,6 @@ from nearshore.protocol.errors import (
     UPSTREAM_UNAVAILABLE,
     ApiError,
 )
-from nearshore.protocol.headers import SERVER_TIMING
 
 log = logging.getLogger("nearshore.edge.attempts")
 
@@ -318,12 +317,11 @@ class Attempts:
             self._other += 1
             self._skip(upstream, target.model, type(exc).__name__)
             return None, time.monotonic()
-        timing.first_byte_s = time.perf_counter() - timing.forwarded_at
-        timing.connect_s = response.connect_s
-        timing.region_timing = response.headers.get(SERVER_TIMING.lower(), "")[:512]
+        timing.head_arrived(response, time.perf_counter())
         opened = Opened(upstream, response, timing, slot, self.skipped, target.model, target.body)
         if response.status == 200:
-            self.pool.answered(upstream, response, timing.first_byte_s, target.model, self.prompt_tokens)
+            first_byte_s = timing.replica_first_byte_s
+            self.pool.answered(upstream, response, first_byte_s, target.model, self.prompt_tokens)
             return opened, None
         if upstream.provider is not None and response.status in (401, 403):
             # The edge's credential, not the client's request: another replica may take it. The body is not

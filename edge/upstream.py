@@ -28,9 +28,8 @@ from edge.region_answer import UpstreamFault, read_bounded
 from edge.retry import RetryBudget
 from geo.catalog import GeoConfig, RegionSpec
 from geo.route import Replica, Route, Router
-from nearshore.protocol.headers import EDGE_SECRET, LOAD, SERVER_TIMING
+from nearshore.protocol.headers import EDGE_SECRET, LOAD
 from nearshore.protocol.load import LoadReport, parse_load
-from nearshore.protocol.server_timing import duration_s
 from nearshore.tls import client_context
 
 log = logging.getLogger("nearshore.edge.upstream")
@@ -38,7 +37,6 @@ _HEALTH_BYTES = 64 * 1024
 # A provider's model list (its probe) can list hundreds of models.
 _PROVIDER_PROBE_BYTES = 4 * 1024 * 1024
 _RETRY_BURST = 10.0  # retries a replica's budget can hold
-_SERVER_TIMING = SERVER_TIMING.lower()  # (the edge's client keeps header names in lower case)
 
 
 class Slot:
@@ -152,11 +150,6 @@ _health_decoder = msgspec.json.Decoder(_HealthBody)
 
 def load_of(response: Response) -> LoadReport | None:
     return parse_load(response.headers.get(LOAD))
-
-
-def request_setup_s(response: Response) -> float:
-    """What the region says its answer spent on the request's own setup before queueing it (its grammar)."""
-    return duration_s(response.headers.get(_SERVER_TIMING, ""), "grammar")
 
 
 class UpstreamPool:
@@ -306,16 +299,11 @@ class UpstreamPool:
         model: str,
         prompt_tokens: int = 0,
     ) -> None:
-        """The answer head arrived ``first_byte_s`` after the request was forwarded: a stream's is its first
-        token; a unary one's is the whole answer, which bounds the first token from above. Left out: the
-        handshakes of a connection opened for it (``UpstreamTiming.sent_at``), and the time the region
-        says it spent building the request's grammar (``Server-Timing: grammar;dur=``), the request's own
-        setup, not the replica's speed: the node's first structured request builds the model's whole
-        vocabulary for the grammar engine (1.4 s), and its first token, taken as the node's speed, sent
-        every user's traffic to a farther region."""
+        """The answer head arrived ``first_byte_s`` after the replica began on the request
+        (``UpstreamTiming.replica_first_byte_s``): a stream's is its first token; a unary one's is the whole
+        answer, which bounds the first token from above."""
         streamed = response.content_type.startswith("text/event-stream")
-        own_s = response.connect_s + request_setup_s(response)
-        ttft_ms, load = max(0.0, first_byte_s - own_s) * 1000, load_of(response)
+        ttft_ms, load = first_byte_s * 1000, load_of(response)
         self.router.answered(
             upstream.replica, ttft_ms, load, prompt_tokens, upper_bound=not streamed, model=model
         )

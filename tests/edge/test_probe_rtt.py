@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from edge.config import UpstreamConfig
+from edge.opened import UpstreamTiming
 from edge.upstream import UpstreamPool
 from geo.catalog import GeoConfig, RegionSpec
 from netem.link import LinkEmulator
@@ -65,19 +66,23 @@ async def test_a_first_token_teaches_the_router_without_handshakes_or_the_gramma
         await pool.start()
         upstream = pool.upstreams[0]
         stream = {"content-type": "text/event-stream"}
+
+        def head(after_s: float, connect_s: float, headers: dict[str, str]) -> None:
+            """A head ``after_s`` after it was forwarded, as the edge's attempt takes it in."""
+            response = SimpleNamespace(headers=headers, content_type="text/event-stream", connect_s=connect_s)
+            timing = UpstreamTiming(forwarded_at=100.0)
+            timing.head_arrived(response, 100.0 + after_s)  # type: ignore[arg-type]
+            pool.answered(upstream, response, timing.replica_first_byte_s, "gemma-3-270m")  # type: ignore[arg-type]
+
         # Its head came 230 ms after it was forwarded, 200 of them opening its connection.
-        opened_one = SimpleNamespace(headers=stream, content_type="text/event-stream", connect_s=0.2)
-        pool.answered(upstream, opened_one, 0.23, "gemma-3-270m")  # type: ignore[arg-type]
+        head(0.23, 0.2, stream)
         ttft = upstream.replica.latency.ttft
         assert ttft.samples == 1 and ttft.value == pytest.approx(30.0)
-        pooled = SimpleNamespace(headers=stream, content_type="text/event-stream", connect_s=0.0)
-        pool.answered(upstream, pooled, 0.03, "gemma-3-270m")  # type: ignore[arg-type]
+        head(0.03, 0.0, stream)
         assert ttft.samples == 2 and ttft.value == pytest.approx(30.0)
         # 1.43 s, of which the region says 1.4 s went on building the request's grammar.
         timing = {"server-timing": "tokenize;dur=0.4, grammar;dur=1400.0, queue;dur=0.1, prefill;dur=9"}
-        headers = {**stream, **timing}
-        structured = SimpleNamespace(headers=headers, content_type="text/event-stream", connect_s=0.0)
-        pool.answered(upstream, structured, 1.43, "gemma-3-270m")  # type: ignore[arg-type]
+        head(1.43, 0.0, {**stream, **timing})
         assert ttft.samples == 3 and ttft.value == pytest.approx(30.0)
     finally:
         await pool.close()
