@@ -99,6 +99,7 @@ class Attempts:
     choices: int = 1  # n: a replica that reports taking fewer in one request is not asked
     first_byte: FirstByteBudget = NO_FIRST_BYTE_BUDGET  # the request's, shared by every attempt
     request_id: str = ""  # for its log lines
+    tenant: str = ""  # who asked: what the router learns from its answers is told whose request it was
     rescuing: bool = False  # a stream's continuation: each attempt is worth a line, even one that answers
     made: int = 0
     skipped: list[str] = field(default_factory=list)
@@ -321,7 +322,9 @@ class Attempts:
         opened = Opened(upstream, response, timing, slot, self.skipped, target.model, target.body)
         if response.status == 200:
             first_byte_s = timing.replica_first_byte_s
-            self.pool.answered(upstream, response, first_byte_s, target.model, self.prompt_tokens)
+            self.pool.answered(
+                upstream, response, first_byte_s, target.model, self.prompt_tokens, self.tenant
+            )
             return opened, None
         if upstream.provider is not None and response.status in (401, 403):
             # The edge's credential, not the client's request: another replica may take it. The body is not

@@ -298,6 +298,7 @@ class UpstreamPool:
         first_byte_s: float,
         model: str,
         prompt_tokens: int = 0,
+        tenant: str = "",
     ) -> None:
         """The answer head arrived ``first_byte_s`` after the replica began on the request
         (``UpstreamTiming.replica_first_byte_s``): a stream's is its first token; a unary one's is the whole
@@ -305,7 +306,13 @@ class UpstreamPool:
         streamed = response.content_type.startswith("text/event-stream")
         ttft_ms, load = first_byte_s * 1000, load_of(response)
         self.router.answered(
-            upstream.replica, ttft_ms, load, prompt_tokens, upper_bound=not streamed, model=model
+            upstream.replica,
+            ttft_ms,
+            load,
+            prompt_tokens,
+            upper_bound=not streamed,
+            model=model,
+            source=tenant,  # one tenant's slow request alone does not make the replica slow for all
         )
 
     def refused(self, upstream: Upstream, response: Response) -> None:

@@ -12,17 +12,26 @@ explain (the round trip and the prompt's expected prefill), so that a replica th
 and reports an idle batch but is slow in practice looks slow. An estimate with no sample for ``stale_after_s``
 is not averaged with: the next sample (the router's exploration of a replica it stopped sending to,
 :mod:`geo.hold`) starts it afresh, so a recovered replica is seen to be at once.
+
+A sample may raise a fresh estimate only as far as another recent sample corroborates it: another
+source's (the edge gives each sample its request's tenant), else the same source's last. A replica that is
+slow is slow for everyone, while one request can be slow for its own reasons (a prompt whose prefill the
+estimate underrates, many choices, a region's pause): taken alone, one tenant's slow request made the
+replica look slower than a farther region and moved every user's traffic away until it was explored again.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 # A sample's weight shrinks with the prefill it had to subtract (the estimate of a long prompt's prefill is
 # the noisiest part of it): weight 1 / (1 + prefill_ms / this). A 4k-token prompt at 2,000 tokens/s counts a
 # fifth of a short chat.
 PREFILL_NOISE_MS = 500.0
+# The recent samples (source, excess, when) a raise is corroborated by.
+_WITNESSES = 8
 
 
 @dataclass(slots=True)
@@ -45,14 +54,33 @@ class Observed:
     value: float = 0.0
     samples: int = 0
     at: float = -math.inf  # when the last sample came (monotonic seconds)
+    recent: deque[tuple[str, float, float]] = field(default_factory=lambda: deque(maxlen=_WITNESSES))
 
-    def add(self, excess_ms: float, now: float, weight: float = 1.0) -> None:
+    def add(self, excess_ms: float, now: float, weight: float = 1.0, source: str = "") -> None:
+        """A request of ``source`` (who asked: its tenant) saw ``excess_ms``."""
         if self.stale(now):
-            self.value = excess_ms
+            self.value = excess_ms  # nothing fresh to weigh it against: an exploration's sample
         else:
-            self.value += self.alpha * weight * (excess_ms - self.value)
+            self.value += self.alpha * weight * (self._corroborated(excess_ms, now, source) - self.value)
+        self.recent.append((source, excess_ms, now))
         self.samples += 1
         self.at = now
+
+    def _corroborated(self, excess_ms: float, now: float, source: str) -> float:
+        """``excess_ms``, or where it would raise the estimate, no more than the latest fresh sample of
+        another source saw (else the same source's last): one request alone cannot make a replica slow."""
+        if excess_ms <= self.value:
+            return excess_ms
+        witness = None
+        for seen_by, seen_ms, seen_at in reversed(self.recent):
+            if now - seen_at >= self.stale_after_s:
+                break
+            if seen_by != source:
+                witness = seen_ms
+                break
+            if witness is None:
+                witness = seen_ms  # the same source's last: used when no other source has a fresh one
+        return excess_ms if witness is None else min(excess_ms, witness)
 
     def stale(self, now: float) -> bool:
         """No sample for ``stale_after_s`` (or none at all): what it says may no longer hold."""
@@ -101,7 +129,13 @@ class Latency:
             self.decode.add((service_ms - first_token_ms) / (tokens - 1))
 
     def unary_answer(
-        self, total_ms: float, prefill_ms: float, tokens: int, default_decode_ms: float, now: float
+        self,
+        total_ms: float,
+        prefill_ms: float,
+        tokens: int,
+        default_decode_ms: float,
+        now: float,
+        source: str = "",
     ) -> None:
         """A whole non-streamed answer of ``tokens`` took ``total_ms``: what its decode (at the speed its
         streams showed, else ``default_decode_ms`` a token) and the round trip and prefill do not explain
@@ -109,9 +143,12 @@ class Latency:
         answers /health at once and reports an idle batch. The sample weighs less the more it subtracts."""
         decode_ms = tokens * (self.decode.value if self.decode.samples else default_decode_ms)
         excess_ms = max(0.0, total_ms - self.rtt_ms - prefill_ms - decode_ms)
-        self.observed.add(excess_ms, now, 1.0 / (1.0 + (prefill_ms + decode_ms) / PREFILL_NOISE_MS))
+        weight = 1.0 / (1.0 + (prefill_ms + decode_ms) / PREFILL_NOISE_MS)
+        self.observed.add(excess_ms, now, weight, source)
 
-    def first_token(self, ttft_ms: float, prefill_ms: float, now: float, upper_bound: bool = False) -> None:
+    def first_token(
+        self, ttft_ms: float, prefill_ms: float, now: float, upper_bound: bool = False, source: str = ""
+    ) -> None:
         """A real request's first token came ``ttft_ms`` after it left (the prompt's expected prefill
         ``prefill_ms``). ``upper_bound``: the time of a whole non-streamed answer, which bounds its first
         token from above, so it may only lower the estimate."""
@@ -119,4 +156,4 @@ class Latency:
         excess_ms = max(0.0, ttft_ms - self.rtt_ms - prefill_ms)
         if upper_bound and (self.observed.samples == 0 or excess_ms >= self.observed.value):
             return
-        self.observed.add(excess_ms, now, 1.0 / (1.0 + prefill_ms / PREFILL_NOISE_MS))
+        self.observed.add(excess_ms, now, 1.0 / (1.0 + prefill_ms / PREFILL_NOISE_MS), source)

@@ -439,14 +439,16 @@ class Router:
         upper_bound: bool = False,
         now: float | None = None,
         model: str = "",
+        source: str = "",
     ) -> None:
         """The replica's answer head arrived ``ttft_ms`` after the request left: a stream's first token, or
         (``upper_bound``) a whole non-streamed answer, which bounds the first token from above. The expected
-        prefill of the request's ``prompt_tokens`` is subtracted: a long prompt is not the replica's fault."""
+        prefill of the request's ``prompt_tokens`` is subtracted: a long prompt is not the replica's fault.
+        ``source``: who asked (the tenant); a slower sample counts as far as another's corroborates it."""
         replica.health.request_succeeded(model)
         prefill_ms = 1000.0 * prompt_tokens / self.config.routing.prefill_tokens_per_s
         now = time.monotonic() if now is None else now
-        replica.latency.first_token(ttft_ms, prefill_ms, now, upper_bound)
+        replica.latency.first_token(ttft_ms, prefill_ms, now, upper_bound, source)
         self._observed_ms[replica.index] = self._measured_ms[replica.index] = replica.latency.observed.value
         self._observed_at[replica.index] = replica.latency.observed.at
         if load is not None:
@@ -460,6 +462,7 @@ class Router:
         first_token_ms: float | None = None,
         prompt_tokens: int = 0,
         now: float | None = None,
+        source: str = "",
     ) -> None:
         """An answer of ``tokens`` ended ``service_ms`` after it was asked: a stream's (its first token at
         ``first_token_ms``) teaches the replica's decode speed; a unary answer's, its queue (unary answers
@@ -474,7 +477,7 @@ class Router:
         routing = self.config.routing
         prefill_ms = 1000.0 * prompt_tokens / routing.prefill_tokens_per_s
         now = time.monotonic() if now is None else now
-        latency.unary_answer(service_ms, prefill_ms, tokens, routing.default_decode_ms_per_token, now)
+        latency.unary_answer(service_ms, prefill_ms, tokens, routing.default_decode_ms_per_token, now, source)
         self._observed_ms[replica.index] = self._measured_ms[replica.index] = latency.observed.value
         self._observed_at[replica.index] = latency.observed.at
 

@@ -85,10 +85,10 @@ def test_a_first_token_counts_what_the_round_trip_and_the_prefill_do_not_explain
 
 def test_a_long_prompts_sample_weighs_less_in_the_average():
     latency = Latency(floor_rtt_ms=0.0, inflation=1.0, alpha=0.5)
-    latency.first_token(ttft_ms=100.0, prefill_ms=0.0, now=0.0)
+    latency.first_token(ttft_ms=700.0, prefill_ms=0.0, now=0.0)
     # prefill == PREFILL_NOISE_MS: half the weight; its excess is 900 - 500 = 400.
     latency.first_token(ttft_ms=900.0, prefill_ms=PREFILL_NOISE_MS, now=1.0)
-    assert latency.observed.value == pytest.approx(100.0 + 0.5 * 0.5 * (400.0 - 100.0))
+    assert latency.observed.value == pytest.approx(700.0 + 0.5 * 0.5 * (400.0 - 700.0))
 
 
 def test_a_whole_answers_time_is_an_upper_bound_that_may_only_lower_the_estimate():
@@ -100,3 +100,36 @@ def test_a_whole_answers_time_is_an_upper_bound_that_may_only_lower_the_estimate
     assert latency.observed.value == 200.0 and latency.observed.samples == 1
     latency.first_token(100.0, 0.0, now=3.0, upper_bound=True)  # below it: the first token came sooner
     assert latency.observed.value == pytest.approx(150.0) and latency.observed.samples == 2
+
+
+def test_a_raise_counts_only_as_far_as_another_sources_fresh_sample_corroborates_it():
+    o = Observed(alpha=0.5, stale_after_s=10.0)
+    o.add(20.0, now=0.0, source="b")
+    o.add(2000.0, now=1.0, source="a")  # one tenant's slow request: b saw 20 a second ago
+    assert o.value == pytest.approx(20.0)
+    o.add(1800.0, now=2.0, source="b")  # b sees it too: a saw 2000, so b's 1800 counts whole
+    assert o.value == pytest.approx(20.0 + 0.5 * (1800.0 - 20.0))
+    # A lower sample needs no witness: recovery shows at once.
+    o.add(0.0, now=3.0, source="a")
+    assert o.value == pytest.approx(0.5 * (20.0 + 0.5 * 1780.0))
+
+
+def test_with_one_source_a_raise_needs_its_next_sample_and_an_old_witness_does_not_count():
+    o = Observed(alpha=1.0, stale_after_s=10.0)
+    o.add(30.0, now=0.0, source="a")
+    o.add(900.0, now=1.0, source="a")  # its own last (30) is the witness
+    assert o.value == pytest.approx(30.0)
+    o.add(1000.0, now=2.0, source="a")  # and again: its last saw 900
+    assert o.value == pytest.approx(900.0)
+    # Another source's sample older than stale_after_s witnesses nothing: a's own last (1000) does.
+    o.add(50.0, now=3.0, source="b")
+    o.add(1200.0, now=14.0, source="a")  # b's 50 came 11 s ago; the estimate was stale: replaced
+    assert o.value == pytest.approx(1200.0)
+    o.add(1500.0, now=15.0, source="a")
+    assert o.value == pytest.approx(1200.0)
+
+
+def test_an_estimate_after_silence_is_its_first_sample_whoever_sent_it():
+    o = Observed(alpha=0.5, stale_after_s=10.0)
+    o.add(3000.0, now=0.0, source="a")  # nothing fresh to weigh it against
+    assert o.value == 3000.0

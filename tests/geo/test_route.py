@@ -250,6 +250,29 @@ def test_a_replica_idle_by_its_reports_but_slow_in_practice_loses_its_traffic_at
     assert route.terms[1].queue_ms > 2500  # London's observed excess is its queue term
 
 
+def test_one_tenants_slow_request_does_not_move_every_users_traffic():
+    # London serves Lagos's traffic, Frankfurt is farther. A tenant's one request comes 3 s late for its own
+    # reasons (a prompt whose prefill the estimate underrates, many choices): alone it is not London's
+    # speed, and the other tenants' requests stay there. London slow for two tenants is slow: they move.
+    r = measured(router("london", "frankfurt"), london=80.0, frankfurt=150.0)
+    for name in ("london", "frankfurt"):
+        r.probe_passed(replica(r, name), None, LoadReport(running=0, capacity=8))
+    london = replica(r, "london")
+
+    def asked(now: float, tenant: str, ttft_ms: float) -> str:
+        chosen = r.route(MODEL, LAGOS, tenant, 10, (), now).ranked[0]
+        r.answered(chosen, ttft_ms, None, prompt_tokens=10, now=now, source=tenant)
+        return chosen.id
+
+    assert [asked(0.1 * i, "b", 85.0) for i in range(5)] == ["london"] * 5
+    assert asked(0.6, "a", 3000.0) == "london"
+    assert [asked(0.7 + 0.1 * i, t, 85.0) for i, t in enumerate("bcbc")] == ["london"] * 4
+    assert london.latency.observed.value < 50.0
+    # Now London is slow for everyone: the second tenant to see it moves the traffic.
+    assert asked(1.2, "a", 3000.0) == "london" and asked(1.3, "b", 3000.0) == "london"
+    assert asked(1.4, "c", 85.0) == "frankfurt"
+
+
 def test_a_replica_measured_slow_wins_its_traffic_back_once_it_is_fast_again():
     r = measured(router("london", "frankfurt"), london=80.0, frankfurt=150.0)
     times = {"london": 3000.0, "frankfurt": 160.0}
