@@ -11,7 +11,7 @@ What the router scores from real requests is :class:`Observed`: the first-token 
 explain (the round trip and the prompt's expected prefill), so that a replica that answers ``/health`` at once
 and reports an idle batch but is slow in practice looks slow. An estimate with no sample for ``stale_after_s``
 is not averaged with: the next sample (the router's exploration of a replica it stopped sending to,
-:mod:`geo.hold`) starts it afresh, so a recovered replica is seen to be at once.
+:mod:`geo.hold`) replaces it if lower, so a recovered replica is seen to be at once.
 
 A sample may raise a fresh estimate only as far as another recent sample corroborates it: another
 source's (the edge gives each sample its request's tenant), else the same source's last. A replica that is
@@ -59,7 +59,10 @@ class Observed:
     def add(self, excess_ms: float, now: float, weight: float = 1.0, source: str = "") -> None:
         """A request of ``source`` (who asked: its tenant) saw ``excess_ms``."""
         if self.stale(now):
-            self.value = excess_ms  # nothing fresh to weigh it against: an exploration's sample
+            # Nothing fresh to weigh it against (an exploration's sample, or the first after a quiet spell):
+            # lower, it replaces the estimate (a recovered replica is seen at once); higher, it waits for a
+            # witness as a raise does, the old estimate standing until then. The very first sample is taken.
+            self.value = min(excess_ms, self.value) if self.samples else excess_ms
         else:
             self.value += self.alpha * weight * (self._corroborated(excess_ms, now, source) - self.value)
         self.recent.append((source, excess_ms, now))

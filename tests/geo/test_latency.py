@@ -121,15 +121,22 @@ def test_with_one_source_a_raise_needs_its_next_sample_and_an_old_witness_does_n
     assert o.value == pytest.approx(30.0)
     o.add(1000.0, now=2.0, source="a")  # and again: its last saw 900
     assert o.value == pytest.approx(900.0)
-    # Another source's sample older than stale_after_s witnesses nothing: a's own last (1000) does.
-    o.add(50.0, now=3.0, source="b")
-    o.add(1200.0, now=14.0, source="a")  # b's 50 came 11 s ago; the estimate was stale: replaced
-    assert o.value == pytest.approx(1200.0)
+    o.add(50.0, now=3.0, source="b")  # lower: taken at once
+    assert o.value == pytest.approx(50.0)
+    o.add(1200.0, now=14.0, source="a")  # after the silence, higher: it waits for a witness
+    assert o.value == pytest.approx(50.0)
+    # b's 50 came 12 s ago: too old to witness anything; a's own last (1200) does.
     o.add(1500.0, now=15.0, source="a")
     assert o.value == pytest.approx(1200.0)
 
 
-def test_an_estimate_after_silence_is_its_first_sample_whoever_sent_it():
+def test_after_silence_a_lower_sample_replaces_the_estimate_and_a_higher_one_waits_for_a_witness():
     o = Observed(alpha=0.5, stale_after_s=10.0)
-    o.add(3000.0, now=0.0, source="a")  # nothing fresh to weigh it against
+    o.add(3000.0, now=0.0, source="a")  # the very first: nothing to weigh it against
     assert o.value == 3000.0
+    o.add(40.0, now=20.0, source="a")  # explored after the silence: recovered, seen at once
+    assert o.value == 40.0
+    o.add(2500.0, now=40.0, source="b")  # the first after a quiet spell, slow for its own reasons
+    assert o.value == 40.0
+    o.add(2000.0, now=41.0, source="c")  # slow for another tenant too: it counts
+    assert o.value == pytest.approx(40.0 + 0.5 * (2000.0 - 40.0))
