@@ -1,5 +1,6 @@
-"""The edge's journey as stages: a new stage plugs in without touching the others, and every outcome is
-billed exactly once by the one exit (issue 8, item 1)."""
+"""The edge's journey as stages: a new stage plugs in without touching the others, every outcome is billed
+exactly once by the one exit (issue 8, item 1), and what the router learns from an answer is told whose
+request it was."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from edge.keys import KeyStore
 from edge.node import build_edge_app
 from edge.pipeline import Stage
 from edge.stages import default_pipeline
+from edge.state import EDGE
 from edge.usage_audit import AuditedUsage
 from tests.edge_fixtures import Edge, Pacer, edge_over_pacer, start_pacer
 
@@ -44,12 +46,24 @@ def edge_config(folder: Path, region_url: str, **upstream: object) -> EdgeConfig
     )
 
 
-def new_key(folder: Path) -> str:
+def new_key(folder: Path, tenant: str = "journey") -> str:
     store = KeyStore(folder / "keys.sqlite3")
     try:
-        return store.create(tenant="journey")[0]
+        return store.create(tenant=tenant)[0]
     finally:
         store.close()
+
+
+async def chat(s: aiohttp.ClientSession, url: str, key: str, stream: bool) -> aiohttp.ClientResponse:
+    """One chat request, answered 200 and read to its end."""
+    async with s.post(
+        url + "/v1/chat/completions",
+        json={**CHAT, "stream": stream},
+        headers={"Authorization": f"Bearer {key}"},
+    ) as r:
+        assert r.status == 200
+        await r.read()
+    return r
 
 
 async def serve(app: web.Application) -> AsyncIterator[str]:
@@ -96,14 +110,8 @@ async def test_a_new_stage_plugs_in_without_touching_the_others(tmp_path: Path, 
     async for url in serve(build_edge_app(edge_config(tmp_path, pacer.url), pipeline)):
         async with aiohttp.ClientSession() as s:
             for stream in (False, True):
-                async with s.post(
-                    url + "/v1/chat/completions",
-                    json={**CHAT, "stream": stream},
-                    headers={"Authorization": f"Bearer {key}"},
-                ) as r:
-                    assert r.status == 200
-                    await r.read()
-                    assert (r.headers["x-request-id"], True) in seen  # it ran after admission, once
+                r = await chat(s, url, key, stream)
+                assert (r.headers["x-request-id"], True) in seen  # it ran after admission, once
     assert len(seen) == 2
 
 
@@ -227,3 +235,20 @@ async def one_row_within(edge: Edge, client_id: str, seconds: float) -> dict:
             break
         await asyncio.sleep(0.1)
     return await one_row(edge, client_id)
+
+
+async def test_each_answer_teaches_the_router_as_its_tenants(tmp_path: Path, pacer: Pacer):
+    # A slower sample counts only as far as another tenant's corroborates it (geo/latency.py): one tenant's
+    # slow request cannot move every user's traffic. So each sample must say whose request it was.
+    keys = {tenant: new_key(tmp_path, tenant) for tenant in ("acme", "globex")}
+    app = build_edge_app(edge_config(tmp_path, pacer.url))
+    async for url in serve(app):
+        observed = app[EDGE].pool.upstreams[0].replica.latency.observed
+        async with aiohttp.ClientSession() as s:
+            for tenant, key in keys.items():
+                for stream in (True, False):
+                    before = len(observed.recent)
+                    await chat(s, url, key, stream)
+                    # A stream teaches its first token, a whole answer its queue: either as the tenant's.
+                    taught = [source for source, _, _ in list(observed.recent)[before:]]
+                    assert taught and set(taught) == {tenant}, (stream, taught)
