@@ -6,11 +6,11 @@ slower than the challenger's whole score: a hold there would make every request 
 
 Exploration: observations go stale on a replica that lost its traffic to them. One request every
 ``explore_after_s`` goes to such a replica while its probes and load report alone would make it better than
-the best by the switch margin; its sample after the silence replaces the stale estimate (geo/latency.py),
-and one that finds it recovered (within the switch margin of the group's region) moves the group there at
-once. Chosen over a time decay of the estimate,
-which would send a whole burst of requests to a replica that may still be slow before the first of them has
-answered: exploration costs one request per replica per interval, bounded however busy the edge is.
+the best by the switch margin; its sample after the silence replaces the stale estimate if lower (a higher
+one leaves it standing: geo/latency.py), and one that finds it recovered (within the switch margin of the
+group's region) moves the group there at once. Chosen over a time decay of the estimate, which would send a
+whole burst of requests to a replica that may still be slow before the first of them has answered:
+exploration costs one request per replica per interval, bounded however busy the edge is.
 """
 
 from __future__ import annotations
