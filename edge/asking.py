@@ -54,7 +54,7 @@ async def ask_regions(
         choices=admission.choices,
         first_byte=forwarded.first_byte,
         request_id=journey.request_id,
-        tenant=journey.key.tenant if journey.key is not None else "",
+        tenant=journey.tenant,
     )
     attempts.made = forwarded.attempts  # max_attempts bounds the request, however many times it asks
     try:
@@ -152,5 +152,6 @@ def _teach_router(journey: Journey, opened: Opened) -> None:
         router.finished(replica, service_ms, relayed.events, first_ms)
         return
     tokens = relayed.delivered.tokens if relayed.delivered is not None else 0
-    tenant = journey.key.tenant if journey.key is not None else ""
-    router.finished(replica, timing.replica_first_byte_s * 1000, tokens, None, prompt_tokens, source=tenant)
+    router.finished(
+        replica, timing.replica_first_byte_s * 1000, tokens, None, prompt_tokens, source=journey.tenant
+    )

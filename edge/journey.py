@@ -367,6 +367,11 @@ class Journey:
         o.recorded = True
 
     @property
+    def tenant(self) -> str:
+        """Who asked: the key's tenant ("" before the key is known)."""
+        return self.key.tenant if self.key is not None else ""
+
+    @property
     def model(self) -> str:
         """The model that serves (or served) the request: a fallback's, else the one asked for."""
         return self.forwarded.served_model or (self.body.model if self.body is not None else "")

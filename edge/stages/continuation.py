@@ -234,7 +234,7 @@ async def _continued(journey: Journey, outcome: StreamOutcome, tried: list[Upstr
         choices=admission.choices,
         request_id=journey.request_id,
         rescuing=True,
-        tenant=journey.key.tenant if journey.key is not None else "",
+        tenant=journey.tenant,
     )
     window_s = stall_window(up.stall_timeout_s, up.stall_budget_s, journey.continued.stalled_s)
     try:
