@@ -11,6 +11,12 @@ one leaves it standing: geo/latency.py), and one that finds it recovered (within
 group's region) moves the group there at once. Chosen over a time decay of the estimate, which would send a
 whole burst of requests to a replica that may still be slow before the first of them has answered:
 exploration costs one request per replica per interval, bounded however busy the edge is.
+
+A group its region's failure moved (the region went down or out: no longer eligible) remembers it as its
+home, and the home wins the group back by any lead it keeps for ``hold_s``, not by the margin: the region it
+was pushed to was not chosen on merit, and between two regions closer than the margin (Lagos to London and
+to Johannesburg differ by about 15%) the hold would otherwise keep the group away from the nearer one after
+every outage.
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ class Group:
     region: str
     challenger: str = ""
     since: float = 0.0
+    home: str = ""  # the region a failure moved it from: it comes back by any lead (no margin)
+
+    def move(self, region: str) -> None:
+        self.region, self.challenger = region, ""
+        if region == self.home:
+            self.home = ""
 
 
 def hold(
@@ -48,19 +60,21 @@ def hold(
     if group is None or current is None:
         if len(groups) >= _MAX_GROUPS:
             groups.clear()
-        groups[key] = Group(best.region)
+        home = (group.home or group.region) if group is not None else ""
+        groups[key] = Group(best.region, home="" if home == best.region else home)
         return scored, False
     current_ms = current[1]
     margin = max(routing.switch_margin_ms, routing.switch_margin_ratio * current_ms)
     # An exploration just measured another region's replica recovered: a real request said so, not probe
     # noise. Within the margin of the current region it wins its traffic back at once (the margin is what the
     # hold calls noise: one sample cannot say it is worse, and staying would send that request away and
-    # back), without waiting hold_s (the explored request still in flight adds to its load term).
+    # back), without waiting hold_s (the explored request still in flight adds to its load term). Within the
+    # margin of the best, that is: where a third region leads both by more, it would be a stop on the way.
     back = next(
         (s for s in scored if s[2].region != group.region and _explored_lately(s, routing, now)), None
     )
-    if back is not None and back[1] < current_ms + margin:
-        group.region, group.challenger = back[2].region, ""
+    if back is not None and back[1] < best_ms + margin:
+        group.move(back[2].region)
         first = [s for s in scored if s[2].region == group.region]
         return first + [s for s in scored if s[2].region != group.region], False
     if group.region == best.region:
@@ -70,16 +84,19 @@ def hold(
     # than the best's whole expected TTFT. Probe noise cannot do that (it moves round trips, not
     # observations): no hold.
     if current[2].latency.observed.value - baseline_ms > best_ms + margin:
-        group.region, group.challenger = best.region, ""
+        group.move(best.region)
         return scored, False
     # A challenger must lead by the margin to be noted, and keep at least half of it while it waits
-    # (probe noise around the margin restarting the wait kept traffic away for tens of seconds).
+    # (probe noise around the margin restarting the wait kept traffic away for tens of seconds); the home
+    # a failure moved the group from, only lead.
     needed = margin / 2 if group.challenger == best.region else margin
+    if best.region == group.home:
+        needed = 0.0
     if best_ms + needed < current_ms:
         if group.challenger != best.region:
             group.challenger, group.since = best.region, now
         elif now - group.since >= routing.hold_s:
-            group.region, group.challenger = best.region, ""
+            group.move(best.region)
             return scored, False
     else:
         group.challenger = ""

@@ -123,6 +123,16 @@ def test_an_exploration_that_found_the_challenger_recovered_moves_the_group_with
     assert not held and groups[KEY] == Group("virginia") and regions(out) == ["virginia", "london"]
 
 
+def test_an_explored_region_that_a_third_leads_by_the_margin_does_not_take_the_group():
+    london, johannesburg, virginia = replica("london"), replica("johannesburg"), replica("virginia")
+    groups = {KEY: Group("johannesburg")}
+    virginia.latency.explored_at = 20.0
+    virginia.latency.observed.add(0.0, now=20.5)
+    order = scored((london, 107.0), (johannesburg, 219.0), (virginia, 220.0))
+    _, held = hold(groups, ROUTING, KEY, order, now=21.0)
+    assert held and groups[KEY].region == "johannesburg" and groups[KEY].challenger == "london"
+
+
 def test_an_old_exploration_is_no_reason_to_move():
     london, virginia = replica("london"), replica("virginia")
     groups = {KEY: Group("london")}
@@ -136,7 +146,39 @@ def test_a_current_region_no_longer_eligible_gives_the_group_to_the_best():
     london, virginia = replica("london"), replica("virginia")
     groups = {KEY: Group("frankfurt", challenger="london", since=1.0)}
     out, held = hold(groups, ROUTING, KEY, scored((london, 100.0), (virginia, 180.0)), now=2.0)
-    assert not held and regions(out) == ["london", "virginia"] and groups[KEY] == Group("london")
+    assert not held and regions(out) == ["london", "virginia"]
+    assert groups[KEY] == Group("london", home="frankfurt")
+
+
+def test_the_region_a_failure_moved_the_group_from_wins_it_back_by_any_lead_it_keeps():
+    london, johannesburg, virginia = replica("london"), replica("johannesburg"), replica("virginia")
+    groups = {KEY: Group("london")}
+    # London is down (not eligible): Johannesburg takes the group, which remembers London.
+    hold(groups, ROUTING, KEY, scored((johannesburg, 130.0), (virginia, 180.0)), now=0.0)
+    assert groups[KEY] == Group("johannesburg", home="london")
+    # London is back, 12 ms ahead: less than the margin (max(10, 15% of 130) = 19.5), enough for its home.
+    _, held = hold(groups, ROUTING, KEY, scored((london, 118.0), (johannesburg, 130.0)), now=20.0)
+    assert held and groups[KEY].challenger == "london"
+    hold(groups, ROUTING, KEY, scored((johannesburg, 130.0), (london, 131.0)), now=21.0)
+    assert groups[KEY].challenger == ""  # it must lead the whole hold_s
+    hold(groups, ROUTING, KEY, scored((london, 118.0), (johannesburg, 130.0)), now=22.0)
+    _, held = hold(groups, ROUTING, KEY, scored((london, 118.0), (johannesburg, 130.0)), now=24.0)
+    assert held and groups[KEY].region == "johannesburg"
+    out, held = hold(groups, ROUTING, KEY, scored((london, 118.0), (johannesburg, 130.0)), now=25.0)
+    assert not held and regions(out) == ["london", "johannesburg"]
+    assert (groups[KEY].region, groups[KEY].home) == ("london", "")  # home: the margin holds as ever
+    _, held = hold(groups, ROUTING, KEY, scored((johannesburg, 110.0), (london, 118.0)), now=40.0)
+    assert held and groups[KEY].challenger == ""
+
+
+def test_another_region_than_the_home_still_needs_the_margin():
+    johannesburg, virginia = replica("johannesburg"), replica("virginia")
+    groups = {KEY: Group("johannesburg", home="london")}
+    _, held = hold(groups, ROUTING, KEY, scored((virginia, 120.0), (johannesburg, 130.0)), now=0.0)
+    assert held and groups[KEY].challenger == ""
+    # Failed again, the group keeps the first home it was moved from.
+    hold(groups, ROUTING, KEY, scored((virginia, 180.0)), now=1.0)
+    assert groups[KEY] == Group("virginia", home="london")
 
 
 def test_the_group_table_is_bounded():
