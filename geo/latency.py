@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 PREFILL_NOISE_MS = 500.0
 # The recent samples (source, excess, when) a raise is corroborated by.
 _WITNESSES = 8
+# A probe's round trip over this many times the estimate waits for the next probe to agree.
+RTT_SPIKE_RATIO = 2.0
 
 
 @dataclass(slots=True)
@@ -102,6 +104,7 @@ class Latency:
     decode: Ewma = None  # type: ignore[assignment]  # ms per generated token, from its streams
     observed: Observed = None  # type: ignore[assignment]
     explored_at: float = -math.inf  # when the router last sent it a request to re-measure it
+    last_probe_ms: float = math.inf  # the previous probe's round trip, as timed
 
     def __post_init__(self) -> None:
         self.rtt, self.ttft, self.service = Ewma(self.alpha), Ewma(self.alpha), Ewma(self.alpha)
@@ -113,6 +116,16 @@ class Latency:
         if self.rtt.samples:
             return max(self.rtt.value, self.floor_rtt_ms)
         return self.floor_rtt_ms * self.inflation
+
+    def probe_round_trip(self, rtt_ms: float) -> None:
+        """A probe's round trip. One over ``RTT_SPIKE_RATIO`` times the estimate counts only as far as the
+        previous probe's: one answer held up at the node (a pause, a process just restarted, a retransmit)
+        would otherwise lift the average for the seconds it takes to forget it, long enough to move the
+        traffic of everyone routed there; a path that did get slower shows on its next probe."""
+        previous, self.last_probe_ms = self.last_probe_ms, rtt_ms
+        if self.rtt.samples and rtt_ms > RTT_SPIKE_RATIO * self.rtt.value:
+            rtt_ms = min(rtt_ms, previous)
+        self.rtt.add(rtt_ms)
 
     @property
     def below_floor(self) -> bool:

@@ -415,7 +415,7 @@ class Router:
         latency = replica.latency
         before = round(latency.rtt_ms)
         if rtt_ms is not None:
-            latency.rtt.add(rtt_ms)
+            latency.probe_round_trip(rtt_ms)
         if load is not None:
             replica.load = load
         back = replica.health.probe_passed()

@@ -56,6 +56,25 @@ def test_until_measured_the_round_trip_is_the_inflated_floor_then_the_average_ne
     assert latency.rtt.value == pytest.approx(12.5) and latency.below_floor  # ... 12.5 is
 
 
+def test_a_probe_far_above_the_round_trip_counts_only_once_the_next_probe_agrees():
+    latency = Latency(floor_rtt_ms=40.0, inflation=1.5, alpha=0.5)
+    latency.probe_round_trip(900.0)  # the first is taken as it is: nothing to weigh it against
+    assert latency.rtt_ms == 900.0
+    latency = Latency(floor_rtt_ms=40.0, inflation=1.5, alpha=0.5)
+    latency.probe_round_trip(100.0)
+    latency.probe_round_trip(150.0)  # under twice the estimate: jitter, averaged as it is
+    assert latency.rtt_ms == pytest.approx(125.0)
+    latency.probe_round_trip(800.0)  # one answer held up at the node: counted as the previous probe's 150
+    assert latency.rtt_ms == pytest.approx(137.5)
+    latency.probe_round_trip(140.0)
+    assert latency.rtt_ms == pytest.approx(138.75)
+    # A path that did get slower: its first probe waits, its second agrees.
+    latency.probe_round_trip(400.0)
+    assert latency.rtt_ms == pytest.approx(139.375)
+    latency.probe_round_trip(420.0)  # as far as both saw
+    assert latency.rtt_ms == pytest.approx((139.375 + 400.0) / 2)
+
+
 def test_each_latency_has_its_own_averages():
     a, b = Latency(10.0, 1.6, 0.3), Latency(10.0, 1.6, 0.3)
     a.rtt.add(50.0)
