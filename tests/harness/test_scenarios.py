@@ -81,11 +81,14 @@ def test_every_scenario_says_how_often_the_edge_probes():
     assert SCENARIOS["region-outage"].health_interval_s <= 1.0
 
 
-def _as_sent(attempts: list[dict]) -> list[str]:
-    """One short line per request of a scenario's JSON: when, where, TTFT, outcome, the route's flags."""
+def _as_sent(attempts: list[dict], scores: bool = False) -> list[str]:
+    """One short line per request of a scenario's JSON: when, where, TTFT, outcome, the route's flags (and
+    with ``scores``, its region's and runner-up's scores)."""
     lines = []
     for a in attempts:
-        flags = [f for f in a["route"].split("; ") if " score=" not in f and not f.startswith("runner-up")]
+        parts = a["route"].split("; ")
+        flags = [f for f in parts if " score=" not in f and not f.startswith("runner-up")]
+        flags += [f.split(" rtt=")[0] for f in parts if scores and " score=" in f]
         lines.append(f"{a['t_s']:.2f}s {a['region']} {a['ttft_ms']}ms {a['outcome']} {flags}")
     return lines
 
@@ -151,7 +154,8 @@ def test_region_outage_takes_the_dead_region_out_and_lets_it_back_in(tmp_path):
     after_kill = data["phases"][1]["per_region"]
     assert after_kill and "london" not in after_kill, data["phases"]
     assert data["routable_again_after_s"] is not None, data
-    assert data["traffic_back_after_s"] is not None, data
+    # Each request as it went, so that traffic kept away says why (the route's scores and flags).
+    assert data["traffic_back_after_s"] is not None, _as_sent(data["attempts"], scores=True)
     # Every stream under way at the kill either finished (continued elsewhere) or was counted as cut.
     assert data["continued"] + data["cut_mid_stream"] == data["in_flight_at_kill"]
 
