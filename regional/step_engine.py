@@ -71,7 +71,6 @@ class StepEngine(VocabularyFacts):
         self._failed_steps = 0  # consecutive
         self._vocab: LlamaModel | None = None
         self._grammar_vocab: Vocabulary | None = None  # the vocabulary as the grammar engine takes it
-        self._vocab_build: threading.Thread | None = None  # building it (engine.grammar_vocabulary)
         self._prompts: PromptTokenizer | None = None
         self._lifecycle = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -178,14 +177,11 @@ class StepEngine(VocabularyFacts):
                 self._fail_engine(f"model load failed: {exc}")
                 raise EngineFailed(self._failure or str(exc)) from None
             self._prompts = PromptTokenizer(self._vocab)
-            self._grammar_vocab = Vocabulary(self._vocab)  # built as engine.grammar_vocabulary says
             self.model_load_s = time.perf_counter() - started
             log.info("model %s loaded in %.2fs (%s engine)", self.model_name, self.model_load_s, self.kind)
             self._stopping = False
             self._thread = threading.Thread(target=self._run, name=f"{self.kind}-engine", daemon=True)
             self._thread.start()
-            if self.config.grammar_vocabulary == "load":  # the first structured request need not wait
-                self._vocab_build = self._grammar_vocab.build_in_background()
             self._last_active = time.monotonic()
             self._state = "ready"
 
@@ -203,6 +199,14 @@ class StepEngine(VocabularyFacts):
         self._generated = rate
         self._clear_memory()
         self._scheduler = self._new_scheduler(self._vocab.is_end_of_generation)
+        self._grammar_vocab = vocabulary = Vocabulary(self._vocab)
+        # Before the node is ready (engine.grammar_vocabulary): it holds the GIL for its last second, which
+        # once ready stalled every request the node had. Failed, the first structured request meets it again.
+        if self.config.grammar_vocabulary == "load":
+            try:
+                vocabulary.tokenizer()
+            except Exception:
+                log.warning("the grammar engine's vocabulary could not be built", exc_info=True)
 
     async def _unload_when_idle(self) -> None:
         while True:
@@ -226,9 +230,6 @@ class StepEngine(VocabularyFacts):
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        if self._vocab_build is not None:  # it reads the model about to be freed
-            self._vocab_build.join()
-            self._vocab_build = None
         self._grammars.close()
         self._prompts = None
         self._grammar_vocab = None  # it points into the vocabulary about to be freed
