@@ -12,7 +12,7 @@ first token:
              capacity times its recent service time per slot, whichever is larger: a replica's own load
              report refines the estimate, it never makes one measured slow look fast
     load     a small penalty for a busy batch (utilisation x load_penalty_ms): equal replicas share work
-    prefill  the prompt's tokens at the pool's prefill speed
+    prefill  the prompt's tokens at the replica's prefill cost (its load report's, else the configured speed)
     affinity minus the prefill of the prompt's prefix that the replica already holds (while balanced)
 
 The best region keeps a client group's traffic until another beats it by a margin for ``hold_s`` (no
@@ -46,12 +46,13 @@ import numpy as np
 from geo import scan_bounds
 from geo.affinity import AffinityTable
 from geo.catalog import GeoConfig, Place, RegionSpec, edge_place, region_place
+from geo.client_terms import ClientTerms
 from geo.decision import NoRoute, Replica, Route, Scored, Where
 from geo.health import Health
 from geo.hold import Group, GroupKey, explore, hold
 from geo.latency import Latency
-from geo.orders import Order, PlaceArrays, Scope
-from geo.places import EARTH_RADIUS_KM, FIBRE_KM_PER_MS, floor_one_way_ms, great_circle_km
+from geo.orders import Order, Scope
+from geo.places import floor_one_way_ms, great_circle_km
 from geo.residency import Allowed, Residency
 from geo.terms import LOAD_PENALTY_MS, queue_and_load
 from geo.terms import balanced as loads_balanced
@@ -59,12 +60,9 @@ from nearshore.protocol.load import LoadReport
 
 __all__ = ["LOAD_PENALTY_MS", "NoRoute", "Replica", "Route", "Router", "Where"]
 
-_MAX_CACHED = 4096  # client places (and model + residency keys) whose per-replica work is kept
+_MAX_CACHED = 4096  # model + residency keys whose per-replica work is kept
 _sort_key = itemgetter(0)
 _ROUTABLE_STATES = frozenset(("ready", "unloaded"))  # LoadReport.routable, read without the call
-# Client places within a quarter degree (~28 km: under 0.5 ms of fibre round trip) share their per-replica
-# work: GeoIP places are cities, and a city's addresses are one place anyway.
-_PLACE_GRID = 4.0
 _SLACK_MS = 1.0  # scores within a millisecond tie (the catalog's order decides): scan those too
 
 
@@ -83,10 +81,9 @@ class Router:
     affinity: AffinityTable
     _groups: dict[GroupKey, Group] = field(default_factory=dict)
     # What depends only on the catalog: the replicas serving a model within a residency scope, and the
-    # client term of every replica for a client's place (GeoIP places repeat: cities, not addresses).
+    # client term of every replica for a client's place (geo/client_terms.py).
     _serving: dict[tuple[str, frozenset[str] | None], Scope] = field(default_factory=dict)
-    _client_ms: dict[tuple[int, int, bool], np.ndarray] = field(default_factory=dict)
-    _places: PlaceArrays | None = None
+    _clients: ClientTerms = None  # type: ignore[assignment]
     # The routable replicas in bound order, per (serving list, client place); valid while _epoch stands
     # (every probe sample, health change and ejection moves it) and until the next ejection ends.
     _static: dict[tuple, Order] = field(default_factory=dict)
@@ -99,10 +96,16 @@ class Router:
     # When each was last observed: a stale observation leaves the bound, so that the replica is scanned
     # and may be explored (geo.hold) rather than never looked at again.
     _observed_at: np.ndarray = None  # type: ignore[assignment]
+    # Each replica's prefill in ms a prompt token, by its place: its load report's, else the configured speed.
+    _prefill_ms: np.ndarray = None  # type: ignore[assignment]
+    _default_prefill_ms: float = 0.0
     has_local: bool = False  # some region is local (the degraded tier): set from the replicas
 
     def __post_init__(self) -> None:
         self.has_local = any(r.local for r in self.replicas)
+        self._clients = ClientTerms(self.replicas, self.config.routing.path_inflation)
+        self._default_prefill_ms = 1000.0 / self.config.routing.prefill_tokens_per_s
+        self._prefill_ms = np.full(len(self.replicas), self._default_prefill_ms, dtype=np.float64)
         self._observed_ms = np.array([r.latency.observed.value for r in self.replicas], dtype=np.float64)
         self._measured_ms = np.array(
             [r.latency.observed.value if r.latency.observed.samples else math.inf for r in self.replicas],
@@ -274,20 +277,27 @@ class Router:
         any bound) and the hysteresis group's current region. Loading or full replicas count only if no
         other can serve. Returns the scored, the rest in bound order (the tail of the failover order), and
         whether the holder's load is in balance with the best others (SGLang's rule)."""
-        prefill_ms = 1000.0 * prompt_tokens / self.config.routing.prefill_tokens_per_s
-        replicas = static.replicas
+        replicas, per_token_ms = static.replicas, self._prefill_ms
         # Within a millisecond, the catalog's order decides (``replicas`` is in it): a stable sort.
-        client_ms = self._client_terms(where) if where.located else None
+        client_ms = self._clients.of(where) if where.located else None
         explore_s = self.config.routing.explore_after_s
         near, bounds, ranked = scan_bounds.bounds(
-            static, client_ms, self._observed_ms, self._observed_at, baseline_ms, now, explore_s
+            static,
+            client_ms,
+            self._observed_ms,
+            self._observed_at,
+            baseline_ms,
+            now,
+            explore_s,
+            per_token_ms,
+            prompt_tokens,
         )
         good: list[int] = []
         deferred: list[int] = []
         best = runner_up = math.inf
         scanned = len(ranked)
         for j, i in enumerate(ranked):
-            if float(bounds[i]) + prefill_ms >= runner_up + _SLACK_MS:
+            if float(bounds[i]) >= runner_up + _SLACK_MS:
                 scanned = j
                 break
             r = replicas[i]
@@ -296,7 +306,9 @@ class Router:
                 deferred.append(i)
                 continue
             good.append(i)
-            total = self._quick_total(r, float(near[i]), prefill_ms, baseline_ms)
+            total = self._quick_total(
+                r, float(near[i]), prompt_tokens * float(per_token_ms[r.index]), baseline_ms
+            )
             if total < best:
                 best, runner_up = total, best
             elif total < runner_up:
@@ -360,8 +372,8 @@ class Router:
         is read inline (the same rule), without the call."""
         routing = self.config.routing
         default_service_ms = routing.default_service_ms
-        prefill_ms = 1000.0 * prompt_tokens / routing.prefill_tokens_per_s
-        client = self._client_terms(where) if where.located else None
+        per_token_ms = self._prefill_ms
+        client = self._clients.of(where) if where.located else None
         holder_id = holder[0] if holder is not None else None
         scored: list[Scored] = []
         for r in eligible:
@@ -373,40 +385,17 @@ class Router:
                 rtt_ms = floor_ms * latency.inflation
             client_ms = float(client[r.index]) if client is not None else 0.0
             queue_ms, load_ms = queue_and_load(r, default_service_ms, baseline_ms)
+            r_per_token_ms = float(per_token_ms[r.index])
+            prefill_ms = prompt_tokens * r_per_token_ms
             affinity_ms = 0.0
             if r.id == holder_id:
                 assert holder is not None
-                affinity_ms = min(prefill_ms, 1000.0 * (holder[1] / 4) / routing.prefill_tokens_per_s)
+                affinity_ms = min(prefill_ms, (holder[1] / 4) * r_per_token_ms)
             near_ms = rtt_ms + client_ms
             total_ms = (near_ms if near_ms > 0.0 else 0.0) + queue_ms + load_ms + prefill_ms - affinity_ms
             row = (rtt_ms, client_ms, queue_ms, load_ms, prefill_ms, affinity_ms)
             scored.append(((round(total_ms) << _POSITION_BITS) + r.index, total_ms, r, row))
         return scored
-
-    def _client_terms(self, where: Where) -> np.ndarray:
-        """Per replica, how much farther the client is from it than the edge is (floors x inflation, both
-        ways), for every replica at once; kept per client place (a quarter-degree cell)."""
-        key = _place_key(where)
-        terms = self._client_ms.get(key)
-        if terms is not None:
-            return terms
-        if self._places is None:
-            self._places = PlaceArrays.of(self.replicas)
-        p = self._places
-        lat1 = math.radians(where.latitude)
-        h = (
-            np.sin((p.lat - lat1) / 2) ** 2
-            + math.cos(lat1) * np.cos(p.lat) * np.sin((p.lon - math.radians(where.longitude)) / 2) ** 2
-        )
-        from_client_km = 2 * EARTH_RADIUS_KM * np.arcsin(np.minimum(1.0, np.sqrt(h)))
-        double_inflation = 2 * self.config.routing.path_inflation
-        terms = np.where(
-            p.known, double_inflation * (from_client_km / FIBRE_KM_PER_MS - p.edge_one_way_ms), 0.0
-        )
-        if len(self._client_ms) >= _MAX_CACHED:
-            self._client_ms.clear()
-        self._client_ms[key] = terms
-        return terms
 
     # --- what probes and responses tell it --------------------------------------------------------------
 
@@ -417,11 +406,19 @@ class Router:
         if rtt_ms is not None:
             latency.probe_round_trip(rtt_ms)
         if load is not None:
-            replica.load = load
+            self.took_load(replica, load)
         back = replica.health.probe_passed()
         if back or round(latency.rtt_ms) != before:  # the bound order may change: rebuild it when next asked
             self._epoch += 1
         return back
+
+    def took_load(self, replica: Replica, load: LoadReport) -> None:
+        """A replica's load report (its probe's, or an answer's head), with its prefill cost where it has
+        measured one: a long prompt goes where it is prefilled soonest, and is not counted as a queue at a
+        replica that prefills slower than the configured speed."""
+        replica.load = load
+        per_token_ms = load.prefill_ms_per_token
+        self._prefill_ms[replica.index] = per_token_ms if per_token_ms > 0.0 else self._default_prefill_ms
 
     def probe_failed(self, replica: Replica, why: str) -> bool:
         went_down = replica.health.probe_failed(why)
@@ -446,13 +443,13 @@ class Router:
         prefill of the request's ``prompt_tokens`` is subtracted: a long prompt is not the replica's fault.
         ``source``: who asked (the tenant); a slower sample counts as far as another's corroborates it."""
         replica.health.request_succeeded(model)
-        prefill_ms = 1000.0 * prompt_tokens / self.config.routing.prefill_tokens_per_s
+        if load is not None:  # (made as the head left: after this prompt's prefill)
+            self.took_load(replica, load)
+        prefill_ms = prompt_tokens * float(self._prefill_ms[replica.index])
         now = time.monotonic() if now is None else now
         replica.latency.first_token(ttft_ms, prefill_ms, now, upper_bound, source)
         self._observed_ms[replica.index] = self._measured_ms[replica.index] = replica.latency.observed.value
         self._observed_at[replica.index] = replica.latency.observed.at
-        if load is not None:
-            replica.load = load
 
     def finished(
         self,
@@ -475,7 +472,7 @@ class Router:
         if tokens <= 0:
             return  # (an embedding, or an answer whose size is unknown)
         routing = self.config.routing
-        prefill_ms = 1000.0 * prompt_tokens / routing.prefill_tokens_per_s
+        prefill_ms = prompt_tokens * float(self._prefill_ms[replica.index])
         now = time.monotonic() if now is None else now
         latency.unary_answer(service_ms, prefill_ms, tokens, routing.default_decode_ms_per_token, now, source)
         self._observed_ms[replica.index] = self._measured_ms[replica.index] = latency.observed.value
@@ -494,7 +491,3 @@ class Router:
             self.affinity.forget(replica.id)
             return True
         return False
-
-
-def _place_key(where: Where) -> tuple[int, int, bool]:
-    return (round(where.latitude * _PLACE_GRID), round(where.longitude * _PLACE_GRID), where.located)

@@ -99,6 +99,7 @@ class EngineStats(msgspec.Struct):
     # The most sequences one request may ever have (its ``n`` choices): those decoded at once plus those
     # allowed to wait (0: unknown). A request asking more is refused as the client's error, whatever the load.
     max_choices: int = 0
+    prefill_ms_per_token: float = 0.0  # a prompt token's prefill, as the steps cost (0: not measured yet)
 
 
 class EngineOverloaded(Exception):

@@ -39,6 +39,7 @@ def load_of(stats: EngineStats) -> LoadReport:
         kv_usage=min(max(kv_usage, 0.0), 1.0),
         tokens_per_s=max(tokens_per_s, 0.0),
         max_choices=max(stats.max_choices, 0),
+        prefill_ms_per_token=max(stats.prefill_ms_per_token, 0.0),
     )
 
 

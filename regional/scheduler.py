@@ -105,6 +105,10 @@ class Scheduler:
         """Sequences that would wait for a slot: the waiting ones and ``arriving`` beyond the free slots."""
         return len(self.waiting) + arriving - self.free_sequences()
 
+    def prefill_ms_per_token(self) -> float:
+        """A prompt token's prefill in ms as the steps cost, taken ``prefill_chunk`` a step (0: unknown)."""
+        return self.step_cost.prefill_ms_per_token(self.prefill_chunk) if self.step_cost is not None else 0.0
+
     def add(self, seq: Sequence) -> None:
         top_n = seq.request.prompt_logprobs
         if top_n is not None and not seq.prompt_logprobs:

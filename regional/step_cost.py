@@ -53,6 +53,15 @@ class StepCost:
         rows = int(left_ms / (per_token + per_row)) if left_ms > 0 and per_row > 0 else tokens
         return tokens, max(1, min(tokens, rows))
 
+    def prefill_ms_per_token(self, chunk: int) -> float:
+        """What a prompt token costs its prefill, in ms, for a prompt taken ``chunk`` tokens a step (each
+        step's fixed part shared by its tokens); 0 until fitted. The node's load report carries it: the
+        edge's router scores each replica's prefill by it, not by one configured speed for all."""
+        if self.fit is None:
+            return 0.0
+        fixed, per_token, _ = self.fit
+        return per_token + fixed / max(chunk, 1)
+
 
 def _fit(steps: deque[tuple[int, int, float]]) -> tuple[float, float, float] | None:
     if len(steps) < MIN_STEPS or len({tokens for tokens, _, _ in steps}) < MIN_SIZES:

@@ -330,6 +330,7 @@ class StepEngine(VocabularyFacts):
                 grammar_s=self._grammars.seconds,
                 grammar_tokens=self._grammars.tokens,
                 max_choices=self.config.max_sequences + self.config.max_waiting,
+                prefill_ms_per_token=sched.prefill_ms_per_token(),
             )
 
     def description(self) -> str:

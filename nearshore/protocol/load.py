@@ -2,7 +2,7 @@
 ``/health`` JSON (the ``load`` field), so that the edge's router sees queues build between two probes.
 
 The header is one short line of ``name=value`` pairs, e.g.
-``state=ready; running=3; waiting=1; capacity=8; kv=0.41; tps=212.5; choices=72``. An edge trusts a
+``state=ready; running=3; waiting=1; capacity=8; kv=0.41; tps=212.5; choices=72; pft=2.857``. An edge trusts a
 region for nothing: :func:`parse_load` never raises, ignores names it does not know (a newer region may
 add some) and clamps what it reads, so a lying or broken region can at worst look busy or idle, never
 crash the router.
@@ -20,6 +20,7 @@ _STATES: frozenset[str] = frozenset(("ready", "loading", "unloaded", "failed"))
 MAX_HEADER_CHARS = 256  # what parse_load reads at most
 _MAX_COUNT = 1_000_000
 _MAX_TPS = 1e9
+_MAX_PREFILL_MS_PER_TOKEN = 1e4
 
 
 class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,6 +35,11 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     # The most choices (``n``) one request may have there, whatever the load (0: unknown): an edge refuses
     # a request that no replica could ever take as the client's error instead of sending it.
     max_choices: int = 0
+    # What a prompt token costs its prefill there, in ms, as the node measures its steps (0: unknown): the
+    # router's prefill term for that replica (a CPU node prefills hundreds of tokens a second, a GPU tens
+    # of thousands). A node that claims to be faster than it is shows it in the first-token times the edge
+    # observes, which subtract the same figure.
+    prefill_ms_per_token: float = 0.0
 
     @property
     def routable(self) -> bool:
@@ -45,7 +51,7 @@ def format_load(report: LoadReport) -> str:
     return (
         f"state={report.state}; running={report.running}; waiting={report.waiting}; "
         f"capacity={report.capacity}; kv={report.kv_usage:.3f}; tps={report.tokens_per_s:.1f}; "
-        f"choices={report.max_choices}"
+        f"choices={report.max_choices}; pft={report.prefill_ms_per_token:.4g}"
     )
 
 
@@ -72,6 +78,8 @@ def parse_load(value: str | None) -> LoadReport | None:
                 fields["kv_usage"] = _finite(float(raw), 0.0, 1.0)
             elif name == "tps":
                 fields["tokens_per_s"] = _finite(float(raw), 0.0, _MAX_TPS)
+            elif name == "pft":
+                fields["prefill_ms_per_token"] = _finite(float(raw), 0.0, _MAX_PREFILL_MS_PER_TOKEN)
         except ValueError:
             return None
     if not fields:

@@ -20,8 +20,10 @@ def in_range(report: LoadReport) -> bool:
         and all(0 <= n <= 1_000_000 for n in counts)
         and 0.0 <= report.kv_usage <= 1.0
         and 0.0 <= report.tokens_per_s <= 1e9
+        and 0.0 <= report.prefill_ms_per_token <= 1e4
         and math.isfinite(report.kv_usage)
         and math.isfinite(report.tokens_per_s)
+        and math.isfinite(report.prefill_ms_per_token)
     )
 
 
@@ -34,6 +36,8 @@ def in_range(report: LoadReport) -> bool:
         LoadReport(state="unloaded", running=3, waiting=17, capacity=8, kv_usage=0.41, tokens_per_s=212.5),
         LoadReport(running=1_000_000, waiting=1_000_000, capacity=256, kv_usage=1.0, tokens_per_s=1e9),
         LoadReport(running=2, capacity=16, max_choices=80),
+        LoadReport(running=1, prefill_ms_per_token=2.857),
+        LoadReport(prefill_ms_per_token=0.0125),
     ],
 )
 def test_format_then_parse_gives_the_report_back(report: LoadReport):
@@ -44,7 +48,7 @@ def test_format_then_parse_gives_the_report_back(report: LoadReport):
 
 def test_the_report_is_one_short_header_line():
     header = format_load(LoadReport(running=3, waiting=1, capacity=8, kv_usage=0.41, tokens_per_s=212.5))
-    assert header == "state=ready; running=3; waiting=1; capacity=8; kv=0.410; tps=212.5; choices=0"
+    assert header == "state=ready; running=3; waiting=1; capacity=8; kv=0.410; tps=212.5; choices=0; pft=0"
     assert "\n" not in header and "\r" not in header
 
 
@@ -58,6 +62,7 @@ def test_the_report_is_plain_json_for_health():
         "kv_usage": 0.5,
         "tokens_per_s": 10.0,
         "max_choices": 0,
+        "prefill_ms_per_token": 0.0,
     }
 
 
@@ -70,6 +75,9 @@ def test_the_report_is_plain_json_for_health():
         ("kv=inf; tps=inf", LoadReport(kv_usage=1.0, tokens_per_s=1e9)),
         ("kv=-inf; tps=-inf", LoadReport()),
         ("kv=7; tps=1e300", LoadReport(kv_usage=1.0, tokens_per_s=1e9)),
+        ("pft=-3", LoadReport()),
+        ("pft=nan", LoadReport()),
+        ("pft=inf", LoadReport(prefill_ms_per_token=1e4)),
         ("running=" + "9" * 200, LoadReport(running=1_000_000)),
         ("waiting=123456789012", LoadReport(waiting=1_000_000)),
         # Names a newer region may add are skipped; the known ones still count.
@@ -94,6 +102,7 @@ def test_hostile_values_are_clamped(header: str, expected: LoadReport):
         "running=1.5",
         "kv=0,5",
         "tps=fast",
+        "pft=slow",
         "running=1; " + "x" * MAX_HEADER_CHARS,  # over-long: not read at all
         "unknown=1; other=2",  # nothing known in it
     ],

@@ -154,6 +154,20 @@ async def test_a_streams_head_carries_the_load_and_health_counts_it(small_region
                 pass
 
 
+@pytest.mark.slow
+async def test_once_its_steps_are_fitted_the_report_carries_a_prompt_tokens_prefill_cost(small_region: Node):
+    async with aiohttp.ClientSession() as s:
+        for words in (2, 12, 30, 60, 100, 150):  # prompts of several sizes: the fit needs their steps
+            payload = {**COUNTING, "prompt": "one two three " * words, "max_tokens": 10}
+            async with s.post(small_region.url + "/v1/completions", json=payload) as r:
+                assert r.status == 200
+                await r.read()
+        report, body = await health(s, small_region)
+    # A CPU node prefills hundreds of tokens a second: a token costs it between a tenth of a ms and 100 ms.
+    assert 0.1 < report.prefill_ms_per_token < 100.0
+    assert body["load"]["prefill_ms_per_token"] == pytest.approx(report.prefill_ms_per_token, rel=1e-3)
+
+
 # --- without a model ----------------------------------------------------------------------------------
 
 
@@ -184,6 +198,8 @@ def test_engine_stats_become_a_load_report():
     assert load_of(stats(kv_tokens_total=0)).kv_usage == 0.0
     assert load_of(stats(kv_tokens_used=9000)).kv_usage == 1.0
     assert load_of(stats(tokens_per_s=float("nan"))).tokens_per_s == 0.0
+    assert load_of(stats(prefill_ms_per_token=2.5)).prefill_ms_per_token == 2.5
+    assert load_of(stats(prefill_ms_per_token=-1.0)).prefill_ms_per_token == 0.0
 
 
 def test_the_token_rate_is_tokens_over_the_recent_window():

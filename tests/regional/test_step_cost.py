@@ -30,6 +30,19 @@ def test_the_fit_recovers_a_nodes_fixed_and_per_token_costs():
     assert 11 <= tokens <= 13 and 3 <= rows <= 5
 
 
+def test_a_prompt_tokens_prefill_cost_is_its_own_plus_its_share_of_each_steps_fixed_part():
+    cost = StepCost(target_ms=50)
+    assert cost.prefill_ms_per_token(128) == 0.0  # not fitted: unknown (the edge's configured speed holds)
+    cpu_like(cost)
+    fixed, per_token, _ = cost.fit or (0.0, 0.0, 0.0)
+    assert cost.prefill_ms_per_token(128) == per_token + fixed / 128  # ~1.5 + 28 / 128
+    assert 1.6 < cost.prefill_ms_per_token(128) < 1.8 < cost.prefill_ms_per_token(32)
+    sched = scheduler(max_sequences=8, kv_tokens=20_000, batch_tokens=256, prefill_chunk=64)
+    assert sched.prefill_ms_per_token() == 0.0
+    sched.step_cost = cost
+    assert sched.prefill_ms_per_token() == cost.prefill_ms_per_token(64)
+
+
 def test_no_budget_until_the_fit_means_something():
     cost = StepCost(target_ms=50)
     assert cost.prompt_budget(0, 8, 128) == (128, 128)  # nothing measured: the configured chunk
