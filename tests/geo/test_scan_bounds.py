@@ -40,7 +40,16 @@ def test_python_and_numpy_give_the_same_bounds_and_order(monkeypatch: pytest.Mon
     prefill_ms = rng.choice([0.0001, 0.05, 0.5, 2.857], catalogue)  # a GPU's to a CPU's, a token
     prompt_tokens = int(rng.choice([0, 12, 1530]))
     (near_a, bound_a, ranked_a), (near_b, bound_b, ranked_b) = both(
-        monkeypatch, order, client_ms, observed_ms, observed_at, 10.0, 100.0, 30.0, prefill_ms, prompt_tokens
+        monkeypatch,
+        order,
+        client_ms,
+        observed_ms,
+        observed_at,
+        10.0,
+        100.0,
+        30.0,
+        (prefill_ms, prefill_ms.tolist()),
+        prompt_tokens,
     )
     assert list(near_a) == np.asarray(near_b).tolist()
     assert list(bound_a) == np.asarray(bound_b).tolist()
@@ -56,5 +65,7 @@ def test_ties_within_a_millisecond_keep_the_catalogues_order(monkeypatch: pytest
     rtt = np.array([30.4, 30.2, 29.6, 10.0], dtype=np.float64)  # the first three round to 30
     order = Order(0, math.inf, [object()] * 4, rtt, np.arange(4, dtype=np.intp), {}, {})  # type: ignore[list-item]
     zeros = np.zeros(4)
-    for _, _, ranked in both(monkeypatch, order, None, zeros, zeros, 0.0, 1.0, 30.0, zeros, 100):
+    for _, _, ranked in both(
+        monkeypatch, order, None, zeros, zeros, 0.0, 1.0, 30.0, (zeros, zeros.tolist()), 100
+    ):
         assert ranked == [3, 0, 1, 2]
