@@ -239,6 +239,7 @@ FLAGS = {
         "--break-after",
         "--eof-delay-ms",
         "--load-state",
+        "--prefill-ms-per-token",
         "--clock",
         "--name",
     ],
