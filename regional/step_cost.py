@@ -25,8 +25,11 @@ MIN_SIZES = 4
 
 
 class StepCost:
-    def __init__(self, target_ms: float) -> None:
+    def __init__(self, target_ms: float, prior: tuple[float, float] | None = None) -> None:
+        """``prior``: (fixed, per token) ms from the warm-up's steps (:meth:`two_point`), for the prefill
+        cost the node reports until its own fit (not for the budget: two steps are no fit)."""
         self.target_ms = target_ms
+        self.prior = prior
         self._steps: deque[tuple[int, int, float]] = deque(maxlen=WINDOW)
         self._since_fit = 0
         # ms: the fixed part, per prompt token, per scored row (None: not fitted yet).
@@ -55,12 +58,24 @@ class StepCost:
 
     def prefill_ms_per_token(self, chunk: int) -> float:
         """What a prompt token costs its prefill, in ms, for a prompt taken ``chunk`` tokens a step (each
-        step's fixed part shared by its tokens); 0 until fitted. The node's load report carries it: the
-        edge's router scores each replica's prefill by it, not by one configured speed for all."""
-        if self.fit is None:
-            return 0.0
-        fixed, per_token, _ = self.fit
-        return per_token + fixed / max(chunk, 1)
+        step's fixed part shared by its tokens); until fitted, by the prior; 0 without either. The node's
+        load report carries it: the edge's router scores each replica's prefill by it, not by one
+        configured speed for all."""
+        fixed, per_token = self.fit[:2] if self.fit is not None else self.prior or (0.0, 0.0)
+        return per_token + fixed / max(chunk, 1) if per_token > 0 else 0.0
+
+    def two_point(self) -> tuple[float, float] | None:
+        """(fixed, per token) ms through the latest one-row step and the largest after it (the warm-up's
+        decode and its measured prefill); None without both, or for a slope that is no cost."""
+        steps = list(self._steps)
+        last_single = max((i for i, step in enumerate(steps) if step[0] == 1), default=-1)
+        after = steps[last_single + 1 :] if last_single >= 0 else []
+        largest = max(after, key=lambda step: step[0], default=None)
+        if largest is None or largest[0] <= 1:
+            return None
+        single_ms = steps[last_single][2]
+        per_token = (largest[2] - single_ms) / (largest[0] - 1)
+        return (max(single_ms - per_token, 0.0), per_token) if per_token > 0 else None
 
 
 def _fit(steps: deque[tuple[int, int, float]]) -> tuple[float, float, float] | None:

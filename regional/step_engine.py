@@ -124,10 +124,10 @@ class StepEngine(VocabularyFacts):
     def _clear_memory(self) -> None:
         """A step failed: forget whatever the model's KV memory holds."""
 
-    def _new_scheduler(self, is_end_of_generation: abc.Callable[[int], bool]) -> Scheduler:
+    def _new_scheduler(self, is_end: abc.Callable[[int], bool], warm: StepCost | None = None) -> Scheduler:
         c, memory = self.config, self._new_memory()
-        cost = StepCost(c.shared_step_ms)
-        return Scheduler(memory, c.max_sequences, c.batch_tokens, c.prefill_chunk, is_end_of_generation, cost)
+        cost = StepCost(c.shared_step_ms, warm.two_point() if warm is not None else None)
+        return Scheduler(memory, c.max_sequences, c.batch_tokens, c.prefill_chunk, is_end, cost)
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -198,7 +198,7 @@ class StepEngine(VocabularyFacts):
         self._steps, self._step_s, self._prefill_tokens, self._prefix_queries, self._prefix_hits = kept
         self._generated = rate
         self._clear_memory()
-        self._scheduler = self._new_scheduler(self._vocab.is_end_of_generation)
+        self._scheduler = self._new_scheduler(self._vocab.is_end_of_generation, self._scheduler.step_cost)
         self._grammar_vocab = vocabulary = Vocabulary(self._vocab)
         # Before the node is ready (engine.grammar_vocabulary): it holds the GIL for its last second, which
         # once ready stalled every request the node had. Failed, the first structured request meets it again.

@@ -20,15 +20,23 @@ from regional.sequence import Sequence
 
 WARM_UP_ID = "nearshore-warm-up"
 WARM_UP_TOKENS = 2  # a prefill step and a decode step: both kinds of batch have run once
+# Then, warm, one prompt of this many tokens: its step and the decode step before it are the node's first
+# estimate of its prefill cost (StepCost.two_point), reported until its steps are fitted, so that the edge
+# does not take a fresh CPU node's first long prompt for a queue at the configured prefill speed.
+MEASURED_PROMPT_TOKENS = 64
+WARM_UP_STEPS = 3
 
 
 def warm_up(vocab: LlamaModel, scheduler: Scheduler, step: Callable[[], object]) -> int:
-    """Run a short greeting through ``scheduler`` with ``step`` until it has finished; the steps taken."""
-    prompt = [*vocab.bos_prefix(), *vocab.tokenize("Hello", add_special=False)]
-    request = GenerationRequest(WARM_UP_ID, prompt, max_tokens=WARM_UP_TOKENS)
-    scheduler.add(Sequence(request, time.perf_counter(), TokenSampler(request.sampling, prompt)))
+    """Run a short greeting, then a measured prompt, through ``scheduler`` with ``step`` until they have
+    finished; the steps taken."""
+    greeting = [*vocab.bos_prefix(), *vocab.tokenize("Hello", add_special=False)]
+    measured = [*vocab.bos_prefix(), *vocab.tokenize(" the" * MEASURED_PROMPT_TOKENS, add_special=False)]
     steps = 0
-    while scheduler.has_work:
-        step()
-        steps += 1
+    for n, (prompt, max_tokens) in enumerate(((greeting, WARM_UP_TOKENS), (measured, 1))):
+        request = GenerationRequest(f"{WARM_UP_ID}-{n}", prompt, max_tokens=max_tokens)
+        scheduler.add(Sequence(request, time.perf_counter(), TokenSampler(request.sampling, prompt)))
+        while scheduler.has_work:
+            step()
+            steps += 1
     return steps

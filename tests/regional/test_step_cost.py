@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from regional.scheduler import MIN_SHARED_CHUNK
 from regional.step_cost import MIN_STEPS, REFIT_EVERY, StepCost
 from tests.regional.test_scheduler import scheduler, step
@@ -41,6 +43,26 @@ def test_a_prompt_tokens_prefill_cost_is_its_own_plus_its_share_of_each_steps_fi
     assert sched.prefill_ms_per_token() == 0.0
     sched.step_cost = cost
     assert sched.prefill_ms_per_token() == cost.prefill_ms_per_token(64)
+
+
+def test_two_warm_up_steps_give_a_first_estimate_until_the_fit():
+    warm = StepCost(target_ms=50)
+    assert warm.two_point() is None
+    warm.observe(3, 0, 0.090)  # the cold first prefill
+    warm.observe(1, 0, 0.030)  # a decode: 30 ms
+    assert warm.two_point() is None  # no step of more than one row yet
+    warm.observe(64, 0, 0.1245)  # 64 prompt tokens: 94.5 ms more than one row, 1.5 ms a token
+    fixed, per_token = warm.two_point() or (0.0, 0.0)
+    assert per_token == pytest.approx(1.5) and fixed == pytest.approx(28.5)
+    cost = StepCost(target_ms=50, prior=(fixed, per_token))
+    assert cost.prefill_ms_per_token(128) == pytest.approx(1.5 + 28.5 / 128)
+    assert cost.prompt_budget(0, 8, 128) == (128, 128)  # two steps are no fit for the budget
+    cpu_like(cost, noise_ms=0.0)  # once fitted, the fit (28 ms, 1.5 ms a token) is what it reports
+    assert cost.prefill_ms_per_token(128) == pytest.approx(1.5 + 28 / 128, rel=1e-3)
+    noise = StepCost(target_ms=50)
+    noise.observe(1, 0, 0.030)
+    noise.observe(64, 0, 0.029)  # faster than one row: no cost, no estimate
+    assert noise.two_point() is None
 
 
 def test_no_budget_until_the_fit_means_something():

@@ -1,6 +1,6 @@
-"""A freshly loaded model runs one short request before the node says it is ready, and then forgets it:
-the node's figures count none of it and its KV memory starts empty, so a user's first prompt finds no
-prefix of the warm-up."""
+"""A freshly loaded model runs one short request and one measured prompt before the node says it is ready,
+and then forgets them: the node's figures count none of it and its KV memory starts empty, so a user's first
+prompt finds no prefix of the warm-up; what it keeps is a first estimate of its prefill cost."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from regional.config import EngineConfig
 from regional.engine import GenerationRequest
 from regional.engine_select import make_engine
 from regional.model_store import resolve_model_path
-from regional.warm_up import WARM_UP_TOKENS
+from regional.warm_up import WARM_UP_STEPS
 
 pytestmark = pytest.mark.slow
 
@@ -46,9 +46,10 @@ async def test_the_model_runs_before_ready_and_the_node_starts_from_nothing(
     try:
         assert runs == []  # a lazy engine loads (and warms up) on its first request, not at start
         await engine.ready()
-        assert runs == [WARM_UP_TOKENS]  # a prefill step, then a decode step
+        assert runs == [WARM_UP_STEPS]  # a prefill step, a decode step, a measured prefill step
         stats = engine.stats()
         assert (stats.state, stats.steps, stats.prefill_tokens, stats.kv_tokens_used) == ("ready", 0, 0, 0)
+        assert stats.prefill_ms_per_token > 0  # reported from the warm-up, before any step is fitted
         assert (stats.prefix_cache_queries, stats.prefix_cache_hits, stats.running) == (0, 0, 0)
         # A prompt that begins as the warm-up's did finds nothing of it in the KV memory.
         prompt = await engine.tokenize("Hello there, how are you?")
@@ -58,11 +59,11 @@ async def test_the_model_runs_before_ready_and_the_node_starts_from_nothing(
         assert (stats.prefix_cache_queries, stats.prefix_cache_hits) == (len(prompt), 0)
         assert stats.prefill_tokens == len(prompt)
         await engine.ready()  # loaded already: no second warm-up
-        assert runs == [WARM_UP_TOKENS]
+        assert runs == [WARM_UP_STEPS]
         # Unloaded and loaded again (as after idle_unload_s): warmed up again, its steps not counted.
         steps = stats.steps
         await engine.close()
         await engine.ready()
-        assert runs == [WARM_UP_TOKENS, WARM_UP_TOKENS] and engine.stats().steps == steps
+        assert runs == [WARM_UP_STEPS, WARM_UP_STEPS] and engine.stats().steps == steps
     finally:
         await engine.close()
