@@ -26,13 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="report this load state as a region does (x-nearshore-load, /health's load); default: none",
     )
     parser.add_argument(
-        "--prefill-ms-per-token",
-        type=float,
-        default=0.0,
-        help="report this prefill cost a prompt token in its load report, as a region measures its own "
-        "(with no --load-state, as ready)",
-    )
-    parser.add_argument(
         "--clock",
         choices=["stream", "step"],
         default="stream",
@@ -53,7 +46,6 @@ def main(args: argparse.Namespace) -> int:
         args.eof_delay_ms / 1000,
         args.load_state,
         step_clock=args.clock == "step",
-        prefill_ms_per_token=args.prefill_ms_per_token,
     )
     asyncio.run(serve(create_app(settings), args.host, args.port))
     return 0

@@ -130,7 +130,8 @@ class RoutingSettings(Struct, forbid_unknown_fields=True, kw_only=True):
     # A generated token's time, until a replica's streams measured its own: what a unary answer's time
     # has to explain before the rest counts as queue.
     default_decode_ms_per_token: Annotated[float, Meta(gt=0, le=10_000)] = 25.0
-    # A replica's prefill speed until its load report carries its own (``pft``; providers never do).
+    # The prefill term's speed; and what a sample's first token has to explain for a prompt's first 256
+    # tokens (beyond them, the replica's own cost where its load report carries one: ``pft``).
     prefill_tokens_per_s: Annotated[float, Meta(gt=0)] = 2000.0
     # What real requests saw: the first-token time beyond the round trip and the prompt's expected prefill
     # is the queue term (or the reported queue, whichever is larger). A replica that lost its traffic to what

@@ -12,9 +12,6 @@ group's region) moves the group there at once. Chosen over a time decay of the e
 whole burst of requests to a replica that may still be slow before the first of them has answered:
 exploration costs one request per replica per interval, bounded however busy the edge is.
 
-A prompt whose prefill alone makes another region better by the margin (a GPU node's prefill against a CPU
-node's) goes there and the group stays: each replica reports its own prefill cost (geo/route.py).
-
 A group its region's failure moved (the region went down or out: no longer eligible) remembers it as its
 home, and the home wins the group back by any lead it keeps for ``hold_s``, not by the margin: the region it
 was pushed to was not chosen on merit, and between two regions closer than the margin (Lagos to London and
@@ -82,12 +79,6 @@ def hold(
         return first + [s for s in scored if s[2].region != group.region], False
     if group.region == best.region:
         group.challenger = ""
-        return scored, False
-    # A prompt whose prefill alone makes the best better by the margin goes there, the group staying: the
-    # prefill term is a replica's measured speed times this prompt, nothing for the hold to ride out. (The
-    # margin is a share of the whole score, prefill included: alike nodes' fits, some percent apart, are not
-    # a reason.)
-    if current[3][4] - scored[0][3][4] > margin:
         return scored, False
     # Measured far slower: real requests there waited longer beyond the network (and the scope's baseline)
     # than the best's whole expected TTFT. Probe noise cannot do that (it moves round trips, not

@@ -12,7 +12,7 @@ first token:
              capacity times its recent service time per slot, whichever is larger: a replica's own load
              report refines the estimate, it never makes one measured slow look fast
     load     a small penalty for a busy batch (utilisation x load_penalty_ms): equal replicas share work
-    prefill  the prompt's tokens at the replica's prefill cost (its load report's, else the configured speed)
+    prefill  the prompt's tokens at the pool's prefill speed
     affinity minus the prefill of the prompt's prefix that the replica already holds (while balanced)
 
 The best region keeps a client group's traffic until another beats it by a margin for ``hold_s`` (no
@@ -64,6 +64,7 @@ _MAX_CACHED = 4096  # model + residency keys whose per-replica work is kept
 _sort_key = itemgetter(0)
 _ROUTABLE_STATES = frozenset(("ready", "unloaded"))  # LoadReport.routable, read without the call
 _SLACK_MS = 1.0  # scores within a millisecond tie (the catalog's order decides): scan those too
+_SHORT_PROMPT_TOKENS = 256  # a prompt's first tokens: at the configured speed (_expected_prefill_ms)
 
 
 # A Scored's sort key is the score rounded to the millisecond, then the catalog position (within a
@@ -96,10 +97,9 @@ class Router:
     # When each was last observed: a stale observation leaves the bound, so that the replica is scanned
     # and may be explored (geo.hold) rather than never looked at again.
     _observed_at: np.ndarray = None  # type: ignore[assignment]
-    # Each replica's prefill in ms a prompt token, by its place: its load report's, else the configured speed
-    # (and as a list: one element of a list is read faster than of an array).
-    _prefill_ms: np.ndarray = None  # type: ignore[assignment]
-    _prefill_ms_list: list[float] = field(default_factory=list)
+    # Each replica's prefill in ms a prompt token, by its place, as its load report says (else the configured
+    # speed's): what its samples subtract (not what scores it: see took_load).
+    _prefill_ms: list[float] = field(default_factory=list)
     _default_prefill_ms: float = 0.0
     has_local: bool = False  # some region is local (the degraded tier): set from the replicas
 
@@ -107,8 +107,7 @@ class Router:
         self.has_local = any(r.local for r in self.replicas)
         self._clients = ClientTerms(self.replicas, self.config.routing.path_inflation)
         self._default_prefill_ms = 1000.0 / self.config.routing.prefill_tokens_per_s
-        self._prefill_ms = np.full(len(self.replicas), self._default_prefill_ms, dtype=np.float64)
-        self._prefill_ms_list = self._prefill_ms.tolist()
+        self._prefill_ms = [self._default_prefill_ms] * len(self.replicas)
         self._observed_ms = np.array([r.latency.observed.value for r in self.replicas], dtype=np.float64)
         self._measured_ms = np.array(
             [r.latency.observed.value if r.latency.observed.samples else math.inf for r in self.replicas],
@@ -280,27 +279,20 @@ class Router:
         any bound) and the hysteresis group's current region. Loading or full replicas count only if no
         other can serve. Returns the scored, the rest in bound order (the tail of the failover order), and
         whether the holder's load is in balance with the best others (SGLang's rule)."""
-        replicas, per_token_ms = static.replicas, self._prefill_ms_list
+        prefill_ms = 1000.0 * prompt_tokens / self.config.routing.prefill_tokens_per_s
+        replicas = static.replicas
         # Within a millisecond, the catalog's order decides (``replicas`` is in it): a stable sort.
         client_ms = self._clients.of(where) if where.located else None
         explore_s = self.config.routing.explore_after_s
         near, bounds, ranked = scan_bounds.bounds(
-            static,
-            client_ms,
-            self._observed_ms,
-            self._observed_at,
-            baseline_ms,
-            now,
-            explore_s,
-            (self._prefill_ms, per_token_ms),
-            prompt_tokens,
+            static, client_ms, self._observed_ms, self._observed_at, baseline_ms, now, explore_s
         )
         good: list[int] = []
         deferred: list[int] = []
         best = runner_up = math.inf
         scanned = len(ranked)
         for j, i in enumerate(ranked):
-            if float(bounds[i]) >= runner_up + _SLACK_MS:
+            if float(bounds[i]) + prefill_ms >= runner_up + _SLACK_MS:
                 scanned = j
                 break
             r = replicas[i]
@@ -309,7 +301,7 @@ class Router:
                 deferred.append(i)
                 continue
             good.append(i)
-            total = self._quick_total(r, float(near[i]), prompt_tokens * per_token_ms[r.index], baseline_ms)
+            total = self._quick_total(r, float(near[i]), prefill_ms, baseline_ms)
             if total < best:
                 best, runner_up = total, best
             elif total < runner_up:
@@ -373,7 +365,7 @@ class Router:
         is read inline (the same rule), without the call."""
         routing = self.config.routing
         default_service_ms = routing.default_service_ms
-        per_token_ms = self._prefill_ms_list
+        prefill_ms = 1000.0 * prompt_tokens / routing.prefill_tokens_per_s
         client = self._clients.of(where) if where.located else None
         holder_id = holder[0] if holder is not None else None
         scored: list[Scored] = []
@@ -386,12 +378,10 @@ class Router:
                 rtt_ms = floor_ms * latency.inflation
             client_ms = float(client[r.index]) if client is not None else 0.0
             queue_ms, load_ms = queue_and_load(r, default_service_ms, baseline_ms)
-            r_per_token_ms = per_token_ms[r.index]
-            prefill_ms = prompt_tokens * r_per_token_ms
             affinity_ms = 0.0
             if r.id == holder_id:
                 assert holder is not None
-                affinity_ms = min(prefill_ms, (holder[1] / 4) * r_per_token_ms)
+                affinity_ms = min(prefill_ms, 1000.0 * (holder[1] / 4) / routing.prefill_tokens_per_s)
             near_ms = rtt_ms + client_ms
             total_ms = (near_ms if near_ms > 0.0 else 0.0) + queue_ms + load_ms + prefill_ms - affinity_ms
             row = (rtt_ms, client_ms, queue_ms, load_ms, prefill_ms, affinity_ms)
@@ -415,13 +405,22 @@ class Router:
 
     def took_load(self, replica: Replica, load: LoadReport) -> None:
         """A replica's load report (its probe's, or an answer's head), with its prefill cost where it has
-        measured one: a long prompt goes where it is prefilled soonest, and is not counted as a queue at a
-        replica that prefills slower than the configured speed."""
+        measured one: what a first token's time there has to explain before the rest counts as queue, so
+        that a long prompt at a replica slower than the configured speed is not taken for one. (Scores keep
+        the configured speed: alike nodes' fits, tens of percent apart on a busy machine, outweighed the
+        round trips between regions for a short prompt and moved traffic on that noise.)"""
         replica.load = load
         per_token_ms = load.prefill_ms_per_token
         if per_token_ms <= 0.0:
             per_token_ms = self._default_prefill_ms
-        self._prefill_ms[replica.index] = self._prefill_ms_list[replica.index] = per_token_ms
+        self._prefill_ms[replica.index] = per_token_ms
+
+    def _expected_prefill_ms(self, replica: Replica, prompt_tokens: int) -> float:
+        """The prefill a first token's time there has to explain: a short prompt's at the configured speed
+        (the same for every replica: for a chat's few tokens, the fits' noise would be all the difference),
+        the tokens beyond at the replica's own cost."""
+        short = min(prompt_tokens, _SHORT_PROMPT_TOKENS)
+        return short * self._default_prefill_ms + (prompt_tokens - short) * self._prefill_ms[replica.index]
 
     def probe_failed(self, replica: Replica, why: str) -> bool:
         went_down = replica.health.probe_failed(why)
@@ -448,7 +447,7 @@ class Router:
         replica.health.request_succeeded(model)
         if load is not None:  # (made as the head left: after this prompt's prefill)
             self.took_load(replica, load)
-        prefill_ms = prompt_tokens * self._prefill_ms_list[replica.index]
+        prefill_ms = self._expected_prefill_ms(replica, prompt_tokens)
         now = time.monotonic() if now is None else now
         replica.latency.first_token(ttft_ms, prefill_ms, now, upper_bound, source)
         self._observed_ms[replica.index] = self._measured_ms[replica.index] = replica.latency.observed.value
@@ -475,7 +474,7 @@ class Router:
         if tokens <= 0:
             return  # (an embedding, or an answer whose size is unknown)
         routing = self.config.routing
-        prefill_ms = prompt_tokens * self._prefill_ms_list[replica.index]
+        prefill_ms = self._expected_prefill_ms(replica, prompt_tokens)
         now = time.monotonic() if now is None else now
         latency.unary_answer(service_ms, prefill_ms, tokens, routing.default_decode_ms_per_token, now, source)
         self._observed_ms[replica.index] = self._measured_ms[replica.index] = latency.observed.value

@@ -1,6 +1,6 @@
-"""The router's scan bounds (geo/route.py): each routable replica's least possible score for one request, its
-round trip and client term (``near``) plus its observed queue while that is fresh and the prompt's prefill
-there, and the replicas in the order of their bounds.
+"""The router's scan bounds (geo/route.py): each routable replica's least possible score for one client, its
+round trip and client term (``near``) plus its observed queue while that is fresh, and the replicas in the
+order of their bounds.
 
 Computed in numpy for a large catalogue, and in plain Python for the few replicas an edge usually has, where
 numpy's cost per call (a microsecond or more per operation, on arrays of a handful) was most of the route
@@ -28,22 +28,19 @@ def bounds(
     baseline_ms: float,
     now: float,
     explore_after_s: float,
-    prefill_ms: tuple[np.ndarray, list[float]],
-    prompt_tokens: int,
 ) -> tuple[Sequence[float], Sequence[float], list[int]]:
     """``(near, bound, ranked)`` of the order's replicas (by their place in ``order.replicas``); the arrays
-    are the router's, by each replica's place in the whole catalogue (``prefill_ms``: a prompt token's, as
-    an array and as a list); ``client_ms`` None: a client with no place (no client term)."""
+    are the router's, by each replica's place in the whole catalogue; ``client_ms`` None: a client with no
+    place (no client term)."""
     if len(order.replicas) > FEW:
         near = order.rtt_ms + client_ms[order.index] if client_ms is not None else order.rtt_ms
         near = np.maximum(near, 0.0)
         observed = np.maximum(observed_ms[order.index] - baseline_ms, 0.0)
         fresh = now - observed_at[order.index] < explore_after_s
-        bound = near + np.where(fresh, observed, 0.0) + prompt_tokens * prefill_ms[0][order.index]
+        bound = near + np.where(fresh, observed, 0.0)
         return near, bound, np.argsort(np.round(bound), kind="stable").tolist()
     near_list: list[float] = []
     bound_list: list[float] = []
-    per_token_ms = prefill_ms[1]
     for rtt, i in zip(order.rtt_list, order.index_list, strict=True):
         near_ms = rtt + float(client_ms[i]) if client_ms is not None else rtt
         near_ms = max(near_ms, 0.0)
@@ -51,7 +48,7 @@ def bounds(
         if now - float(observed_at[i]) < explore_after_s:
             queue_ms = max(float(observed_ms[i]) - baseline_ms, 0.0)
         near_list.append(near_ms)
-        bound_list.append(near_ms + queue_ms + prompt_tokens * per_token_ms[i])
+        bound_list.append(near_ms + queue_ms)
     ranked = sorted(range(len(bound_list)), key=lambda j: _rounded(bound_list[j]))
     return near_list, bound_list, ranked
 

@@ -59,8 +59,7 @@ class StepCost:
     def prefill_ms_per_token(self, chunk: int) -> float:
         """What a prompt token costs its prefill, in ms, for a prompt taken ``chunk`` tokens a step (each
         step's fixed part shared by its tokens); until fitted, by the prior; 0 without either. The node's
-        load report carries it: the edge's router scores each replica's prefill by it, not by one
-        configured speed for all."""
+        load report carries it: what the edge's router takes a long prompt's prefill there to cost."""
         fixed, per_token = self.fit[:2] if self.fit is not None else self.prior or (0.0, 0.0)
         return per_token + fixed / max(chunk, 1) if per_token > 0 else 0.0
 

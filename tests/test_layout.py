@@ -239,7 +239,6 @@ FLAGS = {
         "--break-after",
         "--eof-delay-ms",
         "--load-state",
-        "--prefill-ms-per-token",
         "--clock",
         "--name",
     ],

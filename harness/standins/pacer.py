@@ -41,7 +41,6 @@ class PacerSettings:
         eof_delay_s: float = 0,
         load_state: LoadState | None = None,
         step_clock: bool = False,
-        prefill_ms_per_token: float = 0.0,
     ) -> None:
         self.tokens = tokens
         self.interval_s = interval_s
@@ -52,9 +51,7 @@ class PacerSettings:
         self.eof_delay_s = eof_delay_s
         self.name = name
         # Reported as a region reports its load; None: no report (an older region, or not a region).
-        self.load = None
-        if load_state or prefill_ms_per_token:
-            self.load = LoadReport(state=load_state or "ready", prefill_ms_per_token=prefill_ms_per_token)
+        self.load = LoadReport(state=load_state) if load_state else None
         self.load_header = format_load(self.load) if self.load else ""
         # Requests answered to the end, and those whose client left first (an edge that cancelled them).
         self.answered = 0

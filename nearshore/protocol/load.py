@@ -35,10 +35,10 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     # The most choices (``n``) one request may have there, whatever the load (0: unknown): an edge refuses
     # a request that no replica could ever take as the client's error instead of sending it.
     max_choices: int = 0
-    # What a prompt token costs its prefill there, in ms, as the node measures its steps (0: unknown): the
-    # router's prefill term for that replica (a CPU node prefills hundreds of tokens a second, a GPU tens
-    # of thousands). A node that claims to be faster than it is shows it in the first-token times the edge
-    # observes, which subtract the same figure.
+    # What a prompt token costs its prefill there, in ms, as the node measures its steps (0: unknown): what
+    # the edge's router subtracts for a long prompt's prefill from a first token's time there (a CPU node
+    # prefills hundreds of tokens a second, a GPU tens of thousands). A node that claims to be slower than
+    # it is hides at most a long prompt's queue, whose samples weigh little.
     prefill_ms_per_token: float = 0.0
 
     @property

@@ -89,33 +89,6 @@ def test_a_challenger_that_loses_its_lead_while_waiting_starts_again():
     assert not held and groups[KEY].region == "virginia"
 
 
-def test_a_prompt_whose_prefill_alone_makes_another_region_better_goes_there_and_the_group_stays():
-    london, johannesburg = replica("london"), replica("johannesburg")
-    groups = {KEY: Group("london")}
-    # (key, total, replica, (rtt, client, queue, load, prefill, affinity)): a CPU's prefill against a GPU's.
-    order = [
-        (205, 205.0, johannesburg, (130.0, 0.0, 0.0, 0.0, 75.0, 0.0)),
-        (4375, 4375.0, london, (90.0, 0.0, 0.0, 0.0, 4285.0, 0.0)),
-    ]
-    out, held = hold(groups, ROUTING, KEY, order, now=0.0)
-    assert not held and regions(out) == ["johannesburg", "london"] and groups[KEY] == Group("london")
-    # The same lead from anything else than the prefill is held as ever.
-    order = [
-        (205, 205.0, johannesburg, (130.0, 0.0, 0.0, 0.0, 75.0, 0.0)),
-        (4375, 4375.0, london, (90.0, 0.0, 4210.0, 0.0, 75.0, 0.0)),
-    ]
-    _, held = hold(groups, ROUTING, KEY, order, now=1.0)
-    assert held and groups[KEY].challenger == "johannesburg"
-    # Two alike nodes whose fitted costs differ by some percent: their prefills are not a reason.
-    groups = {KEY: Group("london")}
-    order = [
-        (4165, 4165.0, johannesburg, (130.0, 0.0, 0.0, 0.0, 4035.0, 0.0)),
-        (4375, 4375.0, london, (90.0, 0.0, 0.0, 0.0, 4285.0, 0.0)),
-    ]
-    out, held = hold(groups, ROUTING, KEY, order, now=0.0)
-    assert held and regions(out) == ["london", "johannesburg"]
-
-
 def test_the_held_regions_replicas_go_first_in_their_score_order():
     l0, l1, virginia = replica("london", 0), replica("london", 1), replica("virginia")
     groups = {KEY: Group("london")}

@@ -1,7 +1,6 @@
 """The router's scan bounds (geo/scan_bounds.py) are the same numbers and the same order whether numpy or
 plain Python computes them: random catalogues, clients with and without a place, fresh and stale
-observations, prefill costs, and bounds that tie within a millisecond (where the catalogue's order must
-decide)."""
+observations, and bounds that tie within a millisecond (where the catalogue's order must decide)."""
 
 from __future__ import annotations
 
@@ -37,19 +36,8 @@ def test_python_and_numpy_give_the_same_bounds_and_order(monkeypatch: pytest.Mon
     client_ms = rng.choice([-5.0, 0.0, 0.5, 12.25, 60.0], catalogue) if located else None
     observed_ms = rng.choice([0.0, 3.0, 40.0, 40.5, 250.0], catalogue).astype(np.float64)
     observed_at = rng.uniform(0.0, 100.0, catalogue)
-    prefill_ms = rng.choice([0.0001, 0.05, 0.5, 2.857], catalogue)  # a GPU's to a CPU's, a token
-    prompt_tokens = int(rng.choice([0, 12, 1530]))
     (near_a, bound_a, ranked_a), (near_b, bound_b, ranked_b) = both(
-        monkeypatch,
-        order,
-        client_ms,
-        observed_ms,
-        observed_at,
-        10.0,
-        100.0,
-        30.0,
-        (prefill_ms, prefill_ms.tolist()),
-        prompt_tokens,
+        monkeypatch, order, client_ms, observed_ms, observed_at, 10.0, 100.0, 30.0
     )
     assert list(near_a) == np.asarray(near_b).tolist()
     assert list(bound_a) == np.asarray(bound_b).tolist()
@@ -65,7 +53,5 @@ def test_ties_within_a_millisecond_keep_the_catalogues_order(monkeypatch: pytest
     rtt = np.array([30.4, 30.2, 29.6, 10.0], dtype=np.float64)  # the first three round to 30
     order = Order(0, math.inf, [object()] * 4, rtt, np.arange(4, dtype=np.intp), {}, {})  # type: ignore[list-item]
     zeros = np.zeros(4)
-    for _, _, ranked in both(
-        monkeypatch, order, None, zeros, zeros, 0.0, 1.0, 30.0, (zeros, zeros.tolist()), 100
-    ):
+    for _, _, ranked in both(monkeypatch, order, None, zeros, zeros, 0.0, 1.0, 30.0):
         assert ranked == [3, 0, 1, 2]
