@@ -1,10 +1,12 @@
-"""One short request through a freshly loaded model before the node says it is ready.
+"""One short request, then one measured prompt, through a freshly loaded model before the node says it is
+ready.
 
 The first step of a fresh model costs more than a later one (buffers allocated and weights' pages touched
 on first use; on a GPU, the runtime's lazy initialisation). Without a warm-up the first user after every
 start or restart pays it: on the embedded model with llama.cpp, six different prompts on a fresh node had
 their first token after 58 and 73 ms for the first (two nodes) against 29-52 ms for the rest; with the
-warm-up, 44 and 46 ms against 37-58 ms.
+warm-up, 44 and 46 ms against 37-58 ms. The measured prompt's step gives the node's first estimate of its
+prefill cost (below).
 """
 
 from __future__ import annotations
