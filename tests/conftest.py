@@ -46,7 +46,10 @@ def write_region_config(path: Path, port: int, sections: dict[str, dict[str, obj
 
 
 def start_region(folder: Path, ready_path: str = "/health/ready", **sections: dict[str, object]) -> Node:
+    """A region node, ready. Its grammar vocabulary is built by its first structured request unless the
+    engine section says otherwise: most test nodes serve none, and the suite's cores are its clock."""
     port = free_port()
+    sections = {**sections, "engine": {"grammar_vocabulary": "first_use", **sections.get("engine", {})}}
     config = write_region_config(folder / "region.toml", port, dict(sections))
     process = ManagedProcess(
         "region", nearshore_argv("region", "--config", str(config)), folder / "region.log"
