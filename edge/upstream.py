@@ -318,7 +318,7 @@ class UpstreamPool:
     def refused(self, upstream: Upstream, response: Response) -> None:
         load = load_of(response)
         if load is not None:
-            self.router.took_load(upstream.replica, load)
+            upstream.replica.load = load
 
     async def close(self) -> None:
         if self._health_task is not None:

@@ -97,17 +97,11 @@ class Router:
     # When each was last observed: a stale observation leaves the bound, so that the replica is scanned
     # and may be explored (geo.hold) rather than never looked at again.
     _observed_at: np.ndarray = None  # type: ignore[assignment]
-    # Each replica's prefill in ms a prompt token, by its place, as its load report says (else the configured
-    # speed's): what its samples subtract (not what scores it: see took_load).
-    _prefill_ms: list[float] = field(default_factory=list)
-    _default_prefill_ms: float = 0.0
     has_local: bool = False  # some region is local (the degraded tier): set from the replicas
 
     def __post_init__(self) -> None:
         self.has_local = any(r.local for r in self.replicas)
         self._clients = ClientTerms(self.replicas, self.config.routing.path_inflation)
-        self._default_prefill_ms = 1000.0 / self.config.routing.prefill_tokens_per_s
-        self._prefill_ms = [self._default_prefill_ms] * len(self.replicas)
         self._observed_ms = np.array([r.latency.observed.value for r in self.replicas], dtype=np.float64)
         self._measured_ms = np.array(
             [r.latency.observed.value if r.latency.observed.samples else math.inf for r in self.replicas],
@@ -397,30 +391,23 @@ class Router:
         if rtt_ms is not None:
             latency.probe_round_trip(rtt_ms)
         if load is not None:
-            self.took_load(replica, load)
+            replica.load = load
         back = replica.health.probe_passed()
         if back or round(latency.rtt_ms) != before:  # the bound order may change: rebuild it when next asked
             self._epoch += 1
         return back
 
-    def took_load(self, replica: Replica, load: LoadReport) -> None:
-        """A replica's load report (its probe's, or an answer's head), with its prefill cost where it has
-        measured one: what a first token's time there has to explain before the rest counts as queue, so
-        that a long prompt at a replica slower than the configured speed is not taken for one. (Scores keep
-        the configured speed: alike nodes' fits, tens of percent apart on a busy machine, outweighed the
-        round trips between regions for a short prompt and moved traffic on that noise.)"""
-        replica.load = load
-        per_token_ms = load.prefill_ms_per_token
-        if per_token_ms <= 0.0:
-            per_token_ms = self._default_prefill_ms
-        self._prefill_ms[replica.index] = per_token_ms
-
     def _expected_prefill_ms(self, replica: Replica, prompt_tokens: int) -> float:
         """The prefill a first token's time there has to explain: a short prompt's at the configured speed
         (the same for every replica: for a chat's few tokens, the fits' noise would be all the difference),
-        the tokens beyond at the replica's own cost."""
+        the tokens beyond at what a prompt token costs there as its load report says (``pft``: what its node
+        measured; scores keep the configured speed, since alike nodes' fits, tens of percent apart on a busy
+        machine, outweighed the round trips between regions for a short prompt)."""
+        default_ms = 1000.0 / self.config.routing.prefill_tokens_per_s
+        own_ms = replica.load.prefill_ms_per_token if replica.load is not None else 0.0
+        own_ms = own_ms if own_ms > 0.0 else default_ms
         short = min(prompt_tokens, _SHORT_PROMPT_TOKENS)
-        return short * self._default_prefill_ms + (prompt_tokens - short) * self._prefill_ms[replica.index]
+        return short * default_ms + (prompt_tokens - short) * own_ms
 
     def probe_failed(self, replica: Replica, why: str) -> bool:
         went_down = replica.health.probe_failed(why)
@@ -446,7 +433,7 @@ class Router:
         ``source``: who asked (the tenant); a slower sample counts as far as another's corroborates it."""
         replica.health.request_succeeded(model)
         if load is not None:  # (made as the head left: after this prompt's prefill)
-            self.took_load(replica, load)
+            replica.load = load
         prefill_ms = self._expected_prefill_ms(replica, prompt_tokens)
         now = time.monotonic() if now is None else now
         replica.latency.first_token(ttft_ms, prefill_ms, now, upper_bound, source)
